@@ -1,0 +1,216 @@
+"""The layer graph: the one data structure every later stage reads.
+
+A `Graph` is a DAG of `Layer`s listed in execution (topological) order. Layers
+carry what was measured on the tracing machine; edges carry the tensors that
+flow between layers. The JSON form (`pipeplan.graph/v1`, see docs/graph-format.md)
+is the contract with other tools, so it is written and read here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from pipeplan._io import atomic_write_json, check_format, read_json
+from pipeplan.errors import UserError
+
+GRAPH_FORMAT = "pipeplan.graph/v1"
+
+# Kinds of op a layer is dominated by; the roofline uses one efficiency per kind.
+LAYER_KINDS = ("matmul", "conv", "attention", "embedding", "norm", "elementwise", "other")
+
+
+@dataclass
+class Layer:
+    name: str
+    kind: str = "other"
+    module: str = ""  # dotted module path (nn_module_stack), "" for glue-only layers
+    fwd_flops: int = 0
+    bwd_flops: int = 0
+    param_bytes: int = 0  # parameters owned by this layer; a shared parameter is owned by its first user
+    output_bytes: int = 0  # sum of `outputs`
+    saved_bytes: int = 0  # bytes autograd saves for backward during this layer's forward
+    fwd_s: float = 0.0  # measured on the tracing machine (median of repeats)
+    bwd_s: float = 0.0
+    bytes_moved: int = 0  # estimated memory traffic of one forward (inputs + outputs + weights), for the roofline
+    outputs: dict[str, int] = field(default_factory=dict)  # tensor name -> bytes, for tensors other layers read
+    params: list[str] = field(default_factory=list)  # fully qualified parameter names this layer uses
+    nodes: list[str] = field(default_factory=list)  # exported-program node names that make up the layer
+
+
+@dataclass
+class Edge:
+    src: str
+    dst: str
+    bytes: int
+    tensors: list[str] = field(default_factory=list)  # names of src's outputs that dst reads
+
+
+@dataclass
+class SharedParam:
+    """A parameter used by several layers (e.g. a tied embedding and LM head)."""
+
+    name: str
+    bytes: int
+    layers: list[str]
+
+
+@dataclass
+class Graph:
+    name: str
+    layers: list[Layer]
+    edges: list[Edge]
+    batch_size: int
+    dtype: str = "float32"
+    input_bytes: int = 0  # bytes of the model inputs for one batch
+    inputs: dict[str, list[str]] = field(default_factory=dict)  # input name -> layers that read it
+    shared_params: list[SharedParam] = field(default_factory=list)
+    peak_activation_bytes: int = 0  # measured peak of saved activations over one training step
+    source: dict[str, Any] = field(default_factory=dict)  # model_file, entry, depth, torch version, device, repeats
+    notes: list[str] = field(default_factory=list)  # e.g. fvcore vs FlopCounterMode disagreements
+
+    # ---- derived views -------------------------------------------------
+    def __post_init__(self) -> None:
+        self._index = {layer.name: i for i, layer in enumerate(self.layers)}
+        if len(self._index) != len(self.layers):
+            raise UserError(f"graph {self.name!r}: duplicate layer names")
+
+    def index(self, name: str) -> int:
+        return self._index[name]
+
+    def layer(self, name: str) -> Layer:
+        return self.layers[self._index[name]]
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(layer.param_bytes for layer in self.layers)
+
+    @property
+    def fwd_flops(self) -> int:
+        return sum(layer.fwd_flops for layer in self.layers)
+
+    @property
+    def bwd_flops(self) -> int:
+        return sum(layer.bwd_flops for layer in self.layers)
+
+    def totals(self) -> dict[str, int]:
+        return {
+            "layers": len(self.layers),
+            "param_bytes": self.param_bytes,
+            "fwd_flops": self.fwd_flops,
+            "bwd_flops": self.bwd_flops,
+            "peak_activation_bytes": self.peak_activation_bytes,
+            "input_bytes": self.input_bytes,
+        }
+
+    def to_networkx(self):
+        import networkx as nx
+
+        g = nx.DiGraph()
+        for layer in self.layers:
+            g.add_node(layer.name, layer=layer)
+        for e in self.edges:
+            g.add_edge(e.src, e.dst, bytes=e.bytes, tensors=e.tensors)
+        return g
+
+    def cut_bytes(self) -> list[int]:
+        """Bytes live across each cut of the execution order.
+
+        Entry i is the cut between layers i and i+1. A tensor counts once per cut
+        it spans (from its producer to its last consumer), however many layers
+        beyond the cut read it, so a skip connection over three stages is paid
+        on each of the links it crosses.
+        """
+        n = len(self.layers)
+        diff = [0] * (n + 1)
+        last_use: dict[tuple[int, str], int] = {}
+        for e in self.edges:
+            s, d = self._index[e.src], self._index[e.dst]
+            names = e.tensors or [f"{e.src}:*"]
+            for t in names:
+                key = (s, t)
+                last_use[key] = max(last_use.get(key, s), d)
+        for (s, t), d in last_use.items():
+            layer = self.layers[s]
+            size = layer.outputs.get(t)
+            if size is None:  # edge without tensor detail: the whole output crosses
+                size = layer.output_bytes
+            diff[s] += size
+            diff[d] -= size
+        cuts, run = [], 0
+        for i in range(n - 1):
+            run += diff[i]
+            cuts.append(run)
+        return cuts
+
+    def fingerprint(self) -> str:
+        """Hash of the structure (names, nodes, parameters, wiring), not of measurements.
+
+        The runtime re-exports the model at the microbatch size and compares this,
+        so batch size, bytes and timings are deliberately left out.
+        """
+        structure = {
+            "layers": [[l.name, l.nodes, sorted(l.params)] for l in self.layers],
+            "edges": sorted([e.src, e.dst, sorted(e.tensors)] for e in self.edges),
+        }
+        blob = json.dumps(structure, sort_keys=True, separators=(",", ":")).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()[:32]
+
+    # ---- JSON ----------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": GRAPH_FORMAT,
+            "name": self.name,
+            "batch_size": self.batch_size,
+            "dtype": self.dtype,
+            "fingerprint": self.fingerprint(),
+            "source": self.source,
+            "totals": self.totals(),
+            "input_bytes": self.input_bytes,
+            "inputs": self.inputs,
+            "shared_params": [asdict(s) for s in self.shared_params],
+            "notes": self.notes,
+            "layers": [asdict(l) for l in self.layers],
+            "edges": [asdict(e) for e in self.edges],
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], path: str | os.PathLike = "<graph>") -> Graph:
+        check_format(doc, path, GRAPH_FORMAT)
+        try:
+            layer_keys = {f.name for f in fields(Layer)}
+            edge_keys = {f.name for f in fields(Edge)}
+            layers = [Layer(**{k: v for k, v in d.items() if k in layer_keys}) for d in doc["layers"]]
+            edges = [Edge(**{k: v for k, v in d.items() if k in edge_keys}) for d in doc["edges"]]
+            g = cls(
+                name=doc["name"],
+                layers=layers,
+                edges=edges,
+                batch_size=int(doc["batch_size"]),
+                dtype=doc.get("dtype", "float32"),
+                input_bytes=int(doc.get("input_bytes", 0)),
+                inputs=doc.get("inputs", {}),
+                shared_params=[SharedParam(**s) for s in doc.get("shared_params", [])],
+                peak_activation_bytes=int(doc.get("totals", {}).get("peak_activation_bytes", 0)),
+                source=doc.get("source", {}),
+                notes=doc.get("notes", []),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"{path}: malformed graph file ({type(e).__name__}: {e})", "re-run `pipeplan trace`") from None
+        names = g._index
+        for e in g.edges:
+            if e.src not in names or e.dst not in names:
+                raise UserError(f"{path}: edge {e.src} -> {e.dst} names an unknown layer")
+            if names[e.src] >= names[e.dst]:
+                raise UserError(f"{path}: edge {e.src} -> {e.dst} goes against the execution order")
+        return g
+
+    def save(self, path: str | os.PathLike) -> None:
+        atomic_write_json(path, self.to_dict())
+
+
+def load_graph(path: str | os.PathLike) -> Graph:
+    return Graph.from_dict(read_json(path, "graph file (pipeplan.graph/v1)"), path)

@@ -1,0 +1,55 @@
+"""The in-memory form of a hardware profile: one device type in one cluster shape.
+
+Units are SI and in the names (bytes, FLOP/s, bytes/s, seconds) so that cost
+models never convert. The YAML files use friendlier units (GiB, TFLOP/s, GB/s,
+µs); `loader.py` converts and validates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DTYPES = ("fp32", "tf32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class Link:
+    kind: str  # nvlink, pcie, infiniband, ici, ethernet, xgmi, loopback ...
+    bandwidth_bytes_per_s: float  # per device, one direction
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str  # catalogue id, e.g. "a100-80gb-sxm"
+    device: str  # human name, e.g. "NVIDIA A100 SXM4 80GB"
+    memory_bytes: int  # nominal capacity
+    usable_memory_bytes: int  # what a framework can allocate (planner's cap)
+    mem_bw_bytes_per_s: float
+    peak_flops: dict[str, float | None]  # dtype -> dense FLOP/s; None: unsupported
+    devices_per_node: int
+    intra_node: Link
+    inter_node: Link
+    efficiency: dict[str, float] = field(default_factory=dict)  # op kind -> achieved/peak overrides
+    sources: tuple[str, ...] = ()
+    local: bool = False  # measured on this machine by `profiles calibrate`
+    path: str = ""  # file it was loaded from
+
+    def link_between(self, device_a: int, device_b: int) -> Link:
+        """The link two global device ranks talk over (same node or not)."""
+        same = device_a // self.devices_per_node == device_b // self.devices_per_node
+        return self.intra_node if same else self.inter_node
+
+    def flops_for(self, dtype: str) -> float:
+        """Peak FLOP/s for a compute dtype, falling back as the hardware would.
+
+        "fp32" matmuls may use TF32 tensor cores only if the user allows it, so
+        fp32 never falls back to tf32; bf16/fp16 fall back to each other and then
+        to fp32 (the device runs them, just without a fast path).
+        """
+        order = {"fp32": ["fp32"], "tf32": ["tf32", "fp32"], "bf16": ["bf16", "fp16", "fp32"], "fp16": ["fp16", "bf16", "fp32"]}[dtype]
+        for d in order:
+            value = self.peak_flops.get(d)
+            if value:
+                return float(value)
+        raise ValueError(f"profile {self.name} lists no FLOP/s for {dtype} or a fallback")

@@ -1,0 +1,119 @@
+"""The plan: what the planner decided and what it predicts, as versioned JSON.
+
+A plan is read by the CLI (`show`), by the runtime (`run`) and by people's own
+scripts, so its JSON form (`pipeplan.plan/v1`, docs/plan-format.md) is written
+and read here only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from pipeplan._io import atomic_write_json, check_format, read_json
+from pipeplan.errors import UserError
+
+PLAN_FORMAT = "pipeplan.plan/v1"
+SCHEDULES = ("gpipe", "1f1b", "pipedream", "interleaved")
+
+
+@dataclass
+class StagePrediction:
+    fwd_s: float = 0.0  # one microbatch's forward on this stage (per replica)
+    bwd_s: float = 0.0
+    compute_s: float = 0.0  # fwd_s + bwd_s (+ recompute) for one microbatch
+    send_s: float = 0.0  # sending this stage's output (and receiving its gradient) for one microbatch
+    send_bytes: int = 0  # bytes sent downstream per microbatch
+    allreduce_s: float = 0.0  # gradient all-reduce among replicas, once per iteration
+    memory_bytes: int = 0  # predicted peak per device
+    weights_bytes: int = 0
+    optimizer_bytes: int = 0  # gradients + optimizer state
+    activation_bytes: int = 0  # peak in-flight activations incl. receive buffers
+
+
+@dataclass
+class Stage:
+    index: int
+    layers: list[str]  # layer names of the graph, in execution order
+    devices: list[int]  # global device ranks, one per replica (per chunk for interleaved: see docs)
+    replicas: int = 1
+    predicted: StagePrediction = field(default_factory=StagePrediction)
+
+
+@dataclass
+class Prediction:
+    iteration_s: float = 0.0
+    samples_per_s: float = 0.0
+    bubble_fraction: float = 0.0
+    peak_memory_bytes: int = 0  # largest per-device peak
+    achieved_flops_fraction: float = 0.0  # model FLOP/s over the devices' peak
+
+
+@dataclass
+class Plan:
+    graph: dict[str, Any]  # fingerprint, name, model_file, entry, layers (count)
+    profile: str  # profile name (or path for a user profile)
+    schedule: str
+    microbatches: int
+    batch_size: int
+    stages: list[Stage]
+    predicted: Prediction
+    devices: int = 0  # devices the plan uses
+    chunks: int = 1  # model chunks per device (interleaved schedule)
+    recompute: bool = False
+    optimizer: str = "adam"
+    dtype: str = "fp32"
+    solver: dict[str, Any] = field(default_factory=dict)  # name, status, objective, bound, gap, time_s
+    alternatives: list[dict[str, Any]] = field(default_factory=list)  # runners-up (summaries)
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise UserError(f"unknown schedule {self.schedule!r}", f"use one of {', '.join(SCHEDULES)}")
+        if self.microbatches < 1 or self.batch_size % self.microbatches:
+            raise UserError(
+                f"batch size {self.batch_size} is not divisible into {self.microbatches} microbatches",
+                "pick a microbatch count that divides the batch",
+            )
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.batch_size // self.microbatches
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {"format": PLAN_FORMAT, "microbatch_size": self.microbatch_size, **d}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], path: str | os.PathLike = "<plan>") -> Plan:
+        check_format(doc, path, PLAN_FORMAT)
+        try:
+            stage_pred = {f.name for f in fields(StagePrediction)}
+            pred = {f.name for f in fields(Prediction)}
+            stages = [
+                Stage(
+                    index=int(s["index"]),
+                    layers=list(s["layers"]),
+                    devices=list(s["devices"]),
+                    replicas=int(s.get("replicas", 1)),
+                    predicted=StagePrediction(**{k: v for k, v in s.get("predicted", {}).items() if k in stage_pred}),
+                )
+                for s in doc["stages"]
+            ]
+            plan_keys = {f.name for f in fields(cls)} - {"stages", "predicted"}
+            rest = {k: v for k, v in doc.items() if k in plan_keys}
+            return cls(
+                stages=stages,
+                predicted=Prediction(**{k: v for k, v in doc["predicted"].items() if k in pred}),
+                **rest,
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"{path}: malformed plan file ({type(e).__name__}: {e})", "re-create it with `pipeplan analyze -o`") from None
+
+    def save(self, path: str | os.PathLike) -> None:
+        atomic_write_json(path, self.to_dict())
+
+
+def load_plan(path: str | os.PathLike) -> Plan:
+    return Plan.from_dict(read_json(path, "plan file (pipeplan.plan/v1)"), path)
