@@ -56,11 +56,11 @@ class LazyGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def list_commands(self, ctx):
-        return sorted(name for name in COMMANDS if self._available(name))
+        return sorted(set(self.commands) | {name for name in COMMANDS if self._available(name)})
 
     def get_command(self, ctx, name):
-        if name not in COMMANDS:
-            return None
+        if name in self.commands or name not in COMMANDS:
+            return self.commands.get(name)
         module, _, attr = COMMANDS[name].partition(":")
         try:
             return getattr(importlib.import_module(module), attr)

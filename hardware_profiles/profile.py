@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeplan.errors import UserError
+
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
 
 
@@ -34,6 +36,10 @@ class HardwareProfile:
     sources: tuple[str, ...] = ()
     local: bool = False  # measured on this machine by `profiles calibrate`
     path: str = ""  # file it was loaded from
+    aliases: tuple[str, ...] = ()  # other names `load_profile` accepts
+    confidence: dict[str, str] = field(default_factory=dict)  # field -> V/S/M (see docs/profile-format.md)
+    notes: str = ""
+    calibration: dict = field(default_factory=dict)  # raw measurements of a local profile
 
     def link_between(self, device_a: int, device_b: int) -> Link:
         """The link two global device ranks talk over (same node or not)."""
@@ -44,12 +50,21 @@ class HardwareProfile:
         """Peak FLOP/s for a compute dtype, falling back as the hardware would.
 
         "fp32" matmuls may use TF32 tensor cores only if the user allows it, so
-        fp32 never falls back to tf32; bf16/fp16 fall back to each other and then
-        to fp32 (the device runs them, just without a fast path).
+        fp32 never falls back to tf32. tf32, bf16 and fp16 fall back to fp32 only:
+        a device without a fast path for a 16-bit type still runs it, at about
+        its fp32 rate (V100/T4 bf16), never at the rate of the *other* 16-bit type.
+        TPUs list no fp32 peak (their matrix units are bf16), so fp32/tf32/fp16
+        there is a UserError asking for --dtype bf16 rather than a made-up number.
         """
-        order = {"fp32": ["fp32"], "tf32": ["tf32", "fp32"], "bf16": ["bf16", "fp16", "fp32"], "fp16": ["fp16", "bf16", "fp32"]}[dtype]
+        if dtype not in DTYPES:
+            raise UserError(f"unknown dtype {dtype!r}", f"use one of {', '.join(DTYPES)}")
+        order = {"fp32": ["fp32"], "tf32": ["tf32", "fp32"], "bf16": ["bf16", "fp32"], "fp16": ["fp16", "fp32"]}[dtype]
         for d in order:
             value = self.peak_flops.get(d)
             if value:
                 return float(value)
-        raise ValueError(f"profile {self.name} lists no FLOP/s for {dtype} or a fallback")
+        have = [d for d in DTYPES if self.peak_flops.get(d)]
+        raise UserError(
+            f"profile {self.name} has no {dtype} compute rate (it lists only {', '.join(have) or 'none'})",
+            f"use --dtype {have[0]}" if have else "add peak_tflops to the profile",
+        )

@@ -48,6 +48,8 @@ class Prediction:
     bubble_fraction: float = 0.0
     peak_memory_bytes: int = 0  # largest per-device peak
     achieved_flops_fraction: float = 0.0  # model FLOP/s over the devices' peak
+    memory_capacity_bytes: int = 0  # the profile's usable memory per device (the planner's cap)
+    fits: bool = True  # every device's predicted peak is within memory_capacity_bytes
 
 
 @dataclass
@@ -67,19 +69,26 @@ class Plan:
     solver: dict[str, Any] = field(default_factory=dict)  # name, status, objective, bound, gap, time_s
     alternatives: list[dict[str, Any]] = field(default_factory=list)  # runners-up (summaries)
     notes: list[str] = field(default_factory=list)
+    data_parallel: int = 1  # replicas of the whole pipeline (synchronous schedules); batch splits across them
+    times: str = "model"  # where layer times came from (costmodels.compute.layer_times_s)
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise UserError(f"unknown schedule {self.schedule!r}", f"use one of {', '.join(SCHEDULES)}")
-        if self.microbatches < 1 or self.batch_size % self.microbatches:
+        if self.data_parallel < 1:
+            raise UserError(f"data_parallel must be >= 1, got {self.data_parallel}")
+        per_step = self.microbatches * self.data_parallel
+        if self.microbatches < 1 or self.batch_size % per_step:
             raise UserError(
-                f"batch size {self.batch_size} is not divisible into {self.microbatches} microbatches",
+                f"batch size {self.batch_size} is not divisible into {self.microbatches} microbatches"
+                + (f" on each of {self.data_parallel} data-parallel replicas" if self.data_parallel > 1 else ""),
                 "pick a microbatch count that divides the batch",
             )
 
     @property
     def microbatch_size(self) -> int:
-        return self.batch_size // self.microbatches
+        """Samples in one microbatch on one pipeline replica: batch / (data_parallel * microbatches)."""
+        return self.batch_size // (self.microbatches * self.data_parallel)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -1,0 +1,78 @@
+"""`pipeplan analyze model.py --profile P --gpus N`: trace, plan and report in one go.
+
+Everything slow (tracing, searching) happens after every flag, the profile and
+the output paths have been checked, so a typo costs milliseconds, not a trace.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import click
+
+from pipeplan.cli.options import check_output_paths, output_options, planning_options, profile_option, resolve_dtype, trace_options
+
+
+def stdout_console():
+    """A console for the report; wide enough for the stage table when stdout is not a terminal."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 140))
+
+
+def run_analysis(
+    load: Callable[[Callable], object],
+    *,
+    profile_name: str,
+    opts,
+    output: str | None,
+    as_json: bool,
+    plot: str | None,
+    chrome_trace: str | None,
+) -> None:
+    """Shared by `analyze` and `plan`: `load(phases)` returns the graph (tracing if it must)."""
+    from pipeplan.cli.progress import progress_display
+    from pipeplan.cli.summary import analyze_document, graph_summary
+    from pipeplan.cli.workflow import load_profile, run_search, write_outputs
+
+    check_output_paths(output=output, plot=plot, chrome_trace=chrome_trace)
+    profile = load_profile(profile_name)
+    dtype = resolve_dtype(opts.dtype, profile)
+    profile.flops_for(dtype)  # an unsupported precision (fp32 on a TPU) fails here, before any work
+    with progress_display() as phases:
+        graph = load(phases)
+        result = run_search(graph, profile, opts, dtype, progress=phases("plan: "))
+    write_outputs(result.best, graph, profile, output=output, plot=plot, chrome_trace=chrome_trace)
+    if as_json:
+        click.echo(json.dumps(analyze_document(result, graph, profile, dtype)))
+        return
+    from pipeplan.cli.report import plan_report
+
+    console = stdout_console()
+    console.print(plan_report(result.best, model_summary=graph_summary(graph), graph=graph, profile=profile, baseline=result.baseline))
+    for flag, path in (("plan", output), ("plot", plot), ("Chrome trace", chrome_trace)):
+        if path:
+            console.print(f"[dim]wrote {flag}: {path}[/dim]")
+
+
+@click.command("analyze")
+@click.argument("model", metavar="MODEL.py|GRAPH")
+@profile_option
+@planning_options()
+@trace_options
+@output_options
+def analyze(model, profile, opts, entry, trace_batch_size, depth, repeats, output, as_json, plot, chrome_trace):
+    """Trace MODEL.py (or read a saved graph.json / PipeDream graph.txt), find the best pipeline plan, report it.
+
+    The model is traced once at a small batch (--trace-batch-size, default 1);
+    per-layer FLOPs, bytes and times scale per sample to the microbatch size.
+    """
+    from pipeplan.cli.workflow import load_input_graph
+
+    def load(phases):
+        return load_input_graph(model, entry=entry, trace_batch_size=trace_batch_size, depth=depth, repeats=repeats,
+                                progress=phases("trace: "))
+
+    run_analysis(load, profile_name=profile, opts=opts, output=output, as_json=as_json, plot=plot, chrome_trace=chrome_trace)

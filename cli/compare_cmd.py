@@ -1,0 +1,83 @@
+"""`pipeplan compare model.py --profiles a,b,c --gpus N`: the best plan on each of several systems.
+
+The model is traced once (tracing measures the model, not the target), and
+each profile gets its own full search, so rows differ in stages, microbatches
+and schedule as well as in speed: what one would really run on each system.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from pipeplan.cli.options import planning_options, trace_options
+
+
+def _split_profiles(value: str) -> list[str]:
+    from pipeplan.errors import UserError
+
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise UserError("--profiles is empty", "list profile names separated by commas, e.g. a100-80gb-sxm,h100-sxm")
+    if len(set(names)) != len(names):
+        raise UserError(f"--profiles lists a profile twice: {value}", "list each profile once")
+    return names
+
+
+@click.command("compare")
+@click.argument("model", metavar="MODEL.py|GRAPH")
+@click.option("--profiles", "profiles_arg", required=True, help="Comma-separated profile names or .yaml paths.")
+@planning_options()
+@trace_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout (schema: docs/cli.md).")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG bar chart of samples/s per profile.")
+def compare(model, profiles_arg, opts, entry, trace_batch_size, depth, repeats, as_json, plot):
+    """Compare the best pipeline plan for MODEL.py (or a saved graph) across hardware profiles."""
+    from pipeplan._io import atomic_write_bytes
+    from pipeplan.cli.options import check_output_paths, resolve_dtype
+    from pipeplan.cli.progress import progress_display
+    from pipeplan.cli.summary import compare_row, graph_summary
+    from pipeplan.cli.workflow import load_input_graph, load_profile, run_search
+    from pipeplan.errors import InfeasibleError, UserError
+
+    check_output_paths(plot=plot)
+    profiles = [load_profile(name) for name in _split_profiles(profiles_arg)]  # unknown names fail before tracing
+    rows = []
+    with progress_display() as phases:
+        graph = load_input_graph(model, entry=entry, trace_batch_size=trace_batch_size, depth=depth, repeats=repeats,
+                                 progress=phases("trace: "))
+        for profile in profiles:
+            dtype = resolve_dtype(opts.dtype, profile)
+            try:
+                profile.flops_for(dtype)
+                result = run_search(graph, profile, opts, dtype, progress=phases(f"{profile.name}: "))
+                rows.append(compare_row(profile, result.best, dtype))
+            except InfeasibleError as e:  # does not fit this system: a row saying so, not a failed command
+                rows.append(compare_row(profile, None, dtype, error=str(e)))
+            except UserError as e:
+                if len(profiles) == 1:
+                    raise
+                rows.append(compare_row(profile, None, dtype, error=str(e)))
+    if not any(r["feasible"] for r in rows):
+        raise InfeasibleError(
+            f"no profile has a feasible plan for {graph.name}: " + "; ".join(f"{r['profile']}: {r['error']}" for r in rows),
+            "add devices (--gpus), enable --recompute on, or use a smaller batch",
+        )
+    title = f"{graph.name}: best plan per profile, {opts.devices} devices, batch {opts.batch_size}"
+    if plot:
+        from pipeplan.cli.plots import compare_png
+
+        atomic_write_bytes(plot, compare_png(rows, title=title))
+    if as_json:
+        click.echo(json.dumps({"graph": graph_summary(graph), "devices": opts.devices, "batch_size": opts.batch_size, "profiles": rows}))
+        return
+    from pipeplan.cli.analyze_cmd import stdout_console
+    from pipeplan.cli.report import compare_table
+
+    console = stdout_console()
+    table = compare_table(rows)
+    table.title = title
+    console.print(table)
+    if plot:
+        console.print(f"[dim]wrote plot: {plot}[/dim]")

@@ -1,0 +1,185 @@
+"""Click options shared by `analyze`, `plan` and `compare`, and their checks.
+
+The three commands plan the same way, so the flags are declared once here and
+arrive in the command as one `PlanOptions`; the checks that need several flags
+at once (microbatches dividing the batch, stages against devices) live here too
+so every command rejects the same combinations with the same message.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from pipeplan.errors import UserError
+
+SCHEDULE_CHOICES = ("auto", "gpipe", "1f1b", "pipedream", "interleaved")
+SOLVER_CHOICES = ("auto", "dp", "ilp")
+DTYPE_CHOICES = ("auto", "fp32", "tf32", "bf16", "fp16")
+OPTIMIZER_CHOICES = ("sgd", "momentum", "adam", "adamw")
+RECOMPUTE_CHOICES = ("auto", "on", "off")
+TIMES_CHOICES = ("model", "measured")
+
+DEFAULT_BATCH_SIZE = 64
+# Tracing runs the model for real (warm-up + timed repeats); per-layer FLOPs and
+# bytes scale linearly with the batch, so the cost models only need one small
+# trace. Batch 1 keeps GPT-2-small's trace well inside the 90 s budget.
+DEFAULT_TRACE_BATCH_SIZE = 1
+
+
+@dataclass
+class PlanOptions:
+    """Everything the search needs besides the graph and the profile."""
+
+    devices: int
+    batch_size: int
+    microbatches: int | None
+    schedule: str
+    stages: int | None
+    solver: str
+    dtype: str  # "auto" until resolve_dtype() picks one for a profile
+    optimizer: str
+    recompute: str
+    times: str
+
+    def check(self) -> None:
+        """Reject flag combinations that no search could satisfy."""
+        if self.stages is not None and self.stages > self.devices:
+            raise UserError(
+                f"--stages {self.stages} needs at least {self.stages} devices but --gpus is {self.devices}",
+                "lower --stages or raise --gpus",
+            )
+        if self.microbatches is not None:
+            if self.microbatches > self.batch_size:
+                raise UserError(
+                    f"--microbatches {self.microbatches} is more than the batch size {self.batch_size}",
+                    "lower --microbatches or raise --batch-size",
+                )
+            if self.batch_size % self.microbatches:
+                raise UserError(
+                    f"--microbatches {self.microbatches} does not divide --batch-size {self.batch_size}",
+                    "pick a microbatch count that divides the batch size",
+                )
+        if self.schedule == "interleaved" and self.stages == 1:
+            raise UserError("--schedule interleaved needs at least 2 stages", "drop --stages 1 or pick another schedule")
+
+    def search_kwargs(self, dtype: str) -> dict:
+        """Keyword arguments for planner.search.search (dtype already resolved)."""
+        return dict(
+            schedule=self.schedule,
+            stages=self.stages,
+            microbatches=self.microbatches,
+            solver=self.solver,
+            dtype=dtype,
+            optimizer=self.optimizer,
+            recompute=self.recompute,
+            times=self.times,
+        )
+
+
+def resolve_dtype(dtype: str, profile) -> str:
+    """"auto" = fp32 on a calibrated local profile (what this machine trains in), bf16 mixed precision elsewhere.
+
+    Accelerators are trained in mixed precision in practice, and a CPU calibration
+    measures fp32, so each default matches how the target would really run.
+    """
+    if dtype != "auto":
+        return dtype
+    return "fp32" if getattr(profile, "local", False) else "bf16"
+
+
+def _choice(values) -> click.Choice:
+    return click.Choice(values, case_sensitive=False)
+
+
+def planning_options(*, with_profile: bool = True) -> Callable:
+    """Decorator adding the planning flags; the command receives `opts: PlanOptions`."""
+
+    def decorate(f):
+        @functools.wraps(f)
+        def wrapper(*args, gpus, batch_size, microbatches, schedule, stages, solver, dtype, optimizer, recompute, times, **kw):
+            opts = PlanOptions(
+                devices=gpus,
+                batch_size=batch_size,
+                microbatches=microbatches,
+                schedule=schedule.lower(),
+                stages=stages,
+                solver=solver.lower(),
+                dtype=dtype.lower(),
+                optimizer=optimizer.lower(),
+                recompute=recompute.lower(),
+                times=times.lower(),
+            )
+            opts.check()
+            return f(*args, opts=opts, **kw)
+
+        pos = click.IntRange(min=1)
+        decorators = [
+            click.option("--gpus", "--devices", "gpus", type=pos, required=True, help="Number of accelerators available."),
+            click.option("--batch-size", "-b", type=pos, default=DEFAULT_BATCH_SIZE, show_default=True, help="Global batch size (samples per iteration)."),
+            click.option("--microbatches", "-m", type=pos, default=None, help="Microbatches per iteration (default: searched)."),
+            click.option("--schedule", type=_choice(SCHEDULE_CHOICES), default="auto", show_default=True, help="Pipeline schedule."),
+            click.option("--stages", "-k", type=pos, default=None, help="Pipeline stages (default: searched)."),
+            click.option("--solver", type=_choice(SOLVER_CHOICES), default="auto", show_default=True, help="Partitioner: DP for chains, ILP for DAGs."),
+            click.option("--dtype", type=_choice(DTYPE_CHOICES), default="auto", show_default=True,
+                         help="Training precision; auto = fp32 on a local profile, bf16 mixed precision otherwise."),
+            click.option("--optimizer", type=_choice(OPTIMIZER_CHOICES), default="adam", show_default=True, help="Optimizer (sets its state memory)."),
+            click.option("--recompute", type=_choice(RECOMPUTE_CHOICES), default="auto", show_default=True, help="Activation recomputation."),
+            click.option("--times", type=_choice(TIMES_CHOICES), default="model", show_default=True,
+                         help="Layer times from the roofline cost model, or as measured while tracing."),
+        ]
+        for d in reversed(decorators):
+            wrapper = d(wrapper)
+        return wrapper
+
+    return decorate
+
+
+def profile_option(f):
+    return click.option("--profile", "-p", required=True, help="Hardware profile: catalogue name (see `pipeplan profiles list`) or a .yaml path.")(f)
+
+
+def trace_options(f):
+    """Flags that only matter when the input is a model.py that must be traced first."""
+    decorators = [
+        click.option("--entry", default=None, help="Builder function in model.py [default: build_model]."),
+        click.option("--trace-batch-size", type=click.IntRange(min=1), default=None,
+                     help=f"Batch size to trace at [default: {DEFAULT_TRACE_BATCH_SIZE}]; costs scale per sample."),
+        click.option("--depth", type=click.IntRange(min=1), default=None, help="Module depth to group layers at [default: leaf modules]."),
+        click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timed repeats per layer while tracing [default: adaptive]."),
+    ]
+    for d in reversed(decorators):
+        f = d(f)
+    return f
+
+
+def output_options(f):
+    """Where results go: plan file, --json, PNG plot, Chrome trace."""
+    decorators = [
+        click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write the plan to this JSON file."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout (schema: docs/cli.md)."),
+        click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG of the simulated schedule and memory."),
+        click.option("--chrome-trace", type=click.Path(dir_okay=False), default=None, help="Write the simulated timeline as Chrome trace-event JSON."),
+    ]
+    for d in reversed(decorators):
+        f = d(f)
+    return f
+
+
+def check_output_paths(*, output=None, plot=None, chrome_trace=None) -> None:
+    """Fail before the (possibly long) trace and search, not after them."""
+    if plot is not None and Path(plot).suffix.lower() != ".png":
+        raise UserError(f"--plot {plot}: the plot is a PNG image", "name the file *.png")
+    for flag, value in (("-o/--output", output), ("--plot", plot), ("--chrome-trace", chrome_trace)):
+        if value is None:
+            continue
+        folder = Path(value).parent
+        if str(folder) and not folder.is_dir():
+            raise UserError(f"{flag} {value}: folder {folder} does not exist", "create it or pick another output path")
+    paths = [p for p in (output, plot, chrome_trace) if p is not None]
+    if len({str(Path(p).resolve()) for p in paths}) != len(paths):
+        raise UserError("two outputs name the same file", "give -o, --plot and --chrome-trace different paths")

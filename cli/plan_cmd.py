@@ -1,0 +1,32 @@
+"""`pipeplan plan graph.json --profile P --gpus N`: plan from a saved trace, without re-tracing.
+
+Tracing is the slow, machine-bound step; planning is cheap and is what people
+repeat while trying profiles and options, so it has its own command.
+"""
+
+from __future__ import annotations
+
+import click
+
+from pipeplan.cli.options import output_options, planning_options, profile_option
+
+
+@click.command("plan")
+@click.argument("graph_file", metavar="GRAPH")
+@profile_option
+@planning_options()
+@output_options
+def plan(graph_file, profile, opts, output, as_json, plot, chrome_trace):
+    """Find the best pipeline plan for a saved GRAPH (graph.json from `pipeplan trace`, or a PipeDream graph.txt)."""
+    from pipeplan.cli.analyze_cmd import run_analysis
+    from pipeplan.cli.workflow import load_saved_graph
+    from pipeplan.errors import UserError
+
+    def load(phases):
+        from pathlib import Path
+
+        if not Path(graph_file).is_file():
+            raise UserError(f"{graph_file}: no such file", "pass a graph.json from `pipeplan trace` or a PipeDream graph.txt")
+        return load_saved_graph(graph_file)
+
+    run_analysis(load, profile_name=profile, opts=opts, output=output, as_json=as_json, plot=plot, chrome_trace=chrome_trace)

@@ -1,0 +1,190 @@
+"""PNG pictures of a plan: the simulated schedule as a Gantt chart with memory bars, and `compare`'s bar chart.
+
+Drawn on matplotlib's Agg canvas directly (no pyplot), so nothing global changes
+for a caller who imports pipeplan in a notebook, and the result is PNG bytes the
+caller writes atomically.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import io
+from typing import Any, Sequence
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+KIND_COLOURS = {
+    "fwd": "#4C72B0",  # blue: forward
+    "bwd": "#55A868",  # green: backward
+    "recompute": "#8172B2",  # purple: forward recomputed during backward
+    "allreduce": "#C44E52",  # red: gradient all-reduce among replicas
+    "send": "#8C8C8C",
+    "recv": "#8C8C8C",
+}
+IDLE_COLOUR = "#F7E1E1"  # pale red row background: what shows through is the bubble
+COMPUTE_KINDS = ("fwd", "bwd", "recompute", "allreduce")
+GIB = 2**30
+
+
+def _shade(colour: str, chunk: int, chunks: int) -> tuple[float, float, float]:
+    """Lighter shade per model chunk (interleaved schedule) so chunks are told apart."""
+    if chunks <= 1:
+        return to_rgb(colour)
+    h, l, s = colorsys.rgb_to_hls(*to_rgb(colour))
+    l = min(0.85, l + 0.22 * chunk / max(1, chunks - 1))
+    return colorsys.hls_to_rgb(h, l, s)
+
+
+def _png(fig: Figure, dpi: int = 120) -> bytes:
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _time_unit(total_s: float) -> tuple[float, str]:
+    if total_s >= 2:
+        return 1.0, "s"
+    if total_s >= 2e-3:
+        return 1e3, "ms"
+    return 1e6, "µs"
+
+
+def draw_gantt(ax, events: Sequence[Any], *, devices: int | None = None, chunks: int = 1, iteration_s: float | None = None) -> None:
+    """One row per device (device 0 on top): compute blocks labelled with the microbatch, sends as thin bars."""
+    devs = sorted({e.device for e in events}) if devices is None else list(range(devices))
+    if not devs:
+        ax.text(0.5, 0.5, "no events", ha="center", va="center", transform=ax.transAxes)
+        return
+    end_s = max([e.end_s for e in events] + [iteration_s or 0.0])
+    scale, unit = _time_unit(end_s)
+    width = end_s * scale
+    row = {d: i for i, d in enumerate(devs)}
+    # Idle background first: everything not covered by a block is a bubble.
+    for d, i in row.items():
+        ax.broken_barh([(0, width)], (i - 0.4, 0.8), facecolors=IDLE_COLOUR, edgecolor="none", zorder=0)
+    # Label a block only when it is wide enough to hold its text.
+    min_label = width / 100
+    for e in events:
+        if e.device not in row:
+            continue
+        i = row[e.device]
+        x, w = e.start_s * scale, max((e.end_s - e.start_s) * scale, 0.0)
+        if e.kind in ("send", "recv"):
+            if e.kind == "send":
+                ax.broken_barh([(x, w)], (i + 0.28, 0.12), facecolors=KIND_COLOURS["send"], edgecolor="none", zorder=2)
+            continue
+        colour = _shade(KIND_COLOURS.get(e.kind, "#999999"), getattr(e, "chunk", 0), chunks)
+        ax.broken_barh([(x, w)], (i - 0.3, 0.56), facecolors=colour, edgecolor="white", linewidth=0.4, zorder=1,
+                       hatch="//" if e.kind == "allreduce" else None)
+        if e.kind != "allreduce" and w >= min_label and e.microbatch is not None and e.microbatch >= 0:
+            l = colorsys.rgb_to_hls(*colour)[1]
+            ax.text(x + w / 2, i - 0.02, str(e.microbatch), ha="center", va="center", fontsize=7 if w >= width / 60 else 5.5,
+                    color="white" if l < 0.6 else "black", zorder=3)
+    ax.set_yticks(range(len(devs)))
+    ax.set_yticklabels([f"device {d}" for d in devs])
+    ax.set_ylim(len(devs) - 0.5, -0.5)
+    ax.set_xlim(0, width * 1.01)
+    ax.set_xlabel(f"time ({unit})")
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    kinds = {e.kind for e in events}
+    handles = [Patch(facecolor=KIND_COLOURS["fwd"], label="forward (microbatch #)"), Patch(facecolor=KIND_COLOURS["bwd"], label="backward")]
+    if "recompute" in kinds:
+        handles.append(Patch(facecolor=KIND_COLOURS["recompute"], label="recompute"))
+    if "allreduce" in kinds:
+        handles.append(Patch(facecolor=KIND_COLOURS["allreduce"], hatch="//", label="gradient all-reduce"))
+    if "send" in kinds:
+        handles.append(Patch(facecolor=KIND_COLOURS["send"], label="send"))
+    handles.append(Patch(facecolor=IDLE_COLOUR, label="idle (bubble)"))
+    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=min(3, len(handles)),
+              frameon=False, fontsize=8)
+
+
+def draw_memory(ax, plan, capacity_bytes: int | None) -> None:
+    """Stacked per-stage peak memory (weights, gradients + optimizer state, activations) against the capacity line."""
+    stages = sorted(plan.stages, key=lambda s: s.index)
+    xs = list(range(len(stages)))
+    weights = [s.predicted.weights_bytes / GIB for s in stages]
+    optim = [s.predicted.optimizer_bytes / GIB for s in stages]
+    total = [s.predicted.memory_bytes / GIB for s in stages]
+    acts = [max(0.0, t - w - o) for t, w, o in zip(total, weights, optim)]
+    ax.bar(xs, weights, color="#4C72B0", label="weights")
+    ax.bar(xs, optim, bottom=weights, color="#DD8452", label="grads + optimizer")
+    ax.bar(xs, acts, bottom=[w + o for w, o in zip(weights, optim)], color="#55A868", label="activations + buffers")
+    top = max(total + [0.0])
+    if capacity_bytes:
+        cap = capacity_bytes / GIB
+        ax.axhline(cap, color="#C44E52", linestyle="--", linewidth=1.2, label=f"usable {cap:.1f} GiB")
+        top = max(top, cap)
+        for x, t in zip(xs, total):
+            ax.text(x, t + top * 0.02, f"{100 * t / cap:.0f}%", ha="center", va="bottom", fontsize=7)
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"S{s.index}" for s in stages], fontsize=8 if len(xs) <= 16 else 6)
+    ax.set_ylabel("GiB per device")
+    ax.set_title("peak memory per stage", fontsize=10, loc="left")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def schedule_png(plan, sim, *, capacity_bytes: int | None = None, title: str = "") -> bytes:
+    """Gantt of the simulated iteration plus memory bars; PNG bytes."""
+    devices = sorted({e.device for e in sim.events})
+    n = max(1, len(devices))
+    fig = Figure(figsize=(13, 2.2 + 0.42 * n + 2.6))
+    gs = fig.add_gridspec(2, 2, height_ratios=[max(1.6, 0.42 * n + 0.8), 2.3], width_ratios=[3, 1.6], hspace=0.55, wspace=0.35)
+    gantt = fig.add_subplot(gs[0, :])
+    draw_gantt(gantt, sim.events, chunks=max(1, plan.chunks), iteration_s=sim.iteration_s)
+    pred = plan.predicted
+    gantt.set_title(
+        f"{title}\niteration {pred.iteration_s * 1e3:.3g} ms · {pred.samples_per_s:,.1f} samples/s · "
+        f"bubble {100 * sim.bubble_fraction:.1f}%",
+        fontsize=10,
+        loc="left",
+    )
+    draw_memory(fig.add_subplot(gs[1, 0]), plan, capacity_bytes)
+    mem = fig.axes[-1]
+    info = fig.add_subplot(gs[1, 1])
+    info.axis("off")
+    handles, labels = mem.get_legend_handles_labels()
+    info.legend(handles, labels, loc="upper left", fontsize=8, frameon=False, title="memory", title_fontsize=8)
+    lines = [f"schedule: {plan.schedule}" + (f" (v={plan.chunks})" if plan.chunks > 1 else ""),
+             f"microbatches: {plan.microbatches} × {plan.microbatch_size}",
+             f"dtype: {plan.dtype}, optimizer: {plan.optimizer}",
+             f"recomputation: {'on' if plan.recompute else 'off'}"]
+    info.text(0.0, 0.05, "\n".join(lines), va="bottom", ha="left", fontsize=9, family="monospace", transform=info.transAxes)
+    return _png(fig)
+
+
+def compare_png(rows: list[dict[str, Any]], *, title: str = "") -> bytes:
+    """Horizontal bars of predicted samples/s per profile, annotated with the best configuration."""
+    n = max(1, len(rows))
+    fig = Figure(figsize=(9, 1.2 + 0.55 * n))
+    ax = fig.add_subplot(1, 1, 1)
+    ys = list(range(len(rows)))
+    values = [r["samples_per_s"] or 0.0 for r in rows]
+    colours = ["#4C72B0" if r["feasible"] else "#CCCCCC" for r in rows]
+    ax.barh(ys, values, color=colours)
+    top = max(values + [1e-9])
+    for y, r, v in zip(ys, rows, values):
+        if r["feasible"]:
+            reps = r["replicas"] if isinstance(r["replicas"], int) else max(r["replicas"])
+            label = f" {v:,.1f}/s  K={r['stages']}×d={reps}, M={r['microbatches']}, {r['schedule']}, mem {100 * (1 - (r['memory_headroom_fraction'] or 0)):.0f}%"
+        else:
+            label = " no feasible plan"
+        ax.text(v, y, label, va="center", ha="left", fontsize=8)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([r["profile"] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, top * 1.9)
+    ax.set_xlabel("predicted samples/s")
+    ax.set_title(title, fontsize=10, loc="left")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return _png(fig)

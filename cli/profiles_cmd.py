@@ -1,0 +1,139 @@
+"""`pipeplan profiles list|show|calibrate`: browse the hardware catalogue and measure this machine.
+
+Listing and showing only read YAML (no torch import), so they stay instant;
+`calibrate` imports torch and spawns two processes for the link test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from pipeplan.errors import UserError
+from pipeplan.hardware_profiles import list_profiles, load_profile, profile_to_dict, save_profile, user_profile_dir
+from pipeplan.hardware_profiles.loader import CATALOG_DIR
+from pipeplan.hardware_profiles.profile import DTYPES, HardwareProfile, Link
+
+
+def _tf(x: float | None) -> str:
+    return "—" if not x else f"{x / 1e12:.4g}"
+
+
+def _link(l: Link) -> str:
+    return f"{l.kind} {l.bandwidth_bytes_per_s / 1e9:.4g} GB/s {l.latency_s * 1e6:.3g} µs"
+
+
+def _origin(p: HardwareProfile) -> str:
+    if p.path and Path(p.path).resolve().parent == CATALOG_DIR:
+        return "catalog"
+    return "local" if p.local else "user"
+
+
+def _as_json(p: HardwareProfile) -> dict:
+    d = profile_to_dict(p)
+    d["origin"] = _origin(p)
+    d["path"] = p.path
+    return d
+
+
+def _print_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=1))
+
+
+@click.group()
+def profiles() -> None:
+    """Hardware profiles: the catalogue, your own YAML files, and calibration of this machine."""
+
+
+@profiles.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of profiles (YAML fields, datasheet units).")
+def list_cmd(as_json: bool) -> None:
+    """List catalogue profiles and those in the user folder ($PIPEPLAN_PROFILE_DIR)."""
+    items = list_profiles()
+    if as_json:
+        _print_json([_as_json(p) for p in items])
+        return
+    table = Table(title="Hardware profiles", caption=f"user profiles: {user_profile_dir()}")
+    for col, just in [("name", "left"), ("device", "left"), ("memory GiB\nusable/total", "right"),
+                      ("mem BW\nGB/s", "right"), ("bf16\nTFLOP/s", "right"), ("fp32\nTFLOP/s", "right"),
+                      ("per\nnode", "right"), ("intra-node link", "left"), ("inter-node link", "left"), ("from", "left")]:
+        table.add_column(col, justify=just)
+    for p in items:
+        table.add_row(
+            p.name, p.device,
+            f"{p.usable_memory_bytes / 2**30:.4g}/{p.memory_bytes / 2**30:.4g}",
+            f"{p.mem_bw_bytes_per_s / 1e9:.4g}",
+            _tf(p.peak_flops.get("bf16")), _tf(p.peak_flops.get("fp32")),
+            str(p.devices_per_node), _link(p.intra_node), _link(p.inter_node), _origin(p),
+        )
+    _console().print(table)
+
+
+def _console() -> Console:
+    """Full width on a terminal; wide enough for the table when piped (rich defaults to 80)."""
+    import sys
+
+    return Console() if sys.stdout.isatty() else Console(width=220)
+
+
+@profiles.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as one JSON document.")
+def show_cmd(name: str, as_json: bool) -> None:
+    """Show one profile: NAME is a catalogue name, an alias, a user profile name or a YAML path."""
+    p = load_profile(name)
+    if as_json:
+        _print_json(_as_json(p))
+        return
+    t = Table(title=f"{p.name} — {p.device}", show_header=False)
+    t.add_column("field", style="bold")
+    t.add_column("value")
+    t.add_row("aliases", ", ".join(p.aliases) or "—")
+    t.add_row("file", f"{p.path} ({_origin(p)})")
+    t.add_row("memory", f"{p.memory_bytes / 2**30:.4g} GiB nominal, {p.usable_memory_bytes / 2**30:.4g} GiB usable")
+    t.add_row("memory bandwidth", f"{p.mem_bw_bytes_per_s / 1e9:.4g} GB/s")
+    for d in DTYPES:
+        v = p.peak_flops.get(d)
+        t.add_row(f"peak {d}", f"{v / 1e12:.4g} TFLOP/s" if v else "not supported")
+    t.add_row("devices per node", str(p.devices_per_node))
+    t.add_row("intra-node link", _link(p.intra_node))
+    t.add_row("inter-node link", _link(p.inter_node))
+    t.add_row("efficiency overrides", ", ".join(f"{k}={v:.3g}" for k, v in p.efficiency.items()) or "— (cost-model defaults)")
+    if p.confidence:
+        t.add_row("confidence", ", ".join(f"{k}:{v}" for k, v in p.confidence.items()))
+    if p.notes:
+        t.add_row("notes", p.notes)
+    for i, s in enumerate(p.sources):
+        t.add_row("sources" if i == 0 else "", s)
+    _console().print(t)
+
+
+@profiles.command("calibrate")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="YAML file to write (atomically).")
+@click.option("--name", default="local", show_default=True, help="Profile name to store in the file.")
+@click.option("--budget-s", default=45.0, show_default=True, type=click.FloatRange(5.0, 600.0),
+              help="Rough wall-time budget for all measurements.")
+@click.option("--json", "as_json", is_flag=True, help="Also print the measured profile as JSON on stdout.")
+@click.option("--quiet", is_flag=True, help="No progress display.")
+def calibrate_cmd(output: Path, name: str, budget_s: float, as_json: bool, quiet: bool) -> None:
+    """Measure this machine (matmul/conv FLOP/s, memory and process-to-process bandwidth) into a profile."""
+    from pipeplan.cli.progress import progress_display
+    from pipeplan.hardware_profiles.calibrate import calibrate
+
+    if not output.parent.exists() and str(output.parent) not in ("", "."):
+        raise UserError(f"{output}: folder {output.parent} does not exist", "create it or pick another output path")
+    with progress_display(enabled=not quiet) as phases:
+        prof = calibrate(budget_s=budget_s, progress=phases("calibrate: "), name=name)
+    save_profile(prof, output)
+    if as_json:
+        _print_json(_as_json(prof))
+    else:
+        c = Console(stderr=True)
+        c.print(f"wrote {output}: fp32 {_tf(prof.peak_flops['fp32'])} TFLOP/s per core, bf16 {_tf(prof.peak_flops['bf16'])}, "
+                f"memory {prof.mem_bw_bytes_per_s / 1e9:.3g} GB/s, link {_link(prof.intra_node)}")
+        c.print(f"use it with --profile {output}")

@@ -1,0 +1,228 @@
+"""Rich rendering of a plan the way an ML engineer reads it.
+
+Order follows the questions people ask: what model is this, how is it split,
+how fast will it go and will it fit, and is the planner worth it compared with
+just cutting the model into equal layer counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from pipeplan.cli.fmt import fmt_bytes, fmt_count, fmt_flops, fmt_ms, fmt_pct, fmt_seconds, shorten
+from pipeplan.cli.summary import stage_params
+
+
+def model_table(summary: dict[str, Any]) -> Table:
+    """Model summary from graph_summary() / plan_graph_summary()."""
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    source = summary.get("source") or {}
+    t.add_row("model", str(summary.get("name")))
+    if source.get("model_file"):
+        entry = f" ({source['entry']})" if source.get("entry") else ""
+        t.add_row("file", f"{source['model_file']}{entry}")
+    t.add_row("layers", str(summary.get("layers")))
+    if summary.get("parameters") is not None:
+        t.add_row("parameters", f"{fmt_count(summary['parameters'])} ({fmt_bytes(summary['param_bytes'])} fp32)")
+    if summary.get("fwd_flops_per_sample") is not None:
+        t.add_row(
+            "FLOPs / sample",
+            f"{fmt_flops(summary['fwd_flops_per_sample'])} forward, {fmt_flops(summary['bwd_flops_per_sample'])} backward",
+        )
+    if summary.get("trace_batch_size") is not None:
+        device = source.get("device")
+        t.add_row("traced at", f"batch {summary['trace_batch_size']}" + (f" on {device}" if device else ""))
+    notes = summary.get("notes") or []
+    for note in notes[:3]:
+        t.add_row("note", Text(str(note), style="yellow"))
+    if len(notes) > 3:
+        t.add_row("", Text(f"(+{len(notes) - 3} more notes in the graph file)", style="dim"))
+    return t
+
+
+def plan_header(plan, profile=None) -> Text:
+    k = len(plan.stages)
+    chunks = max(1, plan.chunks)
+    replicas = sorted({s.replicas for s in plan.stages})
+    rep = f"{replicas[0]}" if len(replicas) == 1 else "/".join(str(s.replicas) for s in plan.stages)
+    device = f" ({profile.device})" if profile is not None else ""
+    shape = f"{k // chunks} stages × {chunks} chunks" if plan.schedule == "interleaved" and chunks > 1 else f"{k} stages"
+    text = Text()
+    text.append(f"{plan.devices} × {plan.profile}{device}", style="bold")
+    text.append(
+        f": {plan.schedule}, {shape}, {rep} replica(s) per stage, {plan.microbatches} microbatches of "
+        f"{plan.microbatch_size} (batch {plan.batch_size}), {plan.dtype}, {plan.optimizer}"
+        f"{', recomputation' if plan.recompute else ''}"
+    )
+    solver = plan.solver or {}
+    if solver.get("name"):
+        gap = solver.get("gap")
+        extra = f", gap {100 * gap:.2g}%" if isinstance(gap, (int, float)) and gap > 0 else ""
+        took = f" in {fmt_seconds(solver['time_s'])}" if solver.get("time_s") is not None else ""
+        text.append(f"\nsolver: {solver['name']} ({solver.get('status', '?')}{extra}){took}", style="dim")
+    return text
+
+
+def _layer_span(layers: list[str]) -> str:
+    if not layers:
+        return "—"
+    if len(layers) == 1:
+        return shorten(layers[0], 40)
+    return f"{shorten(layers[0], 24)} → {shorten(layers[-1], 24)}"
+
+
+def _devices(devices: list[int]) -> str:
+    if not devices:
+        return "—"
+    if len(devices) > 2 and devices == list(range(devices[0], devices[0] + len(devices))):
+        return f"{devices[0]}–{devices[-1]}"
+    return ",".join(str(d) for d in devices)
+
+
+def stage_table(plan, graph=None, capacity_bytes: int | None = None) -> Table:
+    """Per-stage table: layers, parameters, per-microbatch times, sends, peak memory against capacity."""
+    t = Table(title="Stages (times per microbatch)", title_justify="left", header_style="bold")
+    t.add_column("stage", justify="right")
+    t.add_column("devices")
+    t.add_column("layers (from → to)")
+    t.add_column("#", justify="right")
+    params = stage_params(plan, graph)
+    show_params = any(p is not None for p in params)
+    if show_params:
+        t.add_column("params", justify="right")
+    t.add_column("fwd ms", justify="right")
+    t.add_column("bwd ms", justify="right")
+    t.add_column("send", justify="right")
+    t.add_column("send ms", justify="right")
+    if any(s.predicted.allreduce_s for s in plan.stages):
+        t.add_column("allreduce ms", justify="right")
+    t.add_column("peak memory" + (" / capacity" if capacity_bytes else ""), justify="right")
+    last = max((s.index for s in plan.stages), default=0)
+    for s, p in zip(plan.stages, params):
+        pred = s.predicted
+        row = [str(s.index), _devices(s.devices), _layer_span(s.layers), str(len(s.layers))]
+        if show_params:
+            row.append(fmt_count(p))
+        row += [fmt_ms(pred.fwd_s), fmt_ms(pred.bwd_s)]
+        is_last = s.index == last
+        row += ["—" if is_last and not pred.send_bytes else fmt_bytes(pred.send_bytes), "—" if is_last and not pred.send_s else fmt_ms(pred.send_s)]
+        if any(x.predicted.allreduce_s for x in plan.stages):
+            row.append(fmt_ms(pred.allreduce_s))
+        if capacity_bytes:
+            frac = pred.memory_bytes / capacity_bytes
+            style = "red" if frac > 1 else ("yellow" if frac > 0.9 else "green")
+            row.append(Text(f"{fmt_bytes(pred.memory_bytes)} / {fmt_bytes(capacity_bytes)} ({100 * frac:.0f}%)", style=style))
+        else:
+            row.append(fmt_bytes(pred.memory_bytes))
+        t.add_row(*row)
+    return t
+
+
+def prediction_table(plan, capacity_bytes: int | None = None) -> Table:
+    p = plan.predicted
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("iteration time", fmt_seconds(p.iteration_s))
+    t.add_row("throughput", f"{p.samples_per_s:,.1f} samples/s")
+    t.add_row("bubble", fmt_pct(p.bubble_fraction))
+    t.add_row("achieved / peak FLOP/s", fmt_pct(p.achieved_flops_fraction))
+    mem = fmt_bytes(p.peak_memory_bytes)
+    if capacity_bytes:
+        mem += f" of {fmt_bytes(capacity_bytes)} usable ({100 * p.peak_memory_bytes / capacity_bytes:.0f}%)"
+    t.add_row("peak memory / device", mem)
+    return t
+
+
+def baseline_line(plan, baseline, capacity_bytes: int | None = None) -> Text:
+    """One line: the planned split against the naive equal-layers split with the same K/d/M/schedule."""
+    if baseline is None:
+        return Text("equal-layers split: not evaluated (single stage or not applicable)", style="dim")
+    b = baseline.predicted
+    counts = [len(s.layers) for s in baseline.stages]
+    counts_txt = "/".join(str(c) for c in counts) if len(counts) <= 8 else f"{min(counts)}–{max(counts)}"
+    text = Text("vs equal-layers split ")
+    text.append(f"({counts_txt} layers)", style="dim")
+    text.append(f": {b.samples_per_s:,.1f} samples/s, peak {fmt_bytes(b.peak_memory_bytes)}")
+    if capacity_bytes and b.peak_memory_bytes > capacity_bytes:
+        text.append(" — does not fit in memory", style="red")
+    if b.samples_per_s > 0:
+        ratio = plan.predicted.samples_per_s / b.samples_per_s
+        text.append(" → this plan is ")
+        text.append(f"{ratio:.2f}× {'faster' if ratio >= 1 else 'as fast'}", style="bold green" if ratio > 1.005 else "bold")
+    return text
+
+
+def alternatives_table(plan, limit: int = 5) -> Table | None:
+    alts = (plan.alternatives or [])[:limit]
+    if not alts:
+        return None
+    t = Table(title="Runners-up", title_justify="left", header_style="bold")
+    keys = [k for k in ("schedule", "stages", "replicas", "microbatches", "chunks", "recompute", "samples_per_s", "peak_memory_bytes") if any(k in a for a in alts)]
+    for k in keys:
+        t.add_column(k.replace("_", " "), justify="right")
+    for a in alts:
+        row = []
+        for k in keys:
+            v = a.get(k)
+            if k == "samples_per_s" and isinstance(v, (int, float)):
+                row.append(f"{v:,.1f}")
+            elif k == "peak_memory_bytes" and isinstance(v, (int, float)):
+                row.append(fmt_bytes(v))
+            else:
+                row.append("—" if v is None else str(v))
+        t.add_row(*row)
+    return t
+
+
+def plan_report(plan, *, model_summary: dict[str, Any], graph=None, profile=None, baseline=None, with_baseline: bool = True) -> Group:
+    """Everything `analyze`, `plan` and `show` print, as one renderable."""
+    capacity = int(profile.usable_memory_bytes) if profile is not None else None
+    parts: list[Any] = [model_table(model_summary), Text(""), plan_header(plan, profile), stage_table(plan, graph, capacity),
+                        prediction_table(plan, capacity)]
+    if with_baseline:
+        parts.append(baseline_line(plan, baseline, capacity))
+    alts = alternatives_table(plan)
+    if alts is not None:
+        parts.append(alts)
+    for note in plan.notes or []:
+        parts.append(Text(f"note: {note}", style="yellow"))
+    return Group(*parts)
+
+
+def compare_table(rows: list[dict[str, Any]]) -> Table:
+    """`compare`: one row per profile, fastest first as given."""
+    t = Table(title="Best plan per profile", title_justify="left", header_style="bold")
+    for col, just in (("profile", "left"), ("K×d", "right"), ("M", "right"), ("schedule", "left"), ("samples/s", "right"),
+                      ("iteration", "right"), ("bubble", "right"), ("peak memory", "right"), ("headroom", "right")):
+        t.add_column(col, justify=just)
+    for r in rows:
+        if not r["feasible"]:
+            t.add_row(str(r["profile"]), "—", "—", "—", "—", "—", "—", "—", Text(str(r["error"] or "no plan"), style="red"))
+            continue
+        reps = r["replicas"]
+        d = reps if isinstance(reps, int) else max(reps)
+        sched = r["schedule"] + (f" (v={r['chunks']})" if r["schedule"] == "interleaved" else "") + (" +rc" if r["recompute"] else "")
+        head = r["memory_headroom_fraction"]
+        t.add_row(
+            r["profile"],
+            f"{r['stages']}×{d}",
+            str(r["microbatches"]),
+            sched,
+            f"{r['samples_per_s']:,.1f}",
+            fmt_seconds(r["iteration_s"]),
+            fmt_pct(r["bubble_fraction"]),
+            fmt_bytes(r["peak_memory_bytes"]),
+            Text(f"{fmt_bytes(r['memory_headroom_bytes'])} ({fmt_pct(head)})", style="green" if head and head > 0.1 else "yellow"),
+        )
+    return t
+
+
+def print_report(renderable, console: Console | None = None) -> None:
+    (console or Console()).print(renderable)

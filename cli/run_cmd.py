@@ -1,0 +1,89 @@
+"""`pipeplan run plan.json --steps N`: train the planned pipeline for real and compare with the prediction."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from pipeplan.errors import UserError
+
+
+@click.command("run")
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Training steps to run.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Leading steps left out of the measurement.")
+@click.option("--lr", type=float, default=None, help="Learning rate (default: 0.01 for sgd/momentum, 1e-3 for adam/adamw).")
+@click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam", "adamw"]), default=None, help="Optimizer (default: the plan's).")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Machines taking part.")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This machine's index.")
+@click.option("--master-addr", default=None, help="Address of node 0 (several machines).")
+@click.option("--master-port", type=int, default=None, help="Port on node 0 (several machines; default 29500).")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None, help="Processes per machine (default: devices / nnodes).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (measured, predicted, losses) to stdout.")
+@click.option("--chrome-trace", type=click.Path(dir_okay=False), default=None, help="Write measured + simulated timelines (Perfetto).")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None, help="Folder for per-stage checkpoints.")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True, help="Checkpoint every S steps (0: never).")
+@click.option("--resume", is_flag=True, help="Continue from the last complete checkpoint in --checkpoint-dir.")
+@click.option("--dump-params", type=click.Path(file_okay=False), default=None, hidden=True,
+              help="Write each stage's final parameters to DIR/stage-<i>.pt (tests).")
+def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr, master_port, nproc_per_node,
+        as_json, chrome_trace, checkpoint_dir, checkpoint_every, resume, dump_params):
+    """Train PLAN_FILE's pipeline on torch.distributed (one process per device) and report measured vs predicted."""
+    from rich.console import Console
+
+    from pipeplan.planner.plan import load_plan
+    from pipeplan.runtime.launch import LaunchOptions, RankFailed, launch
+    from pipeplan.runtime.report import render_table, summarize
+
+    if warmup >= steps:
+        warmup = 0 if steps == 1 else min(warmup, steps - 1)
+    plan = load_plan(plan_file)
+    opts = LaunchOptions(steps=steps, warmup=warmup, lr=lr, optimizer=optimizer, nnodes=nnodes, node_rank=node_rank,
+                         master_addr=master_addr, master_port=master_port, nproc_per_node=nproc_per_node,
+                         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
+                         dump_params=dump_params)
+    err = Console(stderr=True)
+    try:
+        if as_json:
+            result = launch(plan_file, opts)
+        else:
+            with err.status(f"training {steps} step(s) of {plan.schedule} on {len({d for s in plan.stages for d in s.devices})} process(es)"):
+                result = launch(plan_file, opts)
+    except RankFailed as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    if not result:  # not node 0: rank 0's node reports
+        err.print("done (results are reported on node 0)")
+        return
+    doc = summarize(result, plan)
+    if chrome_trace:
+        write_trace(chrome_trace, result, plan)
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+    else:
+        render_table(doc, Console())
+        if chrome_trace:
+            Console().print(f"chrome trace: {chrome_trace}")
+
+
+def write_trace(path: str, result: dict, plan) -> None:
+    """Measured timeline (devices 0..P-1) above the simulated one (devices 100..).
+
+    The simulation replays the plan's own per-stage predictions (forward,
+    backward, send, all-reduce) through planner.simulate, so it needs neither
+    the graph nor the hardware profile at run time.
+    """
+    from pipeplan.planner.simulate import simulate
+    from pipeplan.planner.timeline import write_chrome_trace
+    from pipeplan.runtime.report import measured_events
+
+    events = measured_events(result, plan)
+    st = sorted(plan.stages, key=lambda s: s.index)
+    sim = simulate(plan.schedule, [s.predicted.fwd_s for s in st], [s.predicted.bwd_s for s in st],
+                   [s.predicted.send_s for s in st[:-1]], plan.microbatches, chunks=plan.chunks if plan.schedule == "interleaved" else 1)
+    for e in sim.events:
+        events.append({"device": e.device + 100, "stage": e.stage, "chunk": e.chunk, "microbatch": e.microbatch,
+                       "kind": e.kind, "start_s": e.start_s, "end_s": e.end_s, "peer": (e.peer + 100) if e.peer >= 0 else -1})
+    write_chrome_trace(path, events, title=f"pipeplan run ({plan.schedule}): measured = devices 0.., simulated = devices 100..")

@@ -1,0 +1,143 @@
+"""The steps `analyze`, `plan`, `compare` and `show` share: get a graph, search, write outputs.
+
+Heavy imports (torch, the planner) happen inside the functions so `pipeplan
+--help` stays fast and a command's flags are checked before anything slow runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeplan._io import atomic_write_bytes, atomic_write_json
+from pipeplan.errors import UserError
+
+MODEL_SUFFIXES = (".py",)
+
+
+def is_model_file(path: str) -> bool:
+    return Path(path).suffix.lower() in MODEL_SUFFIXES
+
+
+def load_input_graph(
+    path: str,
+    *,
+    entry: str | None = None,
+    trace_batch_size: int | None = None,
+    depth: int | None = None,
+    repeats: int | None = None,
+    progress: Callable | None = None,
+):
+    """A model.py is traced (once, at a small batch); a graph.json or PipeDream graph.txt is loaded."""
+    if not Path(path).exists():
+        raise UserError(f"{path}: no such file", "pass a model.py, a graph.json from `pipeplan trace`, or a PipeDream graph.txt")
+    if Path(path).is_dir():
+        raise UserError(f"{path}: is a folder", "pass a model.py, a graph.json or a PipeDream graph.txt")
+    if is_model_file(path):
+        from pipeplan.cli.options import DEFAULT_TRACE_BATCH_SIZE
+        from pipeplan.costmodels.trace import trace
+
+        return trace(
+            str(Path(path).resolve()),
+            trace_batch_size or DEFAULT_TRACE_BATCH_SIZE,
+            entry=entry or "build_model",
+            depth=depth,
+            repeats=repeats,
+            progress=progress,
+        )
+    used = [flag for flag, value in (("--entry", entry), ("--trace-batch-size", trace_batch_size), ("--depth", depth), ("--repeats", repeats)) if value is not None]
+    if used:
+        raise UserError(f"{' and '.join(used)} only apply when tracing a model.py, but {path} is a saved graph", f"drop {', '.join(used)}")
+    return load_saved_graph(path)
+
+
+def load_saved_graph(path: str):
+    """graph.json (pipeplan.graph/v1) or a PipeDream graph.txt; a model.py is refused with a pointer to `analyze`."""
+    if is_model_file(path):
+        raise UserError(f"{path} is a model file; `pipeplan plan` reads a saved graph", "use `pipeplan analyze` for a model.py, or `pipeplan trace` it first")
+    try:
+        from pipeplan.costmodels.load import load_any_graph
+    except ModuleNotFoundError:  # solver helper's loader not installed: graph.json only
+        from pipeplan.costmodels.graph import load_graph as load_any_graph
+    return load_any_graph(path)
+
+
+def load_profile(name: str):
+    from pipeplan.hardware_profiles import load_profile as _load
+
+    return _load(name)
+
+
+def run_search(graph, profile, opts, dtype: str, progress: Callable | None = None):
+    """planner.search.search with the CLI's options; InfeasibleError passes through as a user error."""
+    from pipeplan.planner.search import search
+
+    return search(graph, profile, opts.devices, opts.batch_size, progress=progress, **opts.search_kwargs(dtype))
+
+
+def write_outputs(plan, graph, profile, *, output: str | None, plot: str | None, chrome_trace: str | None, sim=None) -> Any:
+    """Plan file, PNG and Chrome trace; each written atomically. Returns the SimResult used (or None)."""
+    if output:
+        plan.save(output)
+    if plot or chrome_trace:
+        if sim is None:
+            sim = simulate_for(plan, graph, profile)
+        if plot:
+            from pipeplan.cli.plots import schedule_png
+
+            atomic_write_bytes(plot, schedule_png(plan, sim, capacity_bytes=capacity_of(profile), title=plot_title(plan, graph)))
+        if chrome_trace:
+            from pipeplan.planner.timeline import chrome_trace as to_chrome
+
+            atomic_write_json(chrome_trace, to_chrome(sim.events, title=f"pipeplan: {plan.graph.get('name', '')} on {plan.profile}"))
+    return sim
+
+
+def simulate_for(plan, graph, profile):
+    """The simulated timeline of a plan: exact from the graph when we have it, else from the plan's own numbers."""
+    if graph is not None and profile is not None:
+        try:
+            from pipeplan.planner.search import simulate_plan
+        except ImportError:
+            from pipeplan.planner.evaluate import simulate_plan
+
+        return simulate_plan(plan, graph, profile)
+    return simulate_from_plan(plan)
+
+
+def simulate_from_plan(plan):
+    """Re-simulate from the per-stage predictions stored in the plan (no graph needed; used by `show`).
+
+    The plan keeps each stage's per-microbatch forward, backward, recompute
+    (compute_s - fwd_s - bwd_s) and send times and its all-reduce time, which is
+    all the schedule's timing depends on; so the Gantt of `show` is the one the
+    search predicted. Memory comes from the plan's own per-stage predictions.
+    """
+    from pipeplan.planner.simulate import simulate
+
+    stages = sorted(plan.stages, key=lambda s: s.index)
+    p = [s.predicted for s in stages]
+    recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) for x in p]
+    allreduce = [x.allreduce_s for x in p]
+    return simulate(
+        plan.schedule,
+        [x.fwd_s for x in p],
+        [x.bwd_s for x in p],
+        [x.send_s for x in p],
+        plan.microbatches,
+        chunks=plan.chunks if plan.schedule == "interleaved" else 1,
+        allreduce_s=allreduce if any(allreduce) and plan.schedule != "pipedream" else None,
+        recompute_s=recompute if any(recompute) else None,
+    )
+
+
+def capacity_of(profile) -> int | None:
+    return int(profile.usable_memory_bytes) if profile is not None else None
+
+
+def plot_title(plan, graph=None) -> str:
+    name = plan.graph.get("name") or (graph.name if graph is not None else "model")
+    return (
+        f"{name} on {plan.devices or sum(s.replicas for s in plan.stages)}× {plan.profile}: "
+        f"{plan.schedule}, {len(plan.stages)} stages, {plan.microbatches} microbatches"
+    )

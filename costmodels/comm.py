@@ -1,0 +1,69 @@
+"""Communication cost: what moving bytes between devices costs.
+
+Two primitives are enough for pipeline planning: a point-to-point send between
+neighbouring stages (activations forward, gradients backward) and a ring
+all-reduce of a stage's weight gradients across its data-parallel replicas.
+Both are the classic latency-bandwidth ("alpha-beta", Hockney 1994) model; the
+link to use comes from the profile's hierarchy (same node or across nodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pipeplan.hardware_profiles.profile import HardwareProfile, Link
+
+
+def p2p_time_s(nbytes: float, link: Link) -> float:
+    """Time of one point-to-point send: latency + bytes / bandwidth.
+
+    Source: the alpha-beta model (Hockney, "The communication challenge for MPP",
+    Parallel Computing 1994): T(n) = alpha + n / beta. `link.bandwidth_bytes_per_s`
+    is one direction per device, which is what one send can use. No bytes means
+    no message at all, so it costs nothing (not even the latency).
+    """
+    if nbytes < 0:
+        raise ValueError(f"negative byte count {nbytes}")
+    if nbytes == 0:
+        return 0.0
+    return link.latency_s + float(nbytes) / link.bandwidth_bytes_per_s
+
+
+def allreduce_time_s(nbytes: float, replicas: int, link: Link) -> float:
+    """Ring all-reduce of `nbytes` over `replicas` devices.
+
+    Source: Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for
+    clusters of workstations" (JPDC 2009), and the NCCL performance notes
+    (nccl-tests doc/PERFORMANCE.md, "bus bandwidth" = algbw * 2(n-1)/n): a
+    reduce-scatter then an all-gather, 2(r-1) steps, each moving nbytes/r over
+    every device's link. Time = 2(r-1)/r * nbytes / bw + 2(r-1) * latency.
+    A single replica has nothing to reduce: 0.
+    """
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    if nbytes < 0:
+        raise ValueError(f"negative byte count {nbytes}")
+    if replicas == 1 or nbytes == 0:
+        return 0.0
+    steps = 2 * (replicas - 1)
+    return steps / replicas * float(nbytes) / link.bandwidth_bytes_per_s + steps * link.latency_s
+
+
+def group_link(profile: HardwareProfile, ranks: Iterable[int]) -> Link:
+    """The link a collective over `ranks` is limited by.
+
+    A ring that leaves a node crosses the inter-node link at least twice, and a
+    ring is as slow as its slowest hop, so any group spanning nodes runs at the
+    inter-node speed (a hierarchical all-reduce would do better; we keep the
+    ring, as PipeDream's planner does per bandwidth level).
+    """
+    ranks = list(ranks)
+    if not ranks:
+        raise ValueError("empty device group")
+    nodes = {r // profile.devices_per_node for r in ranks}
+    return profile.intra_node if len(nodes) == 1 else profile.inter_node
+
+
+def send_time_between_s(nbytes: float, profile: HardwareProfile, src_rank: int, dst_rank: int) -> float:
+    """Point-to-point send between two global device ranks over the right level of the hierarchy."""
+    return p2p_time_s(nbytes, profile.link_between(src_rank, dst_rank))

@@ -1,0 +1,170 @@
+"""Compute cost: how long a layer's forward and backward take on a target device.
+
+The graph carries FLOPs and bytes moved for every layer, measured once on the
+tracing machine; a roofline turns them into time on any profile, including
+hardware the user does not have. A roofline alone is optimistic (nothing
+reaches peak), so each kind of op gets an efficiency: the fraction of peak
+compute a well-tuned kernel of that kind reaches in published measurements.
+Profiles may override any of them (`HardwareProfile.efficiency`, keys are
+graph.LAYER_KINDS plus "memory" for the bandwidth fraction).
+
+Numbers and where they come from are in docs/cost-models.md; several are
+judgements between published figures and are labelled so.
+"""
+
+from __future__ import annotations
+
+from pipeplan.costmodels.graph import LAYER_KINDS, Graph, Layer
+from pipeplan.costmodels.memory import DTYPES, activation_bytes_scale
+from pipeplan.errors import UserError
+from pipeplan.hardware_profiles.profile import HardwareProfile
+
+# Achieved / peak compute per op kind on a datacenter accelerator (see docs/cost-models.md).
+DEFAULT_EFFICIENCY: dict[str, float] = {
+    # Large GEMMs: cuBLAS reaches ~70-80% of A100/H100 tensor peak on large shapes
+    # (NVIDIA "Matrix Multiplication Background" user guide); Megatron-LM reaches 52%
+    # of peak for a whole 1T model including every overhead (Narayanan et al. 2021,
+    # §5.1: 163 of 312 TFLOP/s). 0.70 for one GEMM-bound layer is our judgement in between.
+    "matmul": 0.70,
+    # cuDNN convolutions run as implicit GEMMs but with lower utilisation on small
+    # channel counts; MLPerf ResNet-50 submissions sit well below GEMM efficiency. Judgement.
+    "conv": 0.60,
+    # FlashAttention-2 (Dao 2023, §4.1): 50-73% of A100 peak forward, less backward;
+    # unfused attention is lower still. Judgement: 0.50.
+    "attention": 0.50,
+    # The kinds below are memory-bound: their time is set by `DEFAULT_MEMORY_EFFICIENCY`
+    # and the compute figure only matters for unusually FLOP-heavy instances. They run
+    # on the vector (non-tensor-core) units, see `peak_flops_for_kind`.
+    "embedding": 0.50,
+    "norm": 0.50,
+    "elementwise": 0.50,
+    "other": 0.50,
+}
+
+# Achieved / peak memory bandwidth for streaming kernels. STREAM-like copies reach
+# ~85-90% of HBM peak on A100/H100 (e.g. the jax-ml scaling book's and NVIDIA's
+# bandwidthTest figures); framework elementwise/norm kernels somewhat less. Judgement: 0.80.
+DEFAULT_MEMORY_EFFICIENCY = 0.80
+
+# A calibrated local profile stores ACHIEVED rates as its peaks, so unless it says
+# otherwise nothing is discounted again.
+LOCAL_DEFAULT_EFFICIENCY = 1.0
+
+# Kinds whose FLOPs run on matrix units (tensor cores / MXUs) and so use the dtype's peak.
+MATRIX_KINDS = ("matmul", "conv", "attention")
+
+# Backward reads the saved activations, the output gradient and the weights and writes
+# the input gradient and the weight gradient: about twice forward's traffic. Judgement,
+# consistent with backward doing two GEMMs per forward GEMM (Narayanan et al. 2021, App.).
+BACKWARD_BYTES_FACTOR = 2.0
+
+TIMES = ("model", "measured", "roofline")
+
+
+def roofline_time_s(flops: float, bytes_moved: float, peak_flops: float, mem_bw_bytes_per_s: float,
+                    compute_efficiency: float, memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY) -> float:
+    """Roofline time: the slower of doing the FLOPs and moving the bytes.
+
+    Source: Williams, Waterman & Patterson, "Roofline: an insightful visual
+    performance model for multicore architectures" (CACM 2009): attainable
+    FLOP/s = min(peak, intensity * bandwidth), i.e. time = max(F / P, B / W),
+    here with P and W derated by achieved-versus-peak efficiencies.
+    """
+    if flops < 0 or bytes_moved < 0:
+        raise ValueError("flops and bytes_moved must be >= 0")
+    if peak_flops <= 0 or mem_bw_bytes_per_s <= 0:
+        raise ValueError("peak_flops and mem_bw_bytes_per_s must be > 0")
+    # > 1 is legal: a calibrated profile may rate a kind relative to the matmul peak.
+    if compute_efficiency <= 0 or memory_efficiency <= 0:
+        raise ValueError("efficiencies must be > 0")
+    compute_s = flops / (peak_flops * compute_efficiency)
+    memory_s = bytes_moved / (mem_bw_bytes_per_s * memory_efficiency)
+    return max(compute_s, memory_s)
+
+
+def efficiency_for(profile: HardwareProfile, kind: str) -> tuple[float, float]:
+    """(compute, memory) efficiency of an op kind on a profile: the profile's override, else the default."""
+    default_c = LOCAL_DEFAULT_EFFICIENCY if profile.local else DEFAULT_EFFICIENCY.get(kind, DEFAULT_EFFICIENCY["other"])
+    default_m = LOCAL_DEFAULT_EFFICIENCY if profile.local else DEFAULT_MEMORY_EFFICIENCY
+    eff = profile.efficiency or {}
+    return float(eff.get(kind, default_c)), float(eff.get("memory", default_m))
+
+
+def peak_flops_for_kind(profile: HardwareProfile, kind: str, dtype: str) -> float:
+    """Peak FLOP/s an op kind can use in a dtype.
+
+    Matrix kinds use the dtype's (tensor-core) peak via `HardwareProfile.flops_for`.
+    Vector kinds (norm, elementwise, embedding, other) run on the non-tensor units
+    even in mixed precision (NVIDIA A100/H100 whitepapers: tensor cores only do
+    matrix-multiply-accumulate), so they use the fp32 figure where the profile has
+    one (TPUs list none; they use the dtype's figure).
+    """
+    if kind not in MATRIX_KINDS:
+        fp32 = profile.peak_flops.get("fp32")
+        if fp32:
+            return float(fp32)
+    return profile.flops_for(dtype)
+
+
+def layer_roofline_s(layer: Layer, profile: HardwareProfile, *, dtype: str = "fp32",
+                     samples: float | None = None, batch_size: int = 1) -> tuple[float, float]:
+    """(fwd_s, bwd_s) of one layer for `samples` samples by roofline (the layer was traced at `batch_size`).
+
+    FLOPs scale linearly with samples. Of the bytes moved, the parameters are read
+    once per pass whatever the batch, so the weight traffic stays fixed and the
+    rest (activations) scales with samples. Mixed precision halves all traffic
+    (16-bit activations and weight copies; `memory.activation_bytes_scale`).
+    Backward uses the traced bwd_flops and BACKWARD_BYTES_FACTOR x forward traffic.
+    """
+    if batch_size <= 0:
+        raise ValueError("batch_size must be > 0")
+    ratio = 1.0 if samples is None else float(samples) / batch_size
+    kind = layer.kind if layer.kind in LAYER_KINDS else "other"
+    peak = peak_flops_for_kind(profile, kind, dtype)
+    ce, me = efficiency_for(profile, kind)
+    weight_bytes = min(layer.param_bytes, layer.bytes_moved)
+    fwd_bytes = (weight_bytes + (layer.bytes_moved - weight_bytes) * ratio) * activation_bytes_scale(dtype)
+    fwd = roofline_time_s(layer.fwd_flops * ratio, fwd_bytes, peak, profile.mem_bw_bytes_per_s, ce, me)
+    bwd = roofline_time_s(layer.bwd_flops * ratio, fwd_bytes * BACKWARD_BYTES_FACTOR, peak,
+                          profile.mem_bw_bytes_per_s, ce, me)
+    return fwd, bwd
+
+
+def uses_measured_times(graph: Graph, profile: HardwareProfile, dtype: str) -> bool:
+    """Whether times="model" should take the graph's own measurements on this profile.
+
+    Yes when the profile is this machine's calibration (local) and the graph was
+    traced here on the CPU in fp32 (measured times are fp32 times; a bf16 request
+    goes through the roofline with the calibrated bf16 peak), and the graph
+    actually has timings (imported or hand-made graphs may not).
+    """
+    return (profile.local and graph.source.get("device") == "cpu" and dtype in ("fp32", "tf32")
+            and any(l.fwd_s > 0 for l in graph.layers))
+
+
+def layer_times_s(graph: Graph, profile: HardwareProfile, *, dtype: str = "fp32", times: str = "model",
+                  samples: int | None = None) -> tuple[list[float], list[float]]:
+    """Per-layer (fwd_s, bwd_s) lists for `samples` samples (default: the traced batch size).
+
+    times="measured": the graph's measured times, scaled linearly with samples.
+    times="model": roofline on the profile, except on a local profile with a graph
+    traced on this machine (`uses_measured_times`), as issue 3 asks.
+    times="roofline": always the roofline (what the calibration test checks).
+    """
+    if times not in TIMES:
+        raise UserError(f"unknown times mode {times!r}", f"use one of: {', '.join(TIMES)}")
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}", f"use one of: {', '.join(DTYPES)}")
+    batch = graph.batch_size
+    n = batch if samples is None else samples
+    if n <= 0:
+        raise ValueError("samples must be > 0")
+    if times == "measured" or (times == "model" and uses_measured_times(graph, profile, dtype)):
+        ratio = n / batch
+        return [l.fwd_s * ratio for l in graph.layers], [l.bwd_s * ratio for l in graph.layers]
+    fwd, bwd = [], []
+    for layer in graph.layers:
+        f, b = layer_roofline_s(layer, profile, dtype=dtype, samples=n, batch_size=batch)
+        fwd.append(f)
+        bwd.append(b)
+    return fwd, bwd

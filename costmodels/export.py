@@ -1,0 +1,334 @@
+"""torch.export the user's model and group its ATen nodes into layers: the structure, no timing.
+
+Why torch.export: the exported program is the exact op list the runtime will later
+split into pipeline stages, so a layer is defined as a list of that program's node
+names and a plan's cuts map one-to-one onto the program. Grouping follows
+`nn_module_stack` (which module call produced each op). Glue code that lives in a
+container's own forward (residual adds, reshapes, concats, getitem) is folded into
+the neighbouring layer, so layers are the modules a user recognises.
+Everything here is derived from the graph alone, so the same model file and depth
+give the same structure (and `Graph.fingerprint()`) at any batch size.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import operator
+import os
+from contextlib import contextmanager, redirect_stderr
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+
+from pipeplan.costmodels.graph import Edge, Graph, Layer, SharedParam
+from pipeplan.costmodels.model_file import ModelSpec, _cause, _user_frame_line
+from pipeplan.errors import UserError
+
+# Ops that do real work: a run of these is a layer of its own even when it sits in a
+# container's forward (e.g. the attention core between two projections).
+_HEAVY = ("linear", "mm", "addmm", "bmm", "baddbmm", "matmul", "einsum", "conv", "scaled_dot_product",
+          "embedding", "layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "softmax",
+          "log_softmax", "flash_attention", "efficient_attention")
+# Ops that only reinterpret memory: they move no bytes (excluded from bytes_moved).
+_VIEWS = ("view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "slice", "select",
+          "unsqueeze", "squeeze", "split", "split_with_sizes", "chunk", "unbind", "alias", "detach",
+          "as_strided", "getitem", "unflatten", "flatten", "narrow", "lift_fresh_copy", "_assert_tensor_metadata",
+          "sym_size", "sym_numel", "sym_stride")
+_OTHER = ("max_pool", "avg_pool", "adaptive", "cat", "index", "gather", "scatter", "sort", "topk", "cumsum",
+          "upsample", "pad", "constant_pad", "reflection_pad", "mean", "sum", "amax", "var")
+_KIND_RULES = (  # (kind, op-name fragments), first match wins, in order of typical cost
+    ("conv", ("conv",)),
+    ("attention", ("scaled_dot_product", "flash_attention", "efficient_attention")),
+    ("matmul", ("linear", "addmm", "mm", "bmm", "baddbmm", "matmul", "einsum")),
+    ("embedding", ("embedding",)),
+    ("norm", ("layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm")),
+)
+
+
+def op_name(node: torch.fx.Node) -> str:
+    """'addmm' for aten.addmm.default, 'getitem' for operator.getitem."""
+    target = node.target
+    if target is operator.getitem:
+        return "getitem"
+    name = getattr(target, "__name__", str(target))
+    packet = getattr(target, "_overloadpacket", None)
+    if packet is not None:
+        name = packet.__name__
+    return name.split(".")[0]
+
+
+def _base(name: str) -> str:
+    """'native_layer_norm' -> 'layer_norm', '_convolution' -> 'convolution': one spelling per op family."""
+    name = name.lstrip("_")
+    return name[len("native_"):] if name.startswith("native_") else name
+
+
+def _matches(name: str, fragments: tuple[str, ...]) -> bool:
+    base = _base(name)
+    return any(base == f or base.startswith(f) for f in fragments)
+
+
+def _is_heavy(node: torch.fx.Node) -> bool:
+    return _matches(op_name(node), _HEAVY)
+
+
+def tensor_bytes(val: Any) -> int:
+    """Bytes of a tensor (or the tensors in a tuple/list) from node.meta['val']; symbols count 0."""
+    if isinstance(val, torch.Tensor):
+        try:
+            return int(val.numel()) * val.element_size()
+        except Exception:  # unbacked symbolic sizes
+            return 0
+    if isinstance(val, (tuple, list)):
+        return sum(tensor_bytes(v) for v in val)
+    return 0
+
+
+@contextmanager
+def quiet_torch_logs():
+    """torch.export logs warnings and prints partial graphs to stderr on failure; the CLI reports one line."""
+    loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.startswith("torch")]
+    loggers.append(logging.getLogger("torch"))
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        with redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def export_program(spec: ModelSpec, model: torch.nn.Module, inputs: tuple) -> torch.export.ExportedProgram:
+    """torch.export (non-strict) in training mode; every failure is the user's model, so a UserError."""
+    model.train()
+    try:
+        with quiet_torch_logs():
+            return torch.export.export(model, inputs, strict=False)
+    except UserError:
+        raise
+    except Exception as e:
+        where = os.path.basename(spec.path) + _user_frame_line(e, spec.path)
+        text = _cause(e)
+        for cut in (" (unhinted", "  (Size-like", "\n"):
+            text = text.split(cut)[0]
+        hint = "torch.export must be able to trace forward() with example_inputs"
+        low = str(e).lower()
+        if "data-dependent" in low or "data dependent" in low or "guard" in low:
+            hint = ("forward() branches on tensor values (data-dependent control flow); use torch.cond or "
+                    "torch.where, or move the decision out of the model")
+        raise UserError(f"{spec.path}: torch.export could not trace {spec.entry}() in {where}: {text}", hint) from e
+
+
+@dataclass
+class _Run:
+    key: str
+    nodes: list[torch.fx.Node] = field(default_factory=list)
+    glue: bool = True
+
+
+def _stack(node: torch.fx.Node) -> list[str]:
+    """Module paths the op was called under, outermost first, root ('') left out."""
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = []
+    for value in stack.values():
+        path = value[0] if isinstance(value, tuple) else str(value)
+        if path:
+            paths.append(path)
+    return paths
+
+
+def group_nodes(ep: torch.export.ExportedProgram, depth: int | None) -> list[tuple[str, str, list[torch.fx.Node]]]:
+    """Split the call_function nodes into contiguous layers: [(name, module path, nodes)] in execution order."""
+    if depth is not None and depth < 1:
+        raise UserError(f"--depth {depth}: must be 1 or more", "omit --depth for leaf modules")
+    nodes = [n for n in ep.graph.nodes if n.op == "call_function"]
+    stacks = {n: _stack(n) for n in nodes}
+    containers = {p for s in stacks.values() for p in s[:-1]}  # modules with child modules that ran ops
+
+    key_of: dict[torch.fx.Node, str] = {}
+    glue_of: dict[torch.fx.Node, bool] = {}
+    for n in nodes:
+        src = n.args[0] if n.target is operator.getitem and n.args else None
+        if isinstance(src, torch.fx.Node) and src in key_of:  # a tuple element belongs with its producer
+            key_of[n], glue_of[n] = key_of[src], True
+            continue
+        s = stacks[n]
+        if not s:
+            key, own = "", True
+        elif depth is None:
+            key, own = s[-1], True
+        else:
+            key, own = s[min(depth, len(s)) - 1], len(s) <= depth
+        key_of[n] = key
+        glue_of[n] = (key == "" or (own and key in containers)) and not _is_heavy(n)
+
+    runs: list[_Run] = []
+    for n in nodes:
+        if not runs or runs[-1].key != key_of[n]:
+            runs.append(_Run(key_of[n]))
+        runs[-1].nodes.append(n)
+        runs[-1].glue = runs[-1].glue and glue_of[n]
+
+    # Fold glue runs into the previous real layer (leading glue into the next one).
+    merged: list[_Run] = []
+    pending: list[torch.fx.Node] = []
+    for r in runs:
+        if r.glue and (merged or r is not runs[-1]):
+            if merged:
+                merged[-1].nodes.extend(r.nodes)
+            else:
+                pending.extend(r.nodes)
+            continue
+        r.nodes = pending + r.nodes
+        pending = []
+        if merged and merged[-1].key == r.key:
+            merged[-1].nodes.extend(r.nodes)
+        else:
+            merged.append(r)
+    if pending:  # only glue in the whole model
+        merged.append(_Run("", pending, False))
+
+    seen: dict[str, int] = {}
+    out = []
+    for r in merged:
+        base = r.key or "root"
+        seen[base] = seen.get(base, 0) + 1
+        name = base if seen[base] == 1 else f"{base}:{seen[base]}"
+        out.append((name, r.key, r.nodes))
+    return out
+
+
+def _layer_kind(nodes: list[torch.fx.Node]) -> str:
+    """The layer's dominant op family (the most expensive family present wins)."""
+    names = [op_name(n) for n in nodes]
+    for kind, fragments in _KIND_RULES:
+        if any(_matches(n, fragments) for n in names):
+            return kind
+    if any(_matches(n, _OTHER) for n in names):
+        return "other"
+    return "elementwise"
+
+
+def node_kind(node: torch.fx.Node) -> str | None:
+    """The op family of one node (conv/attention/matmul/embedding/norm), None for anything else."""
+    name = op_name(node)
+    for kind, fragments in _KIND_RULES:
+        if _matches(name, fragments):
+            return kind
+    return None
+
+
+def _bytes_moved(nodes: list[torch.fx.Node]) -> int:
+    """Unfused memory traffic of one forward: each non-view op reads its inputs and writes its outputs.
+
+    A rough upper bound on traffic (eager PyTorch does not fuse), used only by the
+    roofline's memory term.
+    """
+    total = 0
+    for n in nodes:
+        if op_name(n) in _VIEWS:
+            continue
+        total += tensor_bytes(n.meta.get("val"))
+        total += sum(tensor_bytes(a.meta.get("val")) for a in n.all_input_nodes)
+    return total
+
+
+def build_structure(ep: torch.export.ExportedProgram, model: torch.nn.Module, *, name: str, batch_size: int,
+                    depth: int | None, input_bytes: int) -> Graph:
+    """The layer graph of an exported program: layers, edges, parameters, sharing; no measurements."""
+    sig = ep.graph_signature
+    placeholder_param = {s.arg.name: s.target for s in sig.input_specs if s.kind == InputKind.PARAMETER}
+    user_inputs = [s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
+    user_outputs = {s.arg.name for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT
+                    and getattr(s.arg, "name", None)}
+
+    groups = group_nodes(ep, depth)
+    layer_of: dict[str, int] = {}
+    for i, (_, _, nodes) in enumerate(groups):
+        for n in nodes:
+            layer_of[n.name] = i
+
+    # Parameters: identity decides sharing (tied weights are one tensor under two names).
+    named = dict(model.named_parameters(remove_duplicate=False))
+    owner_of_tensor: dict[int, int] = {}
+    users_of_tensor: dict[int, list[int]] = {}
+    layers: list[Layer] = []
+    edges: dict[tuple[int, int], dict[str, int]] = {}
+    inputs: dict[str, list[str]] = {}
+    for i, (lname, key, nodes) in enumerate(groups):
+        params: list[str] = []
+        outputs: dict[str, int] = {}
+        for n in nodes:
+            for a in n.all_input_nodes:
+                if a.op == "placeholder":
+                    if a.name in placeholder_param:
+                        fqn = placeholder_param[a.name]
+                        if fqn not in params:
+                            params.append(fqn)
+                    elif a.name in user_inputs:
+                        readers = inputs.setdefault(a.name, [])
+                        if lname not in readers:
+                            readers.append(lname)
+                elif a.op == "call_function" and layer_of[a.name] != i:
+                    src = layer_of[a.name]
+                    edges.setdefault((src, i), {})[a.name] = tensor_bytes(a.meta.get("val"))
+        layers.append(Layer(name=lname, kind=_layer_kind(nodes), module=key, params=params,
+                            nodes=[n.name for n in nodes], bytes_moved=_bytes_moved(nodes), outputs=outputs))
+        for fqn in params:
+            p = named.get(fqn)
+            if p is None:
+                continue
+            users_of_tensor.setdefault(id(p), [])
+            if i not in users_of_tensor[id(p)]:
+                users_of_tensor[id(p)].append(i)
+            if id(p) not in owner_of_tensor:
+                owner_of_tensor[id(p)] = i
+                layers[i].param_bytes += p.numel() * p.element_size()
+
+    for (src, dst), tensors in edges.items():
+        layers[src].outputs.update(tensors)
+    for n in ep.graph.nodes:
+        if n.name in user_outputs and n.name in layer_of:
+            layers[layer_of[n.name]].outputs[n.name] = tensor_bytes(n.meta.get("val"))
+    for layer in layers:
+        layer.output_bytes = sum(layer.outputs.values())
+
+    notes: list[str] = []
+    # Parameters no op reads still take memory: give them to the layer of their module.
+    by_id = {}
+    for fqn, p in named.items():
+        by_id.setdefault(id(p), (fqn, p))
+    unused = [(fqn, p) for pid, (fqn, p) in by_id.items() if pid not in owner_of_tensor]
+    for fqn, p in unused:
+        best = max(range(len(layers)), key=lambda j: (fqn.startswith(layers[j].module + ".") if layers[j].module
+                                                       else False, len(layers[j].module), -j)) if layers else None
+        if best is None:
+            continue
+        layers[best].param_bytes += p.numel() * p.element_size()
+        layers[best].params.append(fqn)
+        owner_of_tensor[id(p)] = best
+    if unused:
+        notes.append(f"{len(unused)} parameter(s) are not used by forward() (e.g. {unused[0][0]}); "
+                     "their bytes are assigned to the layer of their module")
+
+    shared: list[SharedParam] = []
+    for pid, (fqn, p) in by_id.items():
+        users = users_of_tensor.get(pid, [])
+        aliases = [n for n, q in named.items() if q is p]
+        if len(users) > 1 or len(aliases) > 1:
+            shared.append(SharedParam(name=fqn, bytes=p.numel() * p.element_size(),
+                                      layers=[layers[j].name for j in sorted(users)]))
+
+    edge_list = [Edge(src=layers[s].name, dst=layers[d].name, bytes=sum(t.values()), tensors=sorted(t))
+                 for (s, d), t in sorted(edges.items())]
+    return Graph(name=name, layers=layers, edges=edge_list, batch_size=batch_size, input_bytes=input_bytes,
+                 inputs=inputs, shared_params=shared, notes=notes)
+
+
+def flatten_inputs(inputs: tuple) -> list[torch.Tensor]:
+    return [t for t in torch.utils._pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]

@@ -1,0 +1,340 @@
+"""Measure THIS machine into an ordinary hardware profile (`pipeplan profiles calibrate`).
+
+The runtime runs one rank per CPU core with one intra-op thread, so a "device"
+here is one core: every compute and memory measurement runs under
+`torch.set_num_threads(1)`, and `devices_per_node` is the number of cores.
+
+What is measured, and why each number is defined the way it is:
+- peak fp32 FLOP/s = the best achieved rate over a few GEMM shapes typical of
+  Linear layers (a roofline peak must be reachable, not a datasheet figure);
+  `efficiency.matmul` = geometric mean of achieved/peak over those shapes, so the
+  cost model's matmul prediction matches a typical layer, not only the best one.
+- bf16: the same GEMMs in bfloat16; kept only if at least `BF16_MIN_SPEEDUP` x the
+  fp32 peak (a real fast path such as AVX512-BF16/AMX). Slower bf16 is recorded
+  under `calibration` but left null, so planning with bf16 uses the fp32 rate.
+- `efficiency.conv` = achieved FLOP/s of 3x3 convolutions / fp32 peak (may exceed
+  1: oneDNN convolutions can beat a plain GEMM); FLOPs as torch's conv_flop_count
+  (2·N·Hout·Wout·Cout·Cin/groups·Kh·Kw).
+- `efficiency.attention` = scaled_dot_product_attention FLOP/s (4·B·H·S²·D) / peak.
+- memory bandwidth = a large copy (well beyond L3), counted as read + write bytes;
+  `efficiency.memory` = achieved bytes/s of elementwise add and relu at a typical
+  activation size / the copy bandwidth.
+- links: ping-pong between two processes over torch.distributed (gloo on
+  127.0.0.1; NCCL is not used on CPU): latency = half the round trip of a 4-byte
+  message; bandwidth = bytes / (one-way time - latency) for the largest message.
+Every timing is the best (minimum) of its repeats: a profile describes what the
+machine can do, and other processes on a shared machine only ever add time, so
+the minimum is the estimate that does not depend on how busy the machine was
+during calibration (a median on a loaded 2-core box moved by 2-3x in our runs).
+On a quiet machine the minimum and the tracer's medians agree within a few %.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import socket
+import time
+from typing import Callable
+
+from pipeplan.errors import UserError
+from pipeplan.hardware_profiles.loader import save_profile  # noqa: F401 - the interface names it here too
+from pipeplan.hardware_profiles.profile import HardwareProfile, Link
+
+BF16_MIN_SPEEDUP = 1.05
+# Each timed op is short (~1-3 ms at ~100 GFLOP/s per core) on purpose: on a busy
+# machine an op that outlasts a scheduler time slice is almost never timed whole,
+# so only short ops let the best-of-repeats see the machine's real speed.
+MATMUL_SHAPES = ((256, 512, 512), (128, 1024, 1024), (512, 768, 256), (64, 1024, 2048))  # (M, K, N)
+CONV_SHAPES = ((4, 64, 32), (4, 128, 16), (4, 32, 56))  # (N, C_in = C_out, H = W), 3x3, padding 1
+COPY_BYTES = 64 * 2**20  # source size; source + destination = 4x the 32 MiB L3 of typical servers
+ELEMENTWISE_BYTES = 16 * 2**20
+P2P_SIZES = (4, 64 * 2**10, 2**20, 16 * 2**20)
+P2P_REPS = (200, 40, 20, 10)
+
+Progress = Callable[[str, int, int], None]
+
+
+# ---------------------------------------------------------------- timing
+def _best_time_s(fn: Callable[[], object], cap_s: float, max_reps: int = 100, min_reps: int = 3) -> float:
+    """Best (minimum) wall time of fn() after one warm-up, stopping at max_reps or cap_s."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < cap_s):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+# ---------------------------------------------------------------- compute / memory
+def measure_matmul(dtype, cap_s: float) -> list[float]:
+    """Achieved FLOP/s (2·M·K·N per GEMM) for each of MATMUL_SHAPES."""
+    import torch
+
+    out = []
+    for m, k, n in MATMUL_SHAPES:
+        a = torch.randn(m, k).to(dtype)
+        b = torch.randn(k, n).to(dtype)
+        out.append(2 * m * k * n / _best_time_s(lambda: torch.mm(a, b), cap_s))
+    return out
+
+
+def measure_conv(cap_s: float) -> list[float]:
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    for n, c, h in CONV_SHAPES:
+        x = torch.randn(n, c, h, h)
+        w = torch.randn(c, c, 3, 3)
+        flops = 2 * n * h * h * c * c * 9  # stride 1, padding 1: Hout = H
+        out.append(flops / _best_time_s(lambda: F.conv2d(x, w, padding=1), cap_s))
+    return out
+
+
+def measure_attention(cap_s: float) -> float:
+    import torch
+    import torch.nn.functional as F
+
+    b, h, s, d = 4, 8, 256, 64
+    q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+    return 4 * b * h * s * s * d / _best_time_s(lambda: F.scaled_dot_product_attention(q, k, v), cap_s)
+
+
+def measure_copy_bw(cap_s: float) -> float:
+    """Bytes/s of a large copy, read + write counted (the STREAM 'copy' convention)."""
+    import torch
+
+    src = torch.ones(COPY_BYTES // 4)
+    dst = torch.empty_like(src)
+    return 2 * COPY_BYTES / _best_time_s(lambda: dst.copy_(src), cap_s, max_reps=20)
+
+
+def measure_elementwise_bw(cap_s: float) -> list[float]:
+    """Bytes/s of add (2 reads + 1 write) and relu (1 read + 1 write) into preallocated outputs.
+
+    `out=` keeps the allocator (fresh pages for each new 16 MiB tensor) out of a
+    number that is meant to be a bandwidth.
+    """
+    import torch
+
+    n = ELEMENTWISE_BYTES // 4
+    x, y, z = torch.ones(n), torch.ones(n), torch.empty(n)
+    add = 3 * ELEMENTWISE_BYTES / _best_time_s(lambda: torch.add(x, y, out=z), cap_s)
+    relu = 2 * ELEMENTWISE_BYTES / _best_time_s(lambda: torch.clamp_min(x, 0.0, out=z), cap_s)
+    return [add, relu]
+
+
+# ---------------------------------------------------------------- point to point
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _p2p_worker(rank: int, port: int, queue) -> None:
+    """One of two ranks: ping-pong fixed counts (both ranks must agree on them)."""
+    if os.path.exists("/sys/class/net/lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+            timeout=datetime.timedelta(seconds=60),
+        )
+        one_way: dict[int, float] = {}
+        for nbytes, reps in zip(P2P_SIZES, P2P_REPS):
+            buf = torch.zeros(max(1, nbytes // 4))
+            times = []
+            for i in range(reps + 2):  # 2 warm-up round trips
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(buf, 1)
+                    dist.recv(buf, 1)
+                else:
+                    dist.recv(buf, 0)
+                    dist.send(buf, 0)
+                if i >= 2:
+                    times.append(time.perf_counter() - t0)
+            one_way[nbytes] = min(times) / 2
+        dist.destroy_process_group()
+        if rank == 0:
+            queue.put(("ok", one_way))
+    except Exception as e:  # reported to the parent, which raises
+        queue.put(("error", f"rank {rank}: {type(e).__name__}: {e}"))
+
+
+def measure_p2p(timeout_s: float = 60.0) -> dict[int, float]:
+    """One-way seconds per message size between two spawned processes over gloo."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # fork after OpenMP/MKL init can deadlock
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_p2p_worker, args=(r, port, queue), daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        status, payload = queue.get(timeout=timeout_s)
+    except Exception:
+        status, payload = "error", f"no answer within {timeout_s:.0f} s"
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if status != "ok":
+        raise UserError(
+            f"could not measure process-to-process bandwidth over torch.distributed (gloo): {payload}",
+            "check that 127.0.0.1 accepts local TCP connections",
+        )
+    return payload
+
+
+def link_from_p2p(one_way: dict[int, float]) -> tuple[float, float]:
+    """(bandwidth bytes/s, latency s) from one-way times: t(n) = latency + n / bandwidth."""
+    latency = one_way[min(one_way)]
+    big = max(one_way)
+    transfer = max(one_way[big] - latency, 1e-9)
+    return big / transfer, latency
+
+
+# ---------------------------------------------------------------- machine facts
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def memory_total_bytes() -> int:
+    """MemTotal from /proc/meminfo (no psutil); falls back to sysconf."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        raise UserError("cannot read the machine's memory size", "calibrate on Linux, or write the profile by hand") from None
+
+
+def core_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+# ---------------------------------------------------------------- the whole thing
+def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name: str = "local") -> HardwareProfile:
+    """Measure this machine (one core = one device) into a local profile; see the module doc.
+
+    `budget_s` bounds the compute and memory timing loops; starting the two link
+    processes costs a few seconds on top (they import torch), so ~10 s works in tests.
+    """
+    import torch
+
+    report = progress or (lambda *_: None)
+    t_start = time.perf_counter()
+    # ~5 s of the budget goes to spawning the link processes; the rest is spread over
+    # the timing loops (4+4+2+1+1+2 = 14 loops).
+    cap = max(0.05, (budget_s - 5.0) / 15 * 0.8)
+
+    results: dict[str, object] = {}
+
+    def step(label: str, fn: Callable[[], object]) -> object:
+        report(label, 0, 1)
+        results[label] = fn()
+        report(label, 1, 1)
+        return results[label]
+
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        fp32 = step("fp32 matmul", lambda: measure_matmul(torch.float32, cap))
+        try:
+            bf16 = step("bf16 matmul", lambda: measure_matmul(torch.bfloat16, cap))
+        except RuntimeError:  # no bf16 GEMM on this build/CPU
+            bf16 = []
+        conv = step("conv", lambda: measure_conv(cap))
+        attn = step("attention", lambda: measure_attention(cap))
+        copy_bw = step("memory copy", lambda: measure_copy_bw(cap))
+        elem = step("elementwise", lambda: measure_elementwise_bw(cap))
+    finally:
+        torch.set_num_threads(prev_threads)
+    one_way = step("point-to-point link (2 processes, gloo)", measure_p2p)
+    link_bw, link_lat = link_from_p2p(one_way)
+    peak32 = max(fp32)
+    peak16 = max(bf16) if bf16 else None
+
+    bf16_ok = peak16 is not None and peak16 >= BF16_MIN_SPEEDUP * peak32
+    cores = core_count()
+    mem_total = memory_total_bytes()
+    per_core = mem_total // cores
+    clamp = lambda x: min(2.0, max(0.01, x))  # noqa: E731 - the loader's accepted range
+    link = Link(kind="loopback", bandwidth_bytes_per_s=link_bw, latency_s=link_lat)
+    gf = lambda xs: [round(x / 1e9, 2) for x in xs]  # noqa: E731
+    return HardwareProfile(
+        name=name,
+        device=f"{cpu_name()} (1 core, 1 thread)",
+        memory_bytes=per_core,
+        usable_memory_bytes=int(per_core * 0.8),
+        mem_bw_bytes_per_s=copy_bw,
+        peak_flops={"fp32": peak32, "tf32": None, "fp16": None, "bf16": peak16 if bf16_ok else None},
+        devices_per_node=cores,
+        intra_node=link,
+        inter_node=link,
+        efficiency={
+            "matmul": clamp(_geomean([x / peak32 for x in fp32])),
+            "conv": clamp(_geomean([x / peak32 for x in conv])),
+            "attention": clamp(attn / peak32),
+            "memory": clamp(_geomean([x / copy_bw for x in elem])),
+        },
+        sources=(f"measured by `pipeplan profiles calibrate` on {platform.node()} at "
+                 f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",),
+        local=True,
+        notes=(
+            "One device = one CPU core running one thread. Memory is MemTotal split evenly over the cores; "
+            "usable is 80% of that (the OS, Python and torch need the rest). The inter-node link is the "
+            "measured loopback link: a local profile describes one machine."
+            + ("" if bf16_ok else " bf16 has no fast path here, so it is planned at the fp32 rate.")
+        ),
+        calibration={
+            "torch": str(torch.__version__),
+            "threads_per_device": 1,
+            "budget_s": float(budget_s),
+            "elapsed_s": round(time.perf_counter() - t_start, 2),
+            "matmul_shapes_mkn": [list(s) for s in MATMUL_SHAPES],
+            "matmul_fp32_gflops": gf(fp32),
+            "matmul_bf16_gflops": gf(bf16),
+            "bf16_fast_path": bf16_ok,
+            "conv3x3_shapes_nch": [list(s) for s in CONV_SHAPES],
+            "conv_fp32_gflops": gf(conv),
+            "attention_fp32_gflops": round(attn / 1e9, 2),
+            "copy_gbps": round(copy_bw / 1e9, 2),
+            "elementwise_add_relu_gbps": gf(elem),
+            "p2p_one_way_us": {int(k): round(v * 1e6, 2) for k, v in sorted(one_way.items())},
+            "memory_total_bytes": mem_total,
+        },
+    )

@@ -1,0 +1,373 @@
+"""Read, validate and find hardware profiles (`pipeplan.profile/v1` YAML).
+
+The YAML uses the units people read on datasheets (GiB, GB/s, TFLOP/s, µs) and
+`HardwareProfile` uses SI units, so conversion happens here, once. Validation is
+strict because a silently wrong number (bytes where GiB was meant, a typo'd key
+that leaves a default in place) produces plausible-looking but wrong plans: every
+problem is a `UserError` naming the file, the field and what was expected.
+
+Profiles come from three places, searched in this order by `load_profile`:
+an explicit path, the user folder ($PIPEPLAN_PROFILE_DIR, else
+~/.config/pipeplan/profiles), and the catalogue shipped in `catalog/`.
+A user profile with a catalogue name shadows the catalogue entry on purpose, so
+users can correct a number without editing the installed package.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeplan._io import atomic_write_text, check_format
+from pipeplan.errors import UserError
+from pipeplan.hardware_profiles.profile import DTYPES, HardwareProfile, Link
+
+PROFILE_FORMAT = "pipeplan.profile/v1"
+CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
+# Same kinds as costmodels.graph.LAYER_KINDS plus "memory" (achieved/peak bandwidth);
+# duplicated because hardware_profiles must not import costmodels (a test keeps them in sync).
+EFFICIENCY_KINDS = ("matmul", "conv", "attention", "embedding", "norm", "elementwise", "other", "memory")
+
+GIB = 2**30
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_UNIT_RE = re.compile(r"^\s*[-+]?[0-9.]+(e[-+]?[0-9]+)?\s*[a-zA-Zµ/%]+")
+
+# field -> (unit shown in messages, largest plausible value). The upper bounds catch
+# the usual unit slip (bytes for GiB, B/s for GB/s, FLOP/s for TFLOP/s, ns for µs).
+_UNITS = {
+    "memory_gib": ("GiB", 65536.0),
+    "usable_memory_gib": ("GiB", 65536.0),
+    "memory_bandwidth_gbps": ("GB/s", 1e5),
+    "bandwidth_gbps": ("GB/s", 1e5),
+    "latency_us": ("µs", 1e6),
+    "peak_tflops": ("TFLOP/s", 1e5),
+}
+
+_TOP_KEYS = {
+    "format": True,  # key -> required
+    "name": True,
+    "aliases": False,
+    "device": True,
+    "memory_gib": True,
+    "usable_memory_gib": True,
+    "memory_bandwidth_gbps": True,
+    "peak_tflops": True,
+    "devices_per_node": True,
+    "intra_node": True,
+    "inter_node": True,
+    "efficiency": False,
+    "sources": False,
+    "confidence": False,
+    "notes": False,
+    "local": False,
+    "calibration": False,
+}
+_LINK_KEYS = {"kind": True, "bandwidth_gbps": True, "latency_us": True, "notes": False}
+
+
+def user_profile_dir() -> Path:
+    """$PIPEPLAN_PROFILE_DIR, else $XDG_CONFIG_HOME/pipeplan/profiles (default ~/.config)."""
+    env = os.environ.get("PIPEPLAN_PROFILE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "pipeplan" / "profiles"
+
+
+# ---------------------------------------------------------------- validation helpers
+class _Checker:
+    """Carries the file path so every message can name it."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def fail(self, field: str, problem: str, hint: str | None = None) -> UserError:
+        return UserError(f"{self.path}: field '{field}' {problem}", hint or "see docs/profile-format.md")
+
+    def keys(self, doc: dict, spec: dict[str, bool], prefix: str = "") -> None:
+        for key in doc:
+            if not isinstance(key, str) or key not in spec:
+                close = difflib.get_close_matches(str(key), list(spec), n=1)
+                guess = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+                raise UserError(
+                    f"{self.path}: unknown field '{prefix}{key}'{guess}",
+                    f"allowed here: {', '.join(spec)}",
+                )
+        for key, required in spec.items():
+            if required and key not in doc:
+                raise self.fail(f"{prefix}{key}", "is missing", "add it; see docs/profile-format.md")
+
+    def number(self, value: Any, field: str, unit_key: str | None = None, *, allow_zero: bool = False) -> float:
+        unit, top = _UNITS.get(unit_key or field.rsplit(".", 1)[-1], ("", math.inf))
+        in_unit = f" in {unit}" if unit else ""
+        if isinstance(value, str) and _UNIT_RE.match(value):
+            raise self.fail(
+                field,
+                f"must be a plain number{in_unit} (the unit is fixed by the field name), got {value!r}",
+                f"convert it to {unit or 'the unit in the field name'} and write only the number",
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.fail(field, f"must be a number{in_unit}, got {value!r}")
+        if value < 0 or (value == 0 and not allow_zero):
+            sign = "non-negative" if allow_zero else "positive"
+            raise self.fail(field, f"must be a {sign} number{in_unit}, got {value!r}")
+        if value > top:
+            raise self.fail(
+                field,
+                f"is {value!r}, which is implausible{in_unit}",
+                f"the field is in {unit}: convert the value (e.g. bytes -> GiB, B/s -> GB/s, FLOP/s -> TFLOP/s)",
+            )
+        return float(value)
+
+    def string(self, value: Any, field: str) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(field, f"must be a non-empty string, got {value!r}")
+        return value
+
+    def string_list(self, value: Any, field: str) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise self.fail(field, f"must be a list of strings, got {value!r}")
+        return tuple(value)
+
+    def mapping(self, value: Any, field: str) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(field, f"must be a mapping (key: value lines), got {value!r}")
+        return value
+
+    def link(self, value: Any, field: str) -> Link:
+        doc = self.mapping(value, field)
+        self.keys(doc, _LINK_KEYS, prefix=f"{field}.")
+        kind = self.string(doc["kind"], f"{field}.kind")
+        bw = self.number(doc["bandwidth_gbps"], f"{field}.bandwidth_gbps")
+        lat = self.number(doc["latency_us"], f"{field}.latency_us", allow_zero=True)
+        if "notes" in doc:
+            self.string(doc["notes"], f"{field}.notes")
+        return Link(kind=kind, bandwidth_bytes_per_s=bw * 1e9, latency_s=lat / 1e6)
+
+
+# ---------------------------------------------------------------- parse / dump
+def parse_profile(doc: Any, path: str) -> HardwareProfile:
+    """Validate one YAML document and convert it to SI units."""
+    check_format(doc, path, PROFILE_FORMAT)
+    c = _Checker(path)
+    c.keys(doc, _TOP_KEYS)
+
+    name = c.string(doc["name"], "name")
+    if not _NAME_RE.match(name):
+        raise c.fail("name", f"must be lower-case letters, digits, '.', '_' or '-' (got {name!r})", "e.g. name: my-a100")
+    aliases = c.string_list(doc.get("aliases", []), "aliases")
+    for a in aliases:
+        if not _NAME_RE.match(a):
+            raise c.fail("aliases", f"entry {a!r} must be lower-case letters, digits, '.', '_' or '-'")
+    device = c.string(doc["device"], "device")
+
+    memory_gib = c.number(doc["memory_gib"], "memory_gib")
+    usable_gib = c.number(doc["usable_memory_gib"], "usable_memory_gib")
+    if usable_gib > memory_gib:
+        raise c.fail("usable_memory_gib", f"({usable_gib:g} GiB) must not exceed memory_gib ({memory_gib:g} GiB)")
+    bw = c.number(doc["memory_bandwidth_gbps"], "memory_bandwidth_gbps")
+
+    peaks_doc = c.mapping(doc["peak_tflops"], "peak_tflops")
+    c.keys(peaks_doc, {d: False for d in DTYPES}, prefix="peak_tflops.")
+    peaks: dict[str, float | None] = {}
+    for d in DTYPES:
+        v = peaks_doc.get(d)
+        peaks[d] = None if v is None else c.number(v, f"peak_tflops.{d}", "peak_tflops") * 1e12
+    if not any(peaks.values()):
+        raise c.fail("peak_tflops", "lists no dtype; give at least one of fp32, tf32, fp16, bf16")
+
+    dpn = doc["devices_per_node"]
+    if isinstance(dpn, bool) or not isinstance(dpn, int) or dpn < 1:
+        raise c.fail("devices_per_node", f"must be a whole number >= 1, got {dpn!r}")
+
+    intra = c.link(doc["intra_node"], "intra_node")
+    inter = c.link(doc["inter_node"], "inter_node")
+
+    eff_doc = c.mapping(doc.get("efficiency") or {}, "efficiency")
+    c.keys(eff_doc, {k: False for k in EFFICIENCY_KINDS}, prefix="efficiency.")
+    efficiency = {}
+    for k, v in eff_doc.items():
+        e = c.number(v, f"efficiency.{k}")
+        if e > 2.0:
+            raise c.fail(f"efficiency.{k}", f"is an achieved/peak fraction and must be in (0, 2], got {v!r}")
+        efficiency[k] = e
+
+    sources = c.string_list(doc.get("sources", []), "sources")
+    confidence = c.mapping(doc.get("confidence") or {}, "confidence")
+    for k, v in confidence.items():
+        if v not in ("V", "S", "M"):
+            raise c.fail(f"confidence.{k}", f"must be V, S or M, got {v!r}")
+    notes = doc.get("notes", "")
+    if not isinstance(notes, str):
+        raise c.fail("notes", f"must be a string, got {notes!r}")
+    local = doc.get("local", False)
+    if not isinstance(local, bool):
+        raise c.fail("local", f"must be true or false, got {local!r}")
+    calibration = c.mapping(doc.get("calibration") or {}, "calibration")
+
+    return HardwareProfile(
+        name=name,
+        device=device,
+        memory_bytes=int(round(memory_gib * GIB)),
+        usable_memory_bytes=int(round(usable_gib * GIB)),
+        mem_bw_bytes_per_s=bw * 1e9,
+        peak_flops=peaks,
+        devices_per_node=dpn,
+        intra_node=intra,
+        inter_node=inter,
+        efficiency=efficiency,
+        sources=sources,
+        local=local,
+        path=str(path),
+        aliases=aliases,
+        confidence={str(k): v for k, v in confidence.items()},
+        notes=notes,
+        calibration=dict(calibration),
+    )
+
+
+def _num(x: float) -> float | int:
+    """Short, exact-enough YAML numbers (10 significant digits; ints stay ints)."""
+    r = float(f"{x:.10g}")
+    return int(r) if r.is_integer() and abs(r) < 1e15 else r
+
+
+def profile_to_dict(profile: HardwareProfile) -> dict:
+    """The YAML document (datasheet units) for a profile; also the `--json` form."""
+
+    def link(l: Link) -> dict:
+        return {"kind": l.kind, "bandwidth_gbps": _num(l.bandwidth_bytes_per_s / 1e9), "latency_us": _num(l.latency_s * 1e6)}
+
+    doc: dict[str, Any] = {"format": PROFILE_FORMAT, "name": profile.name}
+    if profile.aliases:
+        doc["aliases"] = list(profile.aliases)
+    doc.update(
+        device=profile.device,
+        memory_gib=_num(profile.memory_bytes / GIB),
+        usable_memory_gib=_num(profile.usable_memory_bytes / GIB),
+        memory_bandwidth_gbps=_num(profile.mem_bw_bytes_per_s / 1e9),
+        peak_tflops={d: (None if not profile.peak_flops.get(d) else _num(profile.peak_flops[d] / 1e12)) for d in DTYPES},
+        devices_per_node=profile.devices_per_node,
+        intra_node=link(profile.intra_node),
+        inter_node=link(profile.inter_node),
+    )
+    if profile.efficiency:
+        doc["efficiency"] = {k: _num(v) for k, v in profile.efficiency.items()}
+    if profile.local:
+        doc["local"] = True
+    if profile.calibration:
+        doc["calibration"] = profile.calibration
+    if profile.confidence:
+        doc["confidence"] = dict(profile.confidence)
+    if profile.notes:
+        doc["notes"] = profile.notes
+    doc["sources"] = list(profile.sources)
+    return doc
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, except short lists/maps of scalars on one line (peak_tflops, links)."""
+
+
+def _short(items) -> bool:
+    return all(not isinstance(v, (list, dict)) and len(str(v)) <= 24 for v in items)
+
+
+_Dumper.add_representer(list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=_short(v)))
+_Dumper.add_representer(
+    dict, lambda d, v: d.represent_mapping("tag:yaml.org,2002:map", v.items(), flow_style=len(v) <= 8 and _short(v.values()))
+)
+
+
+def dump_profile(profile: HardwareProfile) -> str:
+    return yaml.dump(profile_to_dict(profile), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=110)
+
+
+def save_profile(profile: HardwareProfile, path: str | os.PathLike) -> None:
+    """Write the YAML form atomically (an interrupted write never leaves half a file)."""
+    atomic_write_text(path, dump_profile(profile))
+
+
+def read_profile_file(path: str | os.PathLike) -> HardwareProfile:
+    """Load and validate one YAML file."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: no such profile file", "check the path, or run `pipeplan profiles list` for names")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{p}: not a text file", "pass a profile YAML file") from None
+    try:
+        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"{p}: invalid YAML{where}: {problem}", "fix the YAML syntax") from None
+    if doc is None:
+        raise UserError(f"{p}: empty file, not a pipeplan profile", f"a profile starts with 'format: {PROFILE_FORMAT}'")
+    return parse_profile(doc, str(p))
+
+
+# ---------------------------------------------------------------- discovery
+@functools.lru_cache(maxsize=1)
+def _catalog() -> tuple[HardwareProfile, ...]:
+    return tuple(read_profile_file(p) for p in sorted(CATALOG_DIR.glob("*.yaml")))
+
+
+def catalog_profiles() -> list[HardwareProfile]:
+    return list(_catalog())
+
+
+def user_profiles() -> list[HardwareProfile]:
+    """Profiles in the user folder; a broken file there is reported, not skipped."""
+    d = user_profile_dir()
+    if not d.is_dir():
+        return []
+    files = sorted([*d.glob("*.yaml"), *d.glob("*.yml")])
+    out = [read_profile_file(p) for p in files]
+    seen: dict[str, str] = {}
+    for prof in out:
+        for n in (prof.name, *prof.aliases):
+            if n in seen and seen[n] != prof.path:
+                raise UserError(f"{prof.path}: profile name {n!r} is also used by {seen[n]}", "rename one of them")
+            seen[n] = prof.path
+    return out
+
+
+def list_profiles() -> list[HardwareProfile]:
+    """Catalogue then user profiles; a user profile shadows a catalogue one of the same name."""
+    users = user_profiles()
+    user_names = {n for p in users for n in (p.name, *p.aliases)}
+    return [p for p in _catalog() if p.name not in user_names] + users
+
+
+def _looks_like_path(s: str) -> bool:
+    return s.endswith((".yaml", ".yml")) or "/" in s or os.sep in s or s.startswith(".")
+
+
+def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
+    """A profile by catalogue name/alias, user-folder name, or YAML path."""
+    if isinstance(name_or_path, HardwareProfile):  # be forgiving to callers that already hold one
+        return name_or_path
+    s = os.fspath(name_or_path)
+    if _looks_like_path(s) or (Path(s).is_file() and not s.isidentifier()):
+        return read_profile_file(s)
+    key = s.strip().lower()
+    for prof in [*user_profiles(), *_catalog()]:  # user first: it shadows the catalogue
+        if key == prof.name or key in prof.aliases:
+            return prof
+    names = [n for p in list_profiles() for n in (p.name, *p.aliases)]
+    close = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise UserError(
+        f"unknown hardware profile {s!r}",
+        f"{hint}run `pipeplan profiles list` for names, or pass a YAML file path",
+    )

@@ -1,0 +1,363 @@
+"""PipeDream-mode partitioning: stages may be replicated, over a hierarchy of links.
+
+Objective (PipeDream, SOSP'19, as its optimizer code computes it; docs/solvers.md):
+a stage holding layers [a, b) replicated r times at hierarchy level l takes
+
+    t_l(a, b, r) = (X + AR_l(P(a, b), r) / D_l) / r,   AR_l(P, r) = 4 (r - 1) P / (B_l r)
+
+where X is the stage's compute C(a, b) (sum of fwd+bwd) at the device level, or
+the best time of the sub-pipeline that runs the range inside one unit of the
+level below; P is the stage's parameter bytes, B_l the level's bandwidth, D_l the
+number of devices inside one unit of level l (1 at the device level; each holds
+a shard of the weights and all-reduces it over its own link). Compute and
+all-reduce are SUMMED (PipeDream's code; its paper takes the max). The pipeline's
+time is the slowest stage; activation transfers are not in the objective
+(PipeDream's default: they overlap with compute). Levels may use at most their
+number of units (PipeDream's --use_fewer_machines).
+
+Algorithm. PipeDream's DP is O(S^3 m^2) over the antichain DAG's S states (S
+explodes on wide DAGs). Here states are prefixes of the topological order, and
+we search the objective value T: for a threshold, every stage cost is monotone
+in its layer range, so the furthest prefix coverable with at most m units is
+
+    reach[m] = max(reach[m-1], max_v R_v(reach[m - v])),
+
+R_v(p) being the furthest end of a stage starting at p with v replicas that
+meets T (a searchsorted on prefix sums at the device level; a binary search
+over the level below otherwise). That is O(N^2 log n) per threshold, exact, and
+the bisection on T stops at relative 1e-12.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeplan.hardware_profiles.profile import Link
+from pipeplan.planner.dp import Partition
+from pipeplan.planner.problem import Problem
+
+RTOL = 1e-12
+
+
+@dataclass
+class Block:
+    """One stage at some level: layers [start, end), `replicas` units of the level below."""
+
+    start: int
+    end: int
+    replicas: int
+    time_s: float = 0.0
+    inner: list["Block"] = field(default_factory=list)  # the sub-pipeline in each replica (levels > 0)
+
+
+def allreduce_pipedream_s(param_bytes: float, replicas: int, bandwidth_bytes_per_s: float) -> float:
+    """PipeDream's data-parallel communication time, 4 (r-1) P / (B r).
+
+    Source: msr-fiddle/pipedream optimizer/optimizer_graph_hierarchical.py
+    (compute_partitioning): `(4 * m * parameter_size) / (bandwidth * (m+1))` with m+1
+    replicas; a ring all-reduce moves 2 (r-1)/r P per device, and PipeDream counts
+    the link as shared by both directions (factor 2 again).
+    """
+    if replicas <= 1:
+        return 0.0
+    return 4.0 * (replicas - 1) * param_bytes / (bandwidth_bytes_per_s * replicas)
+
+
+class _Solver:
+    def __init__(self, problem: Problem, levels: list[tuple[int, Link]], memory_capacity_bytes, param_factor):
+        self.n = problem.n
+        self.C = np.concatenate([[0.0], np.cumsum(np.asarray(problem.compute_s, dtype=np.float64))])
+        self.P = np.concatenate([[0.0], np.cumsum(np.asarray(problem.param_bytes, dtype=np.float64))])
+        self.A = np.concatenate([[0.0], np.cumsum(np.asarray(problem.saved_bytes, dtype=np.float64))])
+        self.counts = [int(c) for c, _ in levels]
+        self.bw = [float(link.bandwidth_bytes_per_s) for _, link in levels]
+        self.D = [1]
+        for c in self.counts[:-1]:
+            self.D.append(self.D[-1] * c)
+        self.total = self.D[-1] * self.counts[-1]
+        # device level: stage [p, e) with v replicas meets X  <=>  h[v][e] - h[v][p] <= v X
+        self.h = {}
+        self.hl = {}
+        self.mem = {}
+        for v in range(1, self.counts[0] + 1):
+            coef = 4.0 * (v - 1) / (self.bw[0] * v)
+            self.h[v] = self.C + coef * self.P
+            if memory_capacity_bytes is not None:
+                self.mem[v] = param_factor * self.P + math.ceil(self.total / v) * self.A
+        self.cap = memory_capacity_bytes
+
+    def stage_time(self, level: int, x: float, start: int, end: int, r: int) -> float:
+        p = float(self.P[end] - self.P[start])
+        return (x + allreduce_pipedream_s(p, r, self.bw[level]) / self.D[level]) / r
+
+    # ---- furthest end of one stage -----------------------------------------
+    def furthest(self, level: int, v: int, p: int, b: int, X: float) -> int:
+        if level == 0:
+            h = self.h[v]
+            e = int(np.searchsorted(h, h[p] + v * X, side="right")) - 1
+            if self.cap is not None:
+                m = self.mem[v]
+                e = min(e, int(np.searchsorted(m, m[p] + self.cap, side="right")) - 1)
+            return max(p, min(e, b))
+        lo, hi = p, b  # lo always feasible (empty stage)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._fits(level, v, p, mid, X):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _inner_budget(self, level: int, v: int, p: int, e: int, X: float) -> float:
+        pb = float(self.P[e] - self.P[p])
+        return v * X - allreduce_pipedream_s(pb, v, self.bw[level]) / self.D[level]
+
+    def _fits(self, level: int, v: int, p: int, e: int, X: float) -> bool:
+        y = self._inner_budget(level, v, p, e, X)
+        return y >= 0 and self.cover(level - 1, p, e, y) is not None
+
+    # ---- greedy furthest reach over units of one level --------------------
+    def cover(self, level: int, a: int, b: int, X: float):
+        """(reach, record) if [a, b) fits in `counts[level]` units at threshold X, else None."""
+        N = self.counts[level]
+        reach = [a] * (N + 1)
+        rec: list[tuple[int, int, int] | None] = [None] * (N + 1)
+        for m in range(1, N + 1):
+            reach[m] = reach[m - 1]
+            for v in range(1, m + 1):
+                p = reach[m - v]
+                e = self.furthest(level, v, p, b, X)
+                if e > reach[m]:
+                    reach[m] = e
+                    rec[m] = (v, m - v, p)
+            if reach[m] >= b:
+                return reach[: m + 1], rec[: m + 1]
+        return None
+
+    def blocks(self, level: int, a: int, b: int, X: float) -> list[Block]:
+        got = self.cover(level, a, b, X)
+        if got is None:
+            raise RuntimeError("internal: reconstruction of a feasible threshold failed")
+        reach, rec = got
+        m, frontier, out = len(reach) - 1, b, []
+        while frontier > a:
+            if rec[m] is None:
+                m -= 1
+                continue
+            v, prev, p = rec[m]
+            blk = Block(p, frontier, v)
+            if level > 0:
+                blk.inner = self.blocks(level - 1, p, frontier, self._inner_budget(level, v, p, frontier, X))
+            out.append(blk)
+            frontier, m = p, prev
+        out.reverse()
+        return out
+
+    def evaluate(self, level: int, blocks: list[Block]) -> float:
+        worst = 0.0
+        for blk in blocks:
+            if level == 0:
+                x = float(self.C[blk.end] - self.C[blk.start])
+            else:
+                x = self.evaluate(level - 1, blk.inner)
+            blk.time_s = self.stage_time(level, x, blk.start, blk.end, blk.replicas)
+            worst = max(worst, blk.time_s)
+        return worst
+
+
+def pipedream_time_s(problem: Problem, levels: list[tuple[int, Link]], blocks: list[Block]) -> float:
+    """The objective of a given (nested) configuration; fills each Block.time_s."""
+    return _Solver(problem, levels, None, 0.0).evaluate(len(levels) - 1, blocks)
+
+
+def flatten(blocks: list[Block], outer_replicas: int = 1) -> list[tuple[int, int, int, float]]:
+    """Device-level stages (start, end, total replicas, stage time) in pipeline order."""
+    out = []
+    for blk in blocks:
+        if blk.inner:
+            out.extend(flatten(blk.inner, outer_replicas * blk.replicas))
+        else:
+            out.append((blk.start, blk.end, outer_replicas * blk.replicas, blk.time_s))
+    return out
+
+
+def partition_pipedream(problem: Problem, levels: list[tuple[int, Link]], *, memory_capacity_bytes: int | None = None,
+                        param_factor: float = 4.0, max_ideals: int = 2000) -> Partition:
+    """Best PipeDream configuration (stages and replication) for `levels`, innermost first.
+
+    levels=[(8, nvlink)] is one 8-device node; [(4, nvlink), (2, infiniband)] is
+    two 4-device nodes (PipeDream's `-n 4 2 -b bw1 bw2`). Memory, when capped: a
+    device holds param_factor x its stage's fp32 parameter bytes (weights, grads,
+    Adam state: 4 by default) plus ceil(devices / replicas) microbatches of saved
+    activations (PipeDream's in-flight count for an input stage). Returns a
+    Partition of device-level stages: replicas[s] counts all copies of stage s;
+    stage_s[s] is that stage's time at the device level; solver["blocks"] holds
+    the nested configuration.
+
+    Branching DAGs on one level: stages are differences of ideals (downward-closed
+    node sets, PipeDream's antichain states), so a stage may end inside a residual
+    block's branches, when the DAG has at most `max_ideals` ideals; a DP over the
+    ideal lattice then gives the optimum over every valid split. Otherwise (wide
+    DAGs, chains, hierarchies) stages are ranges of the topological order.
+    """
+    t0 = time.perf_counter()
+    if not levels or any(c < 1 for c, _ in levels):
+        raise ValueError("levels must be a non-empty list of (units >= 1, Link)")
+    n = problem.n
+    if n == 0:
+        raise ValueError("empty problem")
+    if len(levels) == 1 and not problem.is_chain():
+        ideals = enumerate_ideals(problem, max_ideals)
+        if ideals is not None:
+            return _partition_ideals(problem, levels[0], ideals, memory_capacity_bytes, param_factor, t0)
+    sol = _Solver(problem, levels, memory_capacity_bytes, param_factor)
+    top = len(levels) - 1
+    if sol.cover(top, 0, n, math.inf) is None:
+        return Partition(assignment=[], bottleneck_s=math.inf, stage_s=[], replicas=[], solver={
+            "name": "pipedream", "status": "infeasible", "objective": math.inf, "bound": math.inf, "gap": None,
+            "time_s": time.perf_counter() - t0, "reason": "a single layer exceeds the memory cap at every replication"})
+    best = sol.blocks(top, 0, n, math.inf)
+    hi = sol.evaluate(top, best)
+    lo = min(float(sol.C[-1]) / sol.total, hi)
+    iterations = 0
+    while hi - lo > RTOL * max(hi, 1e-300):
+        mid = lo + (hi - lo) / 2
+        if not lo < mid < hi:
+            break
+        iterations += 1
+        if sol.cover(top, 0, n, mid) is None:
+            lo = mid
+        else:
+            got = sol.blocks(top, 0, n, mid)
+            value = sol.evaluate(top, got)
+            if value <= hi:
+                best, hi = got, value
+            hi = min(hi, mid) if value <= mid else hi
+    objective = sol.evaluate(top, best)
+    flat = flatten(best)
+    assignment = [s for s, (a, b, _, _) in enumerate(flat) for _ in range(a, b)]
+    return Partition(
+        assignment=assignment,
+        bottleneck_s=objective,
+        stage_s=[t for *_, t in flat],
+        replicas=[r for _, _, r, _ in flat],
+        solver={
+            "name": "pipedream",
+            "status": "optimal",
+            "objective": objective,
+            "bound": lo,
+            "gap": (objective - lo) / objective if objective > 0 else 0.0,
+            "time_s": time.perf_counter() - t0,
+            "iterations": iterations,
+            "devices": sum(r for _, _, r, _ in flat),
+            "blocks": [_block_dict(b) for b in best],
+        },
+    )
+
+
+def _block_dict(b: Block) -> dict:
+    d = {"start": b.start, "end": b.end, "replicas": b.replicas, "time_s": b.time_s}
+    if b.inner:
+        d["inner"] = [_block_dict(x) for x in b.inner]
+    return d
+
+
+def enumerate_ideals(problem: Problem, limit: int) -> list[int] | None:
+    """All ideals (downward-closed node sets) as bitsets, smallest first; None past `limit`."""
+    n = problem.n
+    preds = [0] * n
+    for a, b, _ in problem.edges:
+        preds[b] |= 1 << a
+    seen = {0}
+    frontier = [0]
+    out = [0]
+    while frontier:
+        nxt = []
+        for ideal in frontier:
+            for v in range(n):
+                if not (ideal >> v) & 1 and preds[v] & ~ideal == 0:
+                    grown = ideal | (1 << v)
+                    if grown not in seen:
+                        seen.add(grown)
+                        nxt.append(grown)
+                        out.append(grown)
+                        if len(out) > limit:
+                            return None
+        frontier = nxt
+    return out  # BFS by size: every subset comes before its supersets
+
+
+def _partition_ideals(problem: Problem, level: tuple[int, Link], ideals: list[int], cap, param_factor, t0) -> Partition:
+    """f[j][m] = min over ideals k inside j and v <= m of max(f[k][m-v], t(j minus k, v)); exact."""
+    N, link = level
+    bw = float(link.bandwidth_bytes_per_s)
+    n, S = problem.n, len(ideals)
+    bits = np.array([[(I >> v) & 1 for v in range(n)] for I in ideals], dtype=np.float32)
+    comp = np.asarray(problem.compute_s, dtype=np.float64)
+    C = bits.astype(np.float64) @ comp
+    P = bits.astype(np.float64) @ np.asarray(problem.param_bytes, dtype=np.float64)
+    A = bits.astype(np.float64) @ np.asarray(problem.saved_bytes, dtype=np.float64)
+    size = bits.sum(axis=1)
+    # subset[k, j]: ideal k is strictly inside ideal j  (|k \ j| == 0 and smaller)
+    outside = bits @ (1.0 - bits).T
+    subset = (outside == 0) & (size[:, None] < size[None, :])
+    vs = np.arange(1, N + 1, dtype=np.float64)
+    coef = 4.0 * (vs - 1) / (bw * vs)
+    f = np.full((S, N + 1), np.inf)
+    f[0, :] = 0.0
+    choice: dict[tuple[int, int], tuple[int, int]] = {}
+    for j in range(1, S):
+        anc = np.nonzero(subset[:, j])[0]
+        dC = C[j] - C[anc]
+        dP = P[j] - P[anc]
+        t = (dC[None, :] + coef[:, None] * dP[None, :]) / vs[:, None]  # (N, len)
+        if cap is not None:
+            dA = A[j] - A[anc]
+            need = param_factor * dP[None, :] + np.ceil(problem.n and (N / vs))[:, None] * dA[None, :]
+            t = np.where(need <= cap, t, np.inf)
+        F = f[anc]  # (len, N+1)
+        for m in range(1, N + 1):
+            cand = np.maximum(F[:, m - 1::-1][:, :m].T, t[:m])  # row v-1: max(f[k][m-v], t[v])
+            flat = int(np.argmin(cand))
+            best = float(cand.flat[flat])
+            if best < f[j, m]:
+                f[j, m] = best
+                v, k = divmod(flat, len(anc))
+                choice[j, m] = (int(anc[k]), v + 1)
+            if f[j, m - 1] <= f[j, m]:
+                f[j, m] = f[j, m - 1]
+                choice[j, m] = choice.get((j, m - 1), (-1, 0))
+    full = S - 1
+    objective = float(f[full, N])
+    if not math.isfinite(objective):
+        return Partition(assignment=[], bottleneck_s=math.inf, stage_s=[], replicas=[], solver={
+            "name": "pipedream", "status": "infeasible", "objective": math.inf, "bound": math.inf, "gap": None,
+            "time_s": time.perf_counter() - t0, "reason": "no configuration fits the memory cap"})
+    stages = []  # (node set bits, replicas)
+    j, m = full, N
+    while j != 0:
+        k, v = choice[j, m]
+        stages.append((ideals[j] & ~ideals[k], v))
+        j, m = k, m - v
+    stages.reverse()
+    assignment = [0] * n
+    stage_s, replicas, blocks = [], [], []
+    for s, (members, v) in enumerate(stages):
+        nodes = [i for i in range(n) if (members >> i) & 1]
+        for i in nodes:
+            assignment[i] = s
+        c = float(comp[nodes].sum())
+        p = float(sum(problem.param_bytes[i] for i in nodes))
+        ts = (c + allreduce_pipedream_s(p, v, bw)) / v
+        stage_s.append(ts)
+        replicas.append(v)
+        blocks.append({"layers": nodes, "replicas": v, "time_s": ts})
+    return Partition(
+        assignment=assignment, bottleneck_s=max(stage_s), stage_s=stage_s, replicas=replicas,
+        solver={"name": "pipedream", "status": "optimal", "objective": max(stage_s), "bound": objective, "gap": 0.0,
+                "time_s": time.perf_counter() - t0, "ideals": S, "devices": sum(replicas), "blocks": blocks},
+    )

@@ -1,0 +1,111 @@
+"""The partitioning problem: a graph reduced to per-microbatch numbers on the target device.
+
+Solvers never look at a `Graph` or a `HardwareProfile`; they take a `Problem`, so
+the DP, the ILP, the PipeDream optimizer and the brute-force reference all see the
+same numbers, and tests can build problems by hand. Everything per layer is for
+ONE microbatch on the target device, in the graph's execution (topological) order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeplan.costmodels.graph import Graph
+from pipeplan.hardware_profiles.profile import HardwareProfile
+
+
+@dataclass(frozen=True)
+class Problem:
+    names: tuple[str, ...]
+    fwd_s: tuple[float, ...]
+    bwd_s: tuple[float, ...]
+    param_bytes: tuple[int, ...]  # fp32 parameter bytes owned by each layer
+    saved_bytes: tuple[int, ...]  # activations saved for backward, per microbatch
+    output_bytes: tuple[int, ...]
+    cut_bytes: tuple[int, ...]  # len n-1: bytes live across the cut after layer i, per microbatch
+    input_bytes: int  # model input per microbatch
+    edges: tuple[tuple[int, int, int], ...] = ()  # (src index, dst index, bytes per microbatch)
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        for field_name in ("fwd_s", "bwd_s", "param_bytes", "saved_bytes", "output_bytes"):
+            if len(getattr(self, field_name)) != n:
+                raise ValueError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries for {n} layers")
+        if len(self.cut_bytes) != max(n - 1, 0):
+            raise ValueError(f"Problem.cut_bytes must have {max(n - 1, 0)} entries, has {len(self.cut_bytes)}")
+        for s, d, _ in self.edges:
+            if not 0 <= s < d < n:
+                raise ValueError(f"edge {s} -> {d} is not forward in execution order")
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    @property
+    def compute_s(self) -> tuple[float, ...]:
+        return tuple(f + b for f, b in zip(self.fwd_s, self.bwd_s))
+
+    def is_chain(self) -> bool:
+        """Every edge goes to the next layer (no skips, no branches)."""
+        return all(d == s + 1 for s, d, _ in self.edges)
+
+
+def chain_problem(compute_s, *, param_bytes=None, cut_bytes=None, saved_bytes=None, names=None) -> Problem:
+    """A chain problem from plain lists (tests, benchmarks): fwd = 1/3, bwd = 2/3 of compute."""
+    n = len(compute_s)
+    cut = list(cut_bytes) if cut_bytes is not None else [0] * (n - 1)
+    return Problem(
+        names=tuple(names or (f"l{i}" for i in range(n))),
+        fwd_s=tuple(c / 3.0 for c in compute_s),
+        bwd_s=tuple(c - c / 3.0 for c in compute_s),
+        param_bytes=tuple(int(p) for p in (param_bytes or [0] * n)),
+        saved_bytes=tuple(int(s) for s in (saved_bytes or [0] * n)),
+        output_bytes=tuple(cut[i] if i < n - 1 else 0 for i in range(n)),
+        cut_bytes=tuple(int(c) for c in cut),
+        input_bytes=0,
+        edges=tuple((i, i + 1, int(cut[i])) for i in range(n - 1)),
+    )
+
+
+def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_size: int, dtype: str = "fp32",
+                  times: str = "model") -> Problem:
+    """Per-microbatch layer times and bytes of `graph` on `profile` (None: measured times only).
+
+    Times come from the cost models (`costmodels.compute.layer_times_s`, which
+    honours --times measured and local profiles). Activation-sized bytes
+    (saved, outputs, cuts, edges, input) were traced at `graph.batch_size` in
+    fp32: they scale linearly with the microbatch size (activations are
+    per-sample) and by `activation_bytes_scale(dtype)` (16-bit activations under
+    mixed precision). Parameter bytes stay fp32: the memory model applies the
+    dtype to weights itself.
+    """
+    from pipeplan.costmodels.compute import layer_times_s
+    from pipeplan.costmodels.memory import activation_bytes_scale
+
+    if microbatch_size < 1:
+        raise ValueError(f"microbatch_size must be >= 1, got {microbatch_size}")
+    if profile is None:  # measured times need no device model (e.g. imported PipeDream profiles)
+        if times != "measured":
+            raise ValueError("build_problem without a profile needs times='measured'")
+        ratio = microbatch_size / graph.batch_size
+        fwd = [layer.fwd_s * ratio for layer in graph.layers]
+        bwd = [layer.bwd_s * ratio for layer in graph.layers]
+    else:
+        fwd, bwd = layer_times_s(graph, profile, dtype=dtype, times=times, samples=microbatch_size)
+    scale = microbatch_size / graph.batch_size * activation_bytes_scale(dtype)
+
+    def act(x: float) -> int:
+        return int(round(x * scale))
+
+    index = {layer.name: i for i, layer in enumerate(graph.layers)}
+    return Problem(
+        names=tuple(layer.name for layer in graph.layers),
+        fwd_s=tuple(float(x) for x in fwd),
+        bwd_s=tuple(float(x) for x in bwd),
+        param_bytes=tuple(int(layer.param_bytes) for layer in graph.layers),
+        saved_bytes=tuple(act(layer.saved_bytes) for layer in graph.layers),
+        output_bytes=tuple(act(layer.output_bytes) for layer in graph.layers),
+        cut_bytes=tuple(act(c) for c in graph.cut_bytes()),
+        input_bytes=act(graph.input_bytes),
+        edges=tuple((index[e.src], index[e.dst], act(e.bytes)) for e in graph.edges),
+    )

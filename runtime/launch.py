@@ -1,0 +1,180 @@
+"""Start one worker per device with torchrun and collect what they report.
+
+torchrun (`python -m torch.distributed.run`) is the launcher PyTorch users know;
+its elastic agent also gives us the failure behaviour the issue asks for: when
+one rank dies, the agent stops every other rank of the node (max restarts 0),
+and the gloo/NCCL timeout bounds how long a rank on another node can wait.
+This file turns the agent's outcome into one line naming the failed stage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeplan.errors import UserError
+
+
+class RankFailed(Exception):
+    """A worker process died (not a user error: the run itself failed)."""
+
+
+@dataclass
+class LaunchOptions:
+    steps: int
+    warmup: int = 0
+    lr: float | None = None
+    optimizer: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    nproc_per_node: int | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    dump_params: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def devices_used(plan) -> int:
+    return len({d for s in plan.stages for d in s.devices})
+
+
+def check_plan(plan, opts: LaunchOptions) -> int:
+    """Everything checkable before starting processes; returns processes per node."""
+    from pipeplan.runtime.worker import stage_ranks
+
+    if plan.schedule == "pipedream":
+        raise UserError(
+            "asynchronous PipeDream (weight stashing, no flush) is not supported by the runtime yet",
+            "plan with --schedule 1f1b (PipeDream-Flush), which runs with the same partition",
+        )
+    stage_ranks(plan)  # replicas / placement checks
+    if plan.graph.get("model_file") is None:
+        raise UserError("this plan was made from an imported graph (no model file), so there is nothing to run",
+                        "plan from `pipeplan trace model.py` to run it")
+    if not Path(plan.graph["model_file"]).exists():
+        raise UserError(f"the plan's model file {plan.graph['model_file']} does not exist", "re-plan from the model file's new location")
+    if opts.steps < 1 or opts.warmup < 0 or opts.warmup >= opts.steps:
+        raise UserError(f"--steps {opts.steps} --warmup {opts.warmup}: need steps >= 1 and 0 <= warmup < steps",
+                        "measure at least one step after the warm-up")
+    if opts.checkpoint_every and not opts.checkpoint_dir:
+        raise UserError("--checkpoint-every needs --checkpoint-dir", "pass --checkpoint-dir DIR")
+    if opts.resume and not opts.checkpoint_dir:
+        raise UserError("--resume needs --checkpoint-dir", "pass the --checkpoint-dir of the interrupted run")
+    n = devices_used(plan)
+    per_node = opts.nproc_per_node or -(-n // opts.nnodes)
+    if per_node * opts.nnodes < n:
+        raise UserError(f"the plan uses {n} devices but {opts.nnodes} node(s) x {per_node} processes were asked for",
+                        f"launch at least {n} processes in total")
+    if per_node * opts.nnodes > n:
+        if opts.nproc_per_node is None:
+            raise UserError(f"the plan uses {n} devices, which do not divide evenly over {opts.nnodes} nodes",
+                            "pass --nproc-per-node, or re-plan for a device count that divides")
+    try:
+        import torch
+
+        cuda = torch.cuda.device_count()
+    except Exception:  # pragma: no cover - torch always imports here
+        cuda = 0
+    if cuda and per_node > cuda:
+        raise UserError(f"the plan needs {per_node} GPUs on this node but {cuda} are visible",
+                        "re-plan for fewer devices or run on more nodes")
+    return per_node
+
+
+def torchrun_command(plan_path: str, per_node: int, opts: LaunchOptions, run_dir: str) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(per_node), "--max-restarts", "0"]
+    if opts.nnodes == 1 and opts.master_addr is None:
+        cmd += ["--standalone"]
+    else:
+        cmd += ["--nnodes", str(opts.nnodes), "--node-rank", str(opts.node_rank),
+                "--master-addr", opts.master_addr or "127.0.0.1", "--master-port", str(opts.master_port or 29500)]
+    cmd += ["-m", "pipeplan.runtime.worker", os.path.abspath(plan_path), "--steps", str(opts.steps),
+            "--warmup", str(opts.warmup), "--run-dir", run_dir]
+    if opts.lr is not None:
+        cmd += ["--lr", repr(opts.lr)]
+    if opts.optimizer:
+        cmd += ["--optimizer", opts.optimizer]
+    if opts.checkpoint_dir:
+        cmd += ["--checkpoint-dir", os.path.abspath(opts.checkpoint_dir), "--checkpoint-every", str(opts.checkpoint_every)]
+    if opts.resume:
+        cmd += ["--resume"]
+    if opts.dump_params:
+        cmd += ["--dump-params", os.path.abspath(opts.dump_params)]
+    return cmd
+
+
+_ROOT_RANK = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def failed_rank(log: str, run_dir: Path, world: int) -> tuple[int | None, str]:
+    """The rank that failed first, from torchrun's report (else the first rank that never finished)."""
+    m = _ROOT_RANK.search(log)
+    if m:
+        return int(m.group(1)), f"exit code {m.group(2)}"
+    for r in range(world):
+        if not (run_dir / f"status-rank{r}").exists():
+            return r, "no exit status"
+    return None, "unknown cause"
+
+
+def launch(plan_path: str, opts: LaunchOptions, *, progress=None) -> dict[str, Any]:
+    """Run the plan; returns rank 0's result document (see worker.run) plus "log"."""
+    from pipeplan.planner.plan import load_plan
+
+    plan = load_plan(plan_path)
+    per_node = check_plan(plan, opts)
+    if opts.checkpoint_dir:
+        Path(opts.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    if opts.dump_params:
+        Path(opts.dump_params).mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="pipeplan-run-"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **opts.env}
+    cmd = torchrun_command(plan_path, per_node, opts, str(run_dir))
+    log_path = run_dir / "torchrun.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+    log_text = log_path.read_text(errors="replace")
+    errors = sorted(run_dir.glob("error-rank*.json"))
+    if errors:
+        message = json.loads(errors[0].read_text())["message"]
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise UserError(message)
+    if proc.returncode != 0:
+        world = per_node * opts.nnodes
+        rank, cause = failed_rank(log_text, run_dir, world)
+        from pipeplan.runtime.worker import stage_ranks
+
+        if rank is None:
+            raise RankFailed(f"the run failed (torchrun exit {proc.returncode}); log: {log_path}")
+        stages = sorted(s for s, r in stage_ranks(plan).items() if r == rank)
+        names = ", ".join(f"stage {s}" for s in stages) or "no stage"
+        tail = _last_error_line(log_text)
+        raise RankFailed(
+            f"rank {rank} ({names}) failed ({cause}){': ' + tail if tail else ''}; all ranks were stopped (log: {log_path})"
+        )
+    result_path = run_dir / "result.json"
+    if not result_path.exists():  # another node's launcher: rank 0 reports
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return {}
+    result = json.loads(result_path.read_text())
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return result
+
+
+def _last_error_line(log: str) -> str:
+    for line in reversed(log.splitlines()):
+        line = line.strip()
+        if re.match(r"^(\[rank\d+\]:)?\s*\w*(Error|Exception)\b.*:", line) and "ChildFailedError" not in line:
+            return line[:200]
+    return ""

@@ -1,0 +1,142 @@
+"""What each rank measures while the schedule runs.
+
+Compute time is what the stage's own forward/backward take; everything else in
+a step (waiting for a neighbour's activation or gradient, the send itself, the
+shared-weight all-reduce) is "wait". That split is exactly the one the planner
+predicts (compute vs. bubble + communication), so the two can be compared.
+
+Timing wraps the `PipelineStage` instance's `forward_one_chunk` /
+`backward_one_chunk`, which every torch.distributed.pipelining schedule calls
+around the pure computation (receives are waited for before, sends issued after).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class StageStats:
+    index: int
+    fwd_s: list[float] = field(default_factory=list)  # one entry per microbatch of a measured step
+    bwd_s: list[float] = field(default_factory=list)
+    events: list[tuple[str, int, float, float]] = field(default_factory=list)  # (kind, microbatch, start, end)
+
+
+class StepClock:
+    """Wall-clock origin of the current step, shared by the stage timers of one rank."""
+
+    def __init__(self) -> None:
+        self.origin = time.perf_counter()
+        self.recording = False
+
+    def start(self, recording: bool) -> None:
+        self.origin = time.perf_counter()
+        self.recording = recording
+
+
+def instrument(stage, stats: StageStats, clock: StepClock, meter: "SavedTensorMeter | None" = None) -> None:
+    """Time forward/backward of one PipelineStage (patches the instance, not the class).
+
+    With a meter, the forward runs under its saved-tensor hooks (CPU memory measurement).
+    """
+    fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+
+    def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
+        t0 = time.perf_counter()
+        if meter is not None:
+            with meter.hooks():
+                out = fwd(fwd_chunk_id, *args, **kwargs)
+        else:
+            out = fwd(fwd_chunk_id, *args, **kwargs)
+        t1 = time.perf_counter()
+        if clock.recording:
+            stats.fwd_s.append(t1 - t0)
+            stats.events.append(("fwd", int(fwd_chunk_id), t0 - clock.origin, t1 - clock.origin))
+        return out
+
+    def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = bwd(bwd_chunk_id, *args, **kwargs)
+        t1 = time.perf_counter()
+        if clock.recording:
+            stats.bwd_s.append(t1 - t0)
+            stats.events.append(("bwd", int(bwd_chunk_id), t0 - clock.origin, t1 - clock.origin))
+        return out
+
+    stage.forward_one_chunk = forward_one_chunk
+    stage.backward_one_chunk = backward_one_chunk
+
+
+class _Saved:
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+class SavedTensorMeter:
+    """High-water mark of the bytes autograd keeps for backward (CPU peak-memory estimate).
+
+    Parameters are excluded (they are counted as weights); a tensor saved by
+    several ops counts once (by storage pointer), and is released when the last
+    autograd node holding it is freed.
+    """
+
+    def __init__(self, param_ids: set[int]):
+        self.param_ids = param_ids
+        self.live: dict[int, list[int]] = {}  # data_ptr -> [refs, bytes]
+        self.current = 0
+        self.peak = 0
+
+    def _release(self, ptr: int) -> None:
+        entry = self.live.get(ptr)
+        if entry is None:
+            return
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.current -= entry[1]
+            del self.live[ptr]
+
+    def pack(self, t: torch.Tensor):
+        if id(t) in self.param_ids or t.device.type != "cpu":
+            return t
+        ptr = t.untyped_storage().data_ptr()
+        entry = self.live.get(ptr)
+        if entry is None:
+            nbytes = t.untyped_storage().nbytes()
+            self.live[ptr] = [1, nbytes]
+            self.current += nbytes
+            self.peak = max(self.peak, self.current)
+        else:
+            entry[0] += 1
+        box = _Saved(t)
+        weakref.finalize(box, self._release, ptr)
+        return box
+
+    @staticmethod
+    def unpack(box):
+        return box.tensor if isinstance(box, _Saved) else box
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(tensor_bytes(state.values()) for state in optimizer.state.values())
+
+
+def median(xs: list[float]) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])

@@ -1,0 +1,369 @@
+"""The per-rank training loop, started by torchrun (`python -m pipeplan.runtime.worker`).
+
+Every rank rebuilds the same model from the plan's model file with the same
+seed, re-exports it at the microbatch size, checks the graph fingerprint, cuts
+the exported graph into the plan's stages (runtime/split.py) and keeps the
+stages the plan places on it. The schedule objects of
+torch.distributed.pipelining do the pipelining; this file adds what the plan
+needs around them: tied-weight gradient sums, optimizer steps, measurement,
+checkpoints, and results gathered on rank 0.
+
+Failures: a `UserError` on any rank is written to `<run dir>/error-rank<R>.json`
+and the rank exits 2, so the launcher can print that one line. Ranks write
+`<run dir>/status-rank<R>` when they finish, so the launcher can tell a rank that
+died from ranks that were stopped because of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeplan._io import atomic_write_bytes, atomic_write_json
+from pipeplan.errors import UserError
+from pipeplan.runtime import checkpoint as ckpt
+from pipeplan.runtime.measure import SavedTensorMeter, StageStats, StepClock, instrument, median, optimizer_state_bytes, tensor_bytes
+from pipeplan.runtime.split import Split, flat_inputs, split_program, unflatten_output
+
+SEED = 1234  # every rank builds the model with this seed, so replicas of a tensor start identical
+TIMEOUT_S = 45  # gloo/NCCL collective timeout: a rank whose neighbour vanished gives up well within 60 s
+
+
+@dataclass
+class Options:
+    plan: str
+    steps: int
+    warmup: int
+    lr: float | None
+    optimizer: str | None
+    run_dir: str
+    checkpoint_dir: str | None
+    checkpoint_every: int
+    resume: bool
+    dump_params: str | None
+
+
+def parse(argv: list[str]) -> Options:
+    p = argparse.ArgumentParser(prog="pipeplan-worker")
+    p.add_argument("plan")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--warmup", type=int, default=0)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--optimizer", default=None)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--dump-params", default=None)
+    a = p.parse_args(argv)
+    return Options(a.plan, a.steps, a.warmup, a.lr, a.optimizer, a.run_dir, a.checkpoint_dir, a.checkpoint_every, a.resume, a.dump_params)
+
+
+# ---------------------------------------------------------------- placement
+def stage_ranks(plan) -> dict[int, int]:
+    """stage index -> rank. The torch schedules place stage i on pipeline rank i mod P."""
+    if any(s.replicas != 1 or len(s.devices) != 1 for s in plan.stages):
+        raise UserError(
+            "this plan replicates stages (data-parallel replicas, d > 1); the runtime does not run replicated stages yet",
+            "plan with one device per stage (e.g. --schedule 1f1b or gpipe)",
+        )
+    ranks = {s.index: s.devices[0] for s in plan.stages}
+    p = len(set(ranks.values()))
+    for s, r in ranks.items():
+        if r != s % p:
+            raise UserError(
+                f"stage {s} is placed on device {r}, but torch.distributed.pipelining runs stage {s} on rank {s % p}",
+                "re-plan: stages must be placed round-robin over the devices",
+            )
+    return ranks
+
+
+def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise UserError(f"unknown optimizer {name!r}", "use sgd, momentum, adam or adamw")
+
+
+DEFAULT_LR = {"sgd": 0.01, "momentum": 0.01, "adam": 1e-3, "adamw": 1e-3}
+
+
+def build_schedule(plan, stages: list, loss_fn, *, scale_grads: bool = True):
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    m = plan.microbatches
+    if plan.schedule == "pipedream":
+        raise UserError(
+            "asynchronous PipeDream (weight stashing, no flush) is not supported by the runtime yet",
+            "plan with --schedule 1f1b (PipeDream-Flush), which runs with the same partition",
+        )
+    if plan.schedule == "interleaved":
+        try:
+            return ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=scale_grads)
+        except ValueError as e:
+            raise UserError(f"interleaved schedule: {e}", "pick a microbatch count the schedule accepts") from None
+    if len(stages) != 1:
+        raise UserError(f"schedule {plan.schedule} runs one stage per device, but the plan puts {len(stages)} on one device",
+                        "use the interleaved schedule or re-plan")
+    cls = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
+    return cls(stages[0], m, loss_fn=loss_fn, scale_grads=scale_grads)
+
+
+# ---------------------------------------------------------------- data
+def batches(spec, batch_size: int):
+    """(inputs, target) for each step: train_batches() when the model file has it, else one fixed batch."""
+    custom = spec.train_batches()
+    if custom is not None:
+        for item in custom:
+            if isinstance(item, dict):
+                yield tuple(item["inputs"]), item.get("target")
+            else:
+                inputs, target = item
+                yield (tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)), target
+        return
+    inputs, target = spec.example_inputs(batch_size), spec.example_target(batch_size)
+    while True:
+        yield inputs, target
+
+
+# ---------------------------------------------------------------- the run
+def run(opts: Options) -> None:
+    from torch.distributed.pipelining import PipelineStage
+
+    from pipeplan.costmodels.model_file import load_model_file
+    from pipeplan.costmodels.trace import export_structure
+    from pipeplan.planner.plan import load_plan
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    plan = load_plan(opts.plan)
+    ranks = stage_ranks(plan)
+    used = len(set(ranks.values()))
+    if used > world:
+        raise UserError(f"the plan uses {used} devices but only {world} processes were launched",
+                        f"launch {used} processes (e.g. more --nnodes or a larger --nproc-per-node)")
+    if used < world:
+        raise UserError(f"{world} processes were launched but the plan uses {used} devices", f"launch exactly {used}")
+    if plan.graph.get("model_file") is None:
+        raise UserError("this plan was made from an imported graph (no model file), so there is nothing to run",
+                        "plan from `pipeplan trace model.py` to run it")
+
+    spec = load_model_file(plan.graph["model_file"], plan.graph.get("entry") or "build_model")
+    torch.manual_seed(SEED)
+    model = spec.build()
+    ep, graph = export_structure(spec, plan.microbatch_size, depth=plan.graph.get("depth"), model=model)
+    if graph.fingerprint() != plan.graph["fingerprint"]:
+        raise UserError(
+            f"the model in {plan.graph['model_file']} no longer matches the plan (graph fingerprint "
+            f"{graph.fingerprint()} != {plan.graph['fingerprint']})",
+            "re-trace and re-plan after changing the model",
+        )
+    gm = ep.module()
+    layer_nodes = {layer.name: layer.nodes for layer in graph.layers}
+    layer_stage = {name: s.index for s in plan.stages for name in s.layers}
+    missing = [n for n in layer_nodes if n not in layer_stage]
+    if missing:
+        raise UserError(f"the plan assigns no stage to layer {missing[0]!r}", "re-plan")
+    split = split_program(gm, layer_nodes, layer_stage, len(plan.stages))
+    mine = sorted(s for s, r in ranks.items() if r == rank)
+
+    modules = {s: split.module(s).to(device) for s in mine}
+    opt_name = opts.optimizer or plan.optimizer or "adam"
+    lr = opts.lr if opts.lr is not None else DEFAULT_LR.get(opt_name, 1e-3)
+    optimizers = {s: make_optimizer(opt_name, [p for p in modules[s].parameters() if p.requires_grad], lr) for s in mine}
+    # tied parameters: one process group per set of holder ranks, created in the same order on every rank
+    shared = split.shared_attrs()
+    groups: dict[tuple[int, ...], Any] = {}
+    for fqn in sorted(shared):
+        holder_ranks = tuple(sorted({ranks[s] for s in shared[fqn]}))
+        if len(holder_ranks) > 1 and holder_ranks not in groups:
+            groups[holder_ranks] = dist.new_group(list(holder_ranks))
+
+    first_step = 0
+    if opts.resume and opts.checkpoint_dir:
+        manifest = ckpt.latest(opts.checkpoint_dir, stages=len(plan.stages), fingerprint=plan.graph["fingerprint"])
+        if manifest is not None:
+            for s in mine:
+                ckpt.load_shard(manifest, s, modules[s], optimizers[s])
+            first_step = int(manifest["step"])
+
+    param_ids = {id(p) for m in modules.values() for p in m.parameters()}
+    meter = SavedTensorMeter(param_ids) if device.type == "cpu" else None
+    clock = StepClock()
+    stats = {s: StageStats(index=s) for s in mine}
+    pipe_stages = []
+    for s in mine:
+        st = PipelineStage(modules[s], s, len(plan.stages), device)
+        instrument(st, stats[s], clock, meter)
+        pipe_stages.append(st)
+
+    # Without loss_fn the model file's loss is the sum of the outputs: a sum over the batch, so the
+    # microbatch gradients must be summed, not averaged, to equal the whole-batch step.
+    mean_loss = callable(getattr(spec.module, "loss_fn", None)) and callable(getattr(spec.module, "example_target", None))
+
+    def loss_fn(output, target):
+        return spec.loss(unflatten_output(output, gm), target if mean_loss else None)
+
+    schedule = build_schedule(plan, pipe_stages, loss_fn, scale_grads=mean_loss)
+    has_first = 0 in mine
+    has_last = (len(plan.stages) - 1) in mine
+
+    kill_rank = os.environ.get("PIPEPLAN_TEST_KILL_RANK")
+    kill_step = int(os.environ.get("PIPEPLAN_TEST_KILL_STEP", "-1"))
+    data = batches(spec, plan.batch_size)
+    for _ in range(first_step):  # resume: skip the batches already trained on
+        next(data)
+    losses: list[float] = []
+    step_s: list[float] = []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for step in range(first_step, opts.steps):
+        if kill_rank is not None and int(kill_rank) == rank and step == kill_step:
+            os._exit(9)  # test hook: die like a crashed process (no cleanup, no message)
+        inputs, target = next(data)
+        for opt in optimizers.values():
+            opt.zero_grad(set_to_none=True)
+        measured = step - first_step >= opts.warmup
+        dist.barrier()
+        clock.start(measured)
+        args = tuple(t.to(device) for t in flat_inputs(inputs, gm)) if has_first else ()
+        kwargs: dict[str, Any] = {}
+        mb_losses: list[torch.Tensor] = []
+        if has_last:
+            if not mean_loss or target is None:  # the schedule splits a target per microbatch even when unused
+                target = torch.zeros(plan.batch_size)
+            kwargs["target"] = target.to(device) if isinstance(target, torch.Tensor) else target
+            kwargs["losses"] = mb_losses
+        schedule.step(*args, **kwargs)
+        sum_shared_grads(shared, modules, ranks, groups)
+        for opt in optimizers.values():
+            opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - clock.origin
+        if measured:
+            step_s.append(elapsed)
+        if has_last:
+            per_mb = torch.stack([l.detach().float() for l in mb_losses])
+            losses.append(float(per_mb.mean() if mean_loss else per_mb.sum()))
+        if opts.checkpoint_dir and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
+            for s in mine:
+                ckpt.save_shard(opts.checkpoint_dir, step + 1, s, modules[s], optimizers[s])
+            all_losses = gather_losses(losses, has_last)
+            dist.barrier()
+            if rank == 0:
+                ckpt.save_manifest(opts.checkpoint_dir, step + 1, stages=len(plan.stages),
+                                   fingerprint=plan.graph["fingerprint"], losses=all_losses)
+            dist.barrier()
+        clock.recording = False
+
+    # ---- results, gathered on rank 0
+    record = {
+        "rank": rank,
+        "step_s": step_s,
+        "losses": losses if has_last else None,
+        "stages": [stage_record(s, stats[s], modules[s], optimizers[s], meter, device, len(mine)) for s in mine],
+        "events": {s: stats[s].events[-4 * plan.microbatches:] for s in mine},
+    }
+    if opts.dump_params:
+        for s in mine:
+            buf = io.BytesIO()
+            torch.save({k: v.detach().cpu() for k, v in modules[s].state_dict().items()}, buf)
+            atomic_write_bytes(Path(opts.dump_params) / f"stage-{s}.pt", buf.getvalue())
+    records: list[Any] = [None] * world if rank == 0 else None
+    dist.gather_object(record, records, dst=0)
+    if rank == 0:
+        atomic_write_json(Path(opts.run_dir) / "result.json", {"first_step": first_step, "ranks": records})
+
+
+def gather_losses(losses: list[float], has_last: bool) -> list[float]:
+    """Every rank learns the last stage's losses so rank 0 can put them in the manifest."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, losses if has_last else None)
+    return next(x for x in out if x is not None)
+
+
+def sum_shared_grads(shared: dict[str, list[int]], modules: dict, ranks: dict[int, int], groups: dict) -> None:
+    """Tied parameters: every holder ends up with the sum of all holders' gradients.
+
+    This is the gradient the un-split model computes for the one shared tensor,
+    so the holders' copies, updated by identical optimizers, stay identical.
+    """
+    for fqn in sorted(shared):
+        holders = shared[fqn]
+        local = [modules[s].get_parameter(fqn) for s in holders if s in modules]
+        holder_ranks = tuple(sorted({ranks[s] for s in holders}))
+        if not local and dist.get_rank() not in holder_ranks:
+            continue
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in local]
+        total = torch.stack(grads).sum(0) if len(grads) > 1 else grads[0].clone()
+        if len(holder_ranks) > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=groups[holder_ranks])
+        for p in local:
+            p.grad = total.clone()
+
+
+def stage_record(s: int, st: StageStats, module, optimizer, meter, device, stages_on_rank: int) -> dict[str, Any]:
+    params = [p for p in module.parameters()]
+    weights = tensor_bytes(params) + tensor_bytes(module.buffers())
+    grads = tensor_bytes(p for p in params if p.requires_grad)  # gradients are kept between steps (same size)
+    opt = optimizer_state_bytes(optimizer)
+    if device.type == "cuda":
+        peak = int(torch.cuda.max_memory_allocated(device))
+        activation = max(0, peak - weights - grads - opt)
+    else:
+        activation = meter.peak if meter is not None else 0
+        peak = weights + grads + opt + activation
+    return {
+        "index": s,
+        "fwd_s": median(st.fwd_s),
+        "bwd_s": median(st.bwd_s),
+        "fwd_total_s": sum(st.fwd_s),
+        "bwd_total_s": sum(st.bwd_s),
+        "microbatches_timed": len(st.fwd_s),
+        "weights_bytes": weights,
+        "grad_bytes": grads,
+        "optimizer_bytes": opt,
+        "activation_bytes": activation,
+        "peak_memory_bytes": peak,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse(sys.argv[1:] if argv is None else argv)
+    rank = int(os.environ.get("RANK", 0))
+    run_dir = Path(opts.run_dir)
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        torch.set_num_threads(1)  # a CPU "device" is one core with one thread
+    try:
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=TIMEOUT_S))
+        run(opts)
+    except UserError as e:
+        atomic_write_json(run_dir / f"error-rank{rank}.json", {"rank": rank, "message": str(e)})
+        (run_dir / f"status-rank{rank}").write_text("error\n")
+        os._exit(2)  # no teardown: the other ranks may be blocked on us; torchrun stops them
+    (run_dir / f"status-rank{rank}").write_text("done\n")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Shared by the runtime tests: hand-made plans (no planner needed) and single-process reference steps."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from pipeplan.costmodels.model_file import load_model_file
+from pipeplan.costmodels.trace import export_structure
+from pipeplan.planner.plan import Plan, Prediction, Stage
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+SEED = 1234  # pipeplan.runtime.worker.SEED (kept literal so a change there is noticed here)
+
+
+def hand_plan(model_file: str, *, stages: int, devices: int, schedule: str, microbatches: int, batch_size: int,
+              optimizer: str = "sgd", cuts: list[int] | None = None, entry: str = "build_model") -> Plan:
+    """A plan with layers split evenly (or at `cuts`) and stage i on device i mod devices."""
+    spec = load_model_file(model_file, entry)
+    torch.manual_seed(0)
+    _, graph = export_structure(spec, batch_size // microbatches)
+    names = [l.name for l in graph.layers]
+    n = len(names)
+    if cuts is None:
+        cuts = [round(n * k / stages) for k in range(1, stages)]
+    bounds = [0, *cuts, n]
+    plan_stages = [Stage(index=s, layers=names[bounds[s]:bounds[s + 1]], devices=[s % devices]) for s in range(stages)]
+    return Plan(
+        graph={"fingerprint": graph.fingerprint(), "name": graph.name, "model_file": spec.path, "entry": entry,
+               "depth": None, "trace_batch_size": batch_size // microbatches, "layers": n},
+        profile="local", schedule=schedule, microbatches=microbatches, batch_size=batch_size,
+        stages=plan_stages, predicted=Prediction(), devices=devices, chunks=stages // devices, optimizer=optimizer,
+    )
+
+
+def reference_steps(model_file: str, batch_size: int, steps: int, *, microbatches: int = 1, optimizer: str = "sgd",
+                    lr: float = 0.01, entry: str = "build_model"):
+    """Single-process training: (losses, final state dict, alias groups of parameter names).
+
+    With microbatches > 1 the batch is cut the way the pipeline cuts it and the
+    gradients are accumulated (mean loss: each microbatch weighted 1/M, like the
+    schedules' scale_grads; no loss_fn: summed). That is what a pipeline computes,
+    also for BatchNorm, whose statistics are per microbatch.
+    """
+    from pipeplan.runtime.worker import make_optimizer
+
+    spec = load_model_file(model_file, entry)
+    mean_loss = callable(getattr(spec.module, "loss_fn", None)) and callable(getattr(spec.module, "example_target", None))
+    torch.manual_seed(SEED)
+    model = spec.build()
+    opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
+    x, y = spec.example_inputs(batch_size), spec.example_target(batch_size)
+    xs = [tuple(t.tensor_split(microbatches)[i] for t in x) for i in range(microbatches)]
+    ys = [y.tensor_split(microbatches)[i] if y is not None else None for i in range(microbatches)]
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        total = 0.0
+        for xi, yi in zip(xs, ys):
+            loss = spec.loss(model(*xi), yi if mean_loss else None)
+            (loss / microbatches if mean_loss else loss).backward()
+            total += float(loss.detach())
+        opt.step()
+        losses.append(total / microbatches if mean_loss else total)
+    groups: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}, list(groups.values())
+
+
+def load_dumped(folder: Path) -> dict[str, torch.Tensor]:
+    """Per-stage parameter dumps merged by FQN (a tied weight appears in several: all copies returned)."""
+    merged: dict[str, list[torch.Tensor]] = {}
+    for f in sorted(Path(folder).glob("stage-*.pt")):
+        for k, v in torch.load(f, weights_only=True).items():
+            merged.setdefault(k, []).append(v)
+    return merged
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeplan", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout, cwd=str(REPO))

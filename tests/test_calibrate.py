@@ -1,0 +1,181 @@
+"""`profiles calibrate`: the arithmetic from measurements to a profile, and one real run of this machine.
+
+The arithmetic tests replace the timing loops with known numbers, so every field
+of the resulting profile has an exact expected value. One real calibration
+(~8 s) then checks the CLI end to end and that its numbers predict operations it
+did not measure (other shapes, another buffer size).
+"""
+
+import json
+import math
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from pipeplan.cli.main import cli
+from pipeplan.errors import UserError
+import pipeplan.hardware_profiles.calibrate as calibrate_mod
+from pipeplan.hardware_profiles import load_profile, save_profile
+
+MIB = 2**20
+
+
+def test_link_fit_recovers_latency_and_bandwidth():
+    lat, bw = 40e-6, 3e9
+    one_way = {n: lat + n / bw for n in (4, 64 * 1024, MIB, 16 * MIB)}
+    got_bw, got_lat = calibrate_mod.link_from_p2p(one_way)
+    assert got_lat == pytest.approx(lat + 4 / bw)
+    assert got_bw == pytest.approx(16 * MIB / (16 * MIB / bw - 4 / bw))
+
+
+def test_timer_stops_at_max_reps_and_returns_the_best_time():
+    calls = []
+    sleeps = iter([0.0, 0.03, 0.01, 0.02])  # warm-up, then 3 timed calls
+
+    def fn():
+        calls.append(1)
+        time.sleep(next(sleeps))
+
+    best = calibrate_mod._best_time_s(fn, cap_s=100.0, max_reps=3)
+    assert len(calls) == 4  # one warm-up + 3 timed
+    assert 0.01 <= best < 0.02
+
+
+FAKE_FP32 = [80e9, 100e9, 64e9, 100e9]
+FAKE_P2P = {4: 50e-6, 64 * 1024: 50e-6 + 64 * 1024 / 2e9, MIB: 50e-6 + MIB / 2e9, 16 * MIB: 50e-6 + 16 * MIB / 2e9}
+
+
+@pytest.fixture
+def fake_measurements(monkeypatch):
+    """Known 'measurements' so every derived field has an exact expected value."""
+    import torch
+
+    def matmul(dtype, cap):
+        return list(FAKE_FP32) if dtype == torch.float32 else [x * fake_measurements.bf16_speedup for x in FAKE_FP32]
+
+    monkeypatch.setattr(calibrate_mod, "measure_matmul", matmul)
+    monkeypatch.setattr(calibrate_mod, "measure_conv", lambda cap: [120e9, 90e9])
+    monkeypatch.setattr(calibrate_mod, "measure_attention", lambda cap: 50e9)
+    monkeypatch.setattr(calibrate_mod, "measure_copy_bw", lambda cap: 20e9)
+    monkeypatch.setattr(calibrate_mod, "measure_elementwise_bw", lambda cap: [20e9, 10e9])
+    monkeypatch.setattr(calibrate_mod, "measure_p2p", lambda: dict(FAKE_P2P))
+    fake_measurements.bf16_speedup = 2.0
+    return fake_measurements
+
+
+def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
+    phases = []
+    p = calibrate_mod.calibrate(budget_s=10, progress=lambda phase, done, total: phases.append((phase, done, total)))
+    assert p.local and p.name == "local"
+    assert p.peak_flops["fp32"] == 100e9  # best achieved GEMM rate
+    assert p.peak_flops["bf16"] == 200e9  # 2x faster: a real fast path
+    assert p.peak_flops["tf32"] is None and p.peak_flops["fp16"] is None
+    assert p.efficiency["matmul"] == pytest.approx((0.8 * 1.0 * 0.64 * 1.0) ** 0.25)
+    assert p.efficiency["conv"] == pytest.approx(math.sqrt(1.2 * 0.9))
+    assert p.efficiency["attention"] == pytest.approx(0.5)
+    assert p.efficiency["memory"] == pytest.approx(math.sqrt(1.0 * 0.5))
+    assert p.mem_bw_bytes_per_s == 20e9
+    assert p.intra_node.latency_s == pytest.approx(50e-6)
+    assert p.intra_node.bandwidth_bytes_per_s == pytest.approx(2e9)
+    assert p.inter_node == p.intra_node  # one machine: loopback both ways
+    assert p.devices_per_node == calibrate_mod.core_count()
+    total = calibrate_mod.memory_total_bytes()
+    assert p.memory_bytes == total // p.devices_per_node
+    assert p.usable_memory_bytes == int(p.memory_bytes * 0.8)
+    # every phase reported as started (0/1) and finished (1/1)
+    names = [ph for ph, done, _ in phases if done == 0]
+    assert len(names) == 7 and all((n, 1, 1) in phases for n in names)
+    # the result is an ordinary profile: it survives the YAML format
+    save_profile(p, tmp_path / "local.yaml")
+    q = load_profile(str(tmp_path / "local.yaml"))
+    assert q.local and q.peak_flops == p.peak_flops and q.efficiency == pytest.approx(p.efficiency)
+    assert q.calibration["matmul_fp32_gflops"] == [80.0, 100.0, 64.0, 100.0]
+
+
+def test_slow_bf16_is_left_out_and_planned_at_the_fp32_rate(fake_measurements):
+    fake_measurements.bf16_speedup = 0.5
+    p = calibrate_mod.calibrate(budget_s=10)
+    assert p.peak_flops["bf16"] is None
+    assert p.flops_for("bf16") == 100e9
+    assert p.calibration["bf16_fast_path"] is False and "fp32 rate" in p.notes
+
+
+def test_cli_into_missing_folder_exits_2_before_measuring(tmp_path, monkeypatch):
+    monkeypatch.setattr(calibrate_mod, "calibrate", lambda **_: pytest.fail("should not measure"))
+    r = CliRunner().invoke(cli, ["profiles", "calibrate", "-o", str(tmp_path / "no" / "local.yaml")])
+    assert r.exit_code == 2 and "does not exist" in r.stderr
+
+
+def test_failed_link_measurement_writes_nothing(fake_measurements, tmp_path, monkeypatch):
+    def broken():
+        raise UserError("could not measure process-to-process bandwidth over torch.distributed (gloo): refused")
+
+    monkeypatch.setattr(calibrate_mod, "measure_p2p", broken)
+    out = tmp_path / "local.yaml"
+    r = CliRunner().invoke(cli, ["profiles", "calibrate", "-o", str(out), "--quiet"])
+    assert r.exit_code == 2 and "gloo" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- one real calibration
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cal") / "local.yaml"
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(cli, ["profiles", "calibrate", "-o", str(out), "--budget-s", "6", "--json", "--quiet"])
+    return r, out, time.perf_counter() - t0
+
+
+def test_real_calibration_writes_a_loadable_local_profile(real_run):
+    r, out, elapsed = real_run
+    assert r.exit_code == 0, r.stderr
+    assert elapsed < 45  # the issue's target is 60 s at the default budget
+    doc = json.loads(r.stdout)  # --json: exactly one JSON document on stdout
+    prof = load_profile(str(out))
+    assert doc["name"] == prof.name == "local" and prof.local
+    assert 1e9 < prof.peak_flops["fp32"] < 1e13  # one core: GFLOP/s to a few TFLOP/s
+    assert 0.5e9 < prof.mem_bw_bytes_per_s < 1e12
+    assert 1e-7 < prof.intra_node.latency_s < 0.05
+    assert 1e7 < prof.intra_node.bandwidth_bytes_per_s < 1e12
+    assert set(prof.efficiency) == {"matmul", "conv", "attention", "memory"}
+    p2p = prof.calibration["p2p_one_way_us"]
+    assert p2p[16 * MIB] > p2p[4]  # a bigger message takes longer
+
+
+def _best_s(fn, reps=9):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return min(ts)
+
+
+def test_real_calibration_predicts_unmeasured_operations(real_run):
+    """A GEMM shape and a copy size the calibration never ran, predicted within 30%.
+
+    This catches unit slips (MACs vs FLOPs is 2x, bytes counted once vs twice is
+    2x), not noise; the 25% check on whole layers lives in test_calibrated_prediction.py.
+    """
+    import torch
+
+    r, out, _ = real_run
+    assert r.exit_code == 0, r.stderr
+    prof = load_profile(str(out))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        m, k, n = 384, 1536, 768
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        gemm_s = _best_s(lambda: torch.mm(a, b))
+        src = torch.ones(48 * MIB // 4)
+        dst = torch.empty_like(src)
+        copy_s = _best_s(lambda: dst.copy_(src), reps=5)
+    finally:
+        torch.set_num_threads(before)
+    pred_gemm = 2 * m * k * n / (prof.peak_flops["fp32"] * prof.efficiency["matmul"])
+    pred_copy = 2 * 48 * MIB / prof.mem_bw_bytes_per_s
+    assert abs(pred_gemm - gemm_s) / gemm_s < 0.30, (pred_gemm, gemm_s)
+    assert abs(pred_copy - copy_s) / copy_s < 0.30, (pred_copy, copy_s)

@@ -1,0 +1,217 @@
+"""analyze / plan / compare / show through CliRunner, checking --json numbers against the planner's own functions.
+
+The fixture graph is saved to disk, so no tracing happens except in the one
+model.py test (the tiny MLP example, traced at batch 1).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cli_fixtures import chain_graph  # noqa: E402
+
+from pipeplan.cli.main import cli
+from pipeplan.hardware_profiles import load_profile
+from pipeplan.planner.plan import Plan, load_plan
+
+search_mod = pytest.importorskip("pipeplan.planner.search")
+evaluate_mod = pytest.importorskip("pipeplan.planner.evaluate")
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def run(args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr, result.exception)
+    return result
+
+
+def run_json(args):
+    result = run(list(args) + ["--json"])
+    return json.loads(result.stdout)  # one document and nothing else on stdout
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return chain_graph()
+
+
+@pytest.fixture(scope="module")
+def graph_file(tmp_path_factory, graph):
+    path = tmp_path_factory.mktemp("g") / "graph.json"
+    graph.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def planned(graph_file, tmp_path_factory):
+    """One `plan` run with every output, shared by the checks below."""
+    out = tmp_path_factory.mktemp("out")
+    doc = run_json(["plan", graph_file, "--profile", "a100-80gb-sxm", "--gpus", "4", "--batch-size", "32",
+                    "-o", out / "plan.json", "--plot", out / "schedule.png", "--chrome-trace", out / "trace.json"])
+    return doc, out
+
+
+def test_plan_json_matches_search_called_directly(planned, graph):
+    doc, out = planned
+    profile = load_profile("a100-80gb-sxm")
+    direct = search_mod.search(graph, profile, 4, 32, dtype="bf16")  # dtype auto = bf16 on a catalogue profile
+    assert doc["plan"]["dtype"] == "bf16"
+    assert doc["plan"]["predicted"] == direct.best.to_dict()["predicted"]
+    assert [s["layers"] for s in doc["plan"]["stages"]] == [s.layers for s in direct.best.stages]
+    assert doc["baseline"]["samples_per_s"] == direct.baseline.predicted.samples_per_s
+    assert doc["baseline"]["speedup"] == pytest.approx(direct.best.predicted.samples_per_s / direct.baseline.predicted.samples_per_s)
+    assert doc["graph"]["fingerprint"] == graph.fingerprint()
+    assert doc["graph"]["parameters"] == graph.param_bytes // 4
+    assert doc["profile"]["name"] == "a100-80gb-sxm" and doc["profile"]["usable_memory_bytes"] == profile.usable_memory_bytes
+    # the plan file is the same plan, and loads back
+    assert load_plan(out / "plan.json").to_dict() == doc["plan"]
+    # the predictions are the evaluation of the plan's own partition
+    assignment = [s.index for s in direct.best.stages for _ in s.layers]
+    again = evaluate_mod.evaluate(graph, profile, assignment, replicas=direct.best.data_parallel,
+                                  schedule=direct.best.schedule, microbatches=direct.best.microbatches, batch_size=32,
+                                  dtype="bf16", optimizer="adam", recompute=direct.best.recompute, chunks=direct.best.chunks,
+                                  layout=direct.best.solver.get("layout", "stage-major"))
+    assert again.predicted.samples_per_s == pytest.approx(doc["plan"]["predicted"]["samples_per_s"], rel=1e-9)
+
+
+def test_plan_outputs_png_and_chrome_trace(planned, graph):
+    doc, out = planned
+    w, h = png_size(out / "schedule.png")
+    assert 900 <= w <= 2500 and 400 <= h <= 2500
+    trace = json.loads((out / "trace.json").read_text())
+    plan = Plan.from_dict(doc["plan"])
+    sim = evaluate_mod.simulate_plan(plan, graph, load_profile("a100-80gb-sxm"))
+    x = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    fwd = [e for e in x if e["args"]["kind"] == "fwd"]
+    bwd = [e for e in x if e["args"]["kind"] == "bwd"]
+    assert len(fwd) == len(bwd) == len([e for e in sim.events if e.kind == "fwd"])
+    assert len(fwd) == len(plan.stages) * plan.microbatches or plan.schedule in ("pipedream", "interleaved")
+    assert {e["name"] for e in fwd} >= {f"F{m}" for m in range(plan.microbatches)}
+    end_us = max(e["ts"] + e["dur"] for e in x)
+    assert end_us == pytest.approx(sim.iteration_s * 1e6, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "flags, kwargs",
+    [
+        (["--stages", "2", "--microbatches", "4", "--schedule", "1f1b"], dict(stages=2, microbatches=4, schedule="1f1b")),
+        (["--schedule", "gpipe", "--recompute", "on", "--optimizer", "sgd", "--dtype", "fp32"],
+         dict(schedule="gpipe", recompute="on", optimizer="sgd", dtype="fp32")),
+        (["--times", "measured", "--solver", "dp"], dict(times="measured", solver="dp")),
+    ],
+)
+def test_option_families_reach_the_search(graph_file, graph, flags, kwargs):
+    doc = run_json(["plan", graph_file, "--profile", "h100-sxm", "--gpus", "4", "--batch-size", "16"] + flags)
+    kwargs = {"dtype": "bf16", **kwargs}
+    direct = search_mod.search(graph, load_profile("h100-sxm"), 4, 16, **kwargs)
+    assert doc["plan"]["predicted"] == direct.best.to_dict()["predicted"]
+    assert doc["plan"]["dtype"] == kwargs["dtype"]
+    if "stages" in kwargs:
+        assert len(doc["plan"]["stages"]) == kwargs["stages"] and doc["plan"]["microbatches"] == kwargs["microbatches"]
+    if "schedule" in kwargs:
+        assert doc["plan"]["schedule"] == kwargs["schedule"]
+    if kwargs.get("recompute") == "on":
+        assert doc["plan"]["recompute"] is True
+    if "optimizer" in kwargs:
+        assert doc["plan"]["optimizer"] == kwargs["optimizer"]
+
+
+def test_infeasible_memory_is_a_user_error(tmp_path):
+    huge = chain_graph(param_scale=20_000)  # ~1 TB of parameters
+    path = tmp_path / "huge.json"
+    huge.save(path)
+    result = CliRunner().invoke(cli, ["plan", str(path), "--profile", "t4", "--gpus", "2", "-o", str(tmp_path / "p.json")])
+    assert result.exit_code == 2, result.output
+    line = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    assert len(line) == 1 and "GiB" in line[0] and "Traceback" not in result.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_human_report_on_stdout_progress_elsewhere(graph_file):
+    result = run(["plan", graph_file, "--profile", "a100-80gb-sxm", "--gpus", "4", "--batch-size", "32"])
+    out = result.stdout
+    assert "Stages (times per microbatch)" in out and "samples/s" in out and "equal-layers split" in out
+    from pipeplan.cli.fmt import fmt_bytes
+
+    assert "layers.0" in out and f"/ {fmt_bytes(load_profile('a100-80gb-sxm').usable_memory_bytes)}" in out
+    assert "plan: " not in out  # progress lines go to stderr
+
+
+def test_show_reproduces_the_saved_plan(planned, graph_file, tmp_path):
+    doc, out = planned
+    shown = run_json(["show", out / "plan.json"])
+    assert shown["plan"] == doc["plan"]
+    assert shown["profile"]["name"] == "a100-80gb-sxm"
+    # from the plan alone, the re-simulated timeline ends at the predicted iteration time
+    run(["show", out / "plan.json", "--plot", tmp_path / "s.png", "--chrome-trace", tmp_path / "t.json"])
+    x = [e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["ph"] == "X"]
+    end_s = max(e["ts"] + e["dur"] for e in x) / 1e6
+    assert end_s == pytest.approx(doc["plan"]["predicted"]["iteration_s"], rel=1e-6)
+    assert png_size(tmp_path / "s.png")[0] > 900
+    # with its graph, the model summary comes back
+    with_graph = run_json(["show", out / "plan.json", "--graph", graph_file])
+    assert with_graph["graph"]["parameters"] == doc["graph"]["parameters"]
+    text = run(["show", out / "plan.json"]).stdout
+    assert "tiny-chain" in text and "samples/s" in text
+
+
+def test_compare_rows_match_search_per_profile(graph_file, graph, tmp_path):
+    names = ["v100-32gb", "a100-80gb-sxm", "h100-sxm"]
+    doc = run_json(["compare", graph_file, "--profiles", ",".join(names), "--gpus", "4", "--batch-size", "32",
+                    "--plot", tmp_path / "bars.png"])
+    assert [r["profile"] for r in doc["profiles"]] == [load_profile(n).name for n in names]
+    for row in doc["profiles"]:
+        best = search_mod.search(graph, load_profile(row["profile"]), 4, 32, dtype="bf16").best
+        assert row["samples_per_s"] == best.predicted.samples_per_s
+        assert row["stages"] == len(best.stages) and row["microbatches"] == best.microbatches
+        assert row["schedule"] == best.schedule
+        assert row["memory_headroom_bytes"] == load_profile(row["profile"]).usable_memory_bytes - best.predicted.peak_memory_bytes
+        for key in ("profile", "stages", "replicas", "microbatches", "schedule", "samples_per_s"):
+            assert key in row
+    w, h = png_size(tmp_path / "bars.png")
+    assert w > 500 and h > 150
+
+
+def test_compare_keeps_going_when_one_profile_cannot_fit(tmp_path):
+    big = chain_graph(param_scale=300)  # ~3 GB fp32 parameters: adam state does not fit 2x T4 at 16 GB
+    path = tmp_path / "big.json"
+    big.save(path)
+    doc = run_json(["compare", path, "--profiles", "t4,h200", "--gpus", "1", "--batch-size", "4"])
+    t4, h200 = doc["profiles"]
+    assert t4["feasible"] is False and "GiB" in t4["error"] and t4["samples_per_s"] is None
+    assert h200["feasible"] is True and h200["samples_per_s"] > 0
+
+
+def test_analyze_traces_a_model_once_at_batch_1(tmp_path):
+    doc = run_json(["analyze", ROOT / "examples" / "mlp.py", "--profile", "a100-80gb-sxm", "--gpus", "2",
+                    "--batch-size", "16", "--repeats", "1", "--plot", tmp_path / "mlp.png"])
+    assert doc["graph"]["trace_batch_size"] == 1
+    assert doc["graph"]["source"]["model_file"] == str((ROOT / "examples" / "mlp.py").resolve())
+    widths = [256, 2048, 512, 4096, 256, 1024, 128, 10]
+    assert doc["graph"]["parameters"] == sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
+    assert doc["plan"]["batch_size"] == 16 and doc["plan"]["graph"]["trace_batch_size"] == 1
+    assert png_size(tmp_path / "mlp.png")[0] > 900
+
+
+def test_plan_reads_a_pipedream_profile():
+    path = SHARED / "pipedream-profiles" / "vgg16.graph.txt"
+    if not path.exists():
+        pytest.skip("shared PipeDream profiles not available")
+    pytest.importorskip("pipeplan.costmodels.load")
+    doc = run_json(["plan", path, "--profile", "v100-16gb-sxm2", "--gpus", "4", "--batch-size", "64", "--dtype", "fp32"])
+    assert doc["plan"]["graph"]["model_file"] is None
+    assert doc["plan"]["predicted"]["samples_per_s"] > 0

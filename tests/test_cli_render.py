@@ -1,0 +1,155 @@
+"""Report and plot rendering on hand-built plans and real simulator timelines (no search, no tracing)."""
+
+from __future__ import annotations
+
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+from matplotlib.figure import Figure
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cli_fixtures import chain_graph, hand_plan  # noqa: E402
+
+from pipeplan.cli.fmt import fmt_bytes, fmt_count, fmt_flops, fmt_ms, fmt_pct, fmt_seconds, shorten
+from pipeplan.cli.plots import GIB, compare_png, draw_gantt, draw_memory, schedule_png
+from pipeplan.cli.report import baseline_line, compare_table, plan_report, stage_table
+from pipeplan.cli.summary import compare_row, graph_summary, parameter_count, stage_params
+from pipeplan.planner.simulate import simulate
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def render(renderable, width: int = 200) -> str:
+    console = Console(record=True, width=width, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_units():
+    assert fmt_bytes(1.5 * 2**30) == "1.50 GiB"
+    assert fmt_bytes(3 * 2**20) == "3.00 MiB"
+    assert fmt_bytes(512) == "512 B"
+    assert fmt_bytes(150 * 2**30) == "150.0 GiB"
+    assert fmt_seconds(0.0123) == "12.3 ms"
+    assert fmt_seconds(2.5e-5) == "25 µs"
+    assert fmt_seconds(1.5) == "1.5 s"
+    assert fmt_ms(0.00125) == "1.25"
+    assert fmt_count(124_439_808) == "124M"
+    assert fmt_flops(2.9e11) == "290 GFLOP"
+    assert fmt_pct(0.1796) == "18.0%"
+    assert shorten("transformer.h.11.mlp.c_proj", 12) == "….mlp.c_proj"
+
+
+def test_graph_summary_counts_per_sample():
+    g = chain_graph(batch=4)
+    s = graph_summary(g)
+    params = sum((p * w + w) for p, w in zip((256,) + tuple(l for l in (256, 256, 1024, 256, 256, 256, 2048, 256, 256, 512, 256)), (256, 256, 1024, 256, 256, 256, 2048, 256, 256, 512, 256, 256)))
+    assert s["parameters"] == params == parameter_count(g.param_bytes)
+    assert s["fwd_flops_per_sample"] == g.fwd_flops / 4
+    assert s["bwd_flops_per_sample"] == 2 * s["fwd_flops_per_sample"]
+    assert s["layers"] == 12 and s["fingerprint"] == g.fingerprint()
+
+
+def test_stage_table_shows_each_stage_with_memory_against_capacity():
+    plan = hand_plan(stages=4)
+    g = chain_graph()
+    text = render(stage_table(plan, g, capacity_bytes=80 << 30))
+    for i in range(4):
+        assert f"layers.{3 * i} → layers.{3 * i + 2}" in text
+        assert f"{10 + i}.00 GiB / 80.00 GiB ({round(100 * (10 + i) / 80)}%)" in text
+    # parameters per stage come from the graph's layers
+    params = stage_params(plan, g)
+    assert params[0] == parameter_count(sum(g.layers[j].param_bytes for j in range(3)))
+    assert "4.00 MiB" in text and "0.25" in text  # send bytes and ms
+    # the last stage sends nothing
+    last = [line for line in text.splitlines() if "layers.9 → layers.11" in line][0]
+    assert "—" in last
+
+
+def test_report_has_predictions_and_baseline_ratio():
+    plan = hand_plan()
+    base = hand_plan()
+    base.predicted.samples_per_s = 500.0
+    base.predicted.peak_memory_bytes = 90 << 30
+    text = render(plan_report(plan, model_summary=graph_summary(chain_graph()), graph=chain_graph(), baseline=base))
+    assert "800.0 samples/s" in text
+    assert "30.0%" in text and "42.0%" in text  # bubble and achieved FLOP/s fraction
+    assert "1.60× faster" in text  # 800 / 500
+    line = render(baseline_line(plan, base, capacity_bytes=80 << 30))
+    assert "does not fit in memory" in line and "3/3/3/3 layers" in line
+    assert "gpipe, 4 stages" in text and "8 microbatches of 4 (batch 32)" in text
+
+
+def test_compare_table_and_rows():
+    plan = hand_plan()
+
+    class P:
+        name, device, usable_memory_bytes, local = "a100-80gb-sxm", "A100", 80 << 30, False
+
+    row = compare_row(P, plan, "bf16")
+    assert row["stages"] == 4 and row["replicas"] == 1 and row["microbatches"] == 8 and row["schedule"] == "gpipe"
+    assert row["memory_headroom_bytes"] == (80 << 30) - (13 << 30)
+    assert row["memory_headroom_fraction"] == pytest.approx(67 / 80)
+    bad = compare_row(P, None, "bf16", error="needs 90 GiB")
+    text = render(compare_table([row, bad]))
+    assert "800.0" in text and "4×1" in text and "needs 90 GiB" in text
+
+
+def _sim(K=4, M=8, **kw):
+    return simulate("gpipe", [1e-3] * K, [2e-3] * K, [0.25e-3] * (K - 1), M, **kw)
+
+
+def test_gantt_draws_one_block_per_compute_event_at_its_time():
+    sim = _sim()
+    fig = Figure()
+    ax = fig.add_subplot()
+    draw_gantt(ax, sim.events, iteration_s=sim.iteration_s)
+    compute = [e for e in sim.events if e.kind in ("fwd", "bwd")]
+    # broken_barh collections: K idle backgrounds, one per compute block, one per send
+    sends = [e for e in sim.events if e.kind == "send"]
+    assert len(ax.collections) == 4 + len(compute) + len(sends)
+    blocks = ax.collections[4:]
+    starts = sorted(round(p.get_paths()[0].vertices[:, 0].min(), 9) for p in blocks)
+    expect = sorted(round(e.start_s * 1e3, 9) for e in compute + sends)  # drawn in ms
+    assert starts == expect
+    labels = sorted(t.get_text() for t in ax.texts)
+    assert labels == sorted(str(e.microbatch) for e in compute)
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"device {d}" for d in range(4)]
+
+
+def test_memory_bars_stack_to_the_stage_peak():
+    plan = hand_plan()
+    fig = Figure()
+    ax = fig.add_subplot()
+    draw_memory(ax, plan, 80 << 30)
+    heights = {}
+    for rect in ax.patches:
+        x = round(rect.get_x() + rect.get_width() / 2)
+        heights[x] = heights.get(x, 0) + rect.get_height()
+    assert [round(heights[i], 6) for i in range(4)] == [(10 + i) for i in range(4)]
+    assert ax.lines[0].get_ydata()[0] == pytest.approx(80.0)  # capacity line in GiB
+    assert GIB == 2**30
+
+
+def test_schedule_png_is_a_real_picture(tmp_path):
+    plan = hand_plan(stages=4)
+    data = schedule_png(plan, _sim(), capacity_bytes=80 << 30, title="tiny-chain")
+    w, h = png_size(data)
+    assert 900 <= w <= 2500 and 500 <= h <= 2000
+    assert len(data) > 20_000
+
+
+def test_compare_png(tmp_path):
+    class P:
+        name, device, usable_memory_bytes, local = "h100-sxm", "H100", 80 << 30, False
+
+    rows = [compare_row(P, hand_plan(), "bf16"), compare_row(P, None, "bf16", error="does not fit")]
+    w, h = png_size(compare_png(rows, title="x"))
+    assert w > 500 and h > 100
