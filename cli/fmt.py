@@ -39,6 +39,24 @@ def fmt_ms(s: float) -> str:
     return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
+def table_time_unit(values_s) -> tuple[float, str]:
+    """One unit for a whole column set (s, ms or µs), picked so the largest value reads naturally."""
+    top = max((abs(v) for v in values_s if v), default=0.0)
+    if top >= 10:
+        return 1.0, "s"
+    if top >= 1e-4 or top == 0:
+        return 1e3, "ms"
+    return 1e6, "µs"
+
+
+def fmt_in(s: float, scale: float) -> str:
+    """A time already known to be in a column's unit: three significant digits."""
+    v = s * scale
+    if v == 0:
+        return "0"
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+
+
 def fmt_count(n: float | int | None) -> str:
     if n is None:
         return "—"

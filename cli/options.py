@@ -82,14 +82,21 @@ class PlanOptions:
 
 
 def resolve_dtype(dtype: str, profile) -> str:
-    """"auto" = fp32 on a calibrated local profile (what this machine trains in), bf16 mixed precision elsewhere.
+    """"auto" = fp32 on a calibrated local profile; elsewhere bf16 mixed precision, or fp16 where the device has no bf16.
 
-    Accelerators are trained in mixed precision in practice, and a CPU calibration
-    measures fp32, so each default matches how the target would really run.
+    Accelerators are trained in mixed precision in practice (bf16 where the
+    tensor cores have it; fp16 with loss scaling on V100/T4, which would run
+    bf16 at their fp32 rate), and a CPU calibration measures fp32, so each
+    default matches how the target would really run.
     """
     if dtype != "auto":
         return dtype
-    return "fp32" if getattr(profile, "local", False) else "bf16"
+    if getattr(profile, "local", False):
+        return "fp32"
+    peaks = getattr(profile, "peak_flops", {}) or {}
+    if not peaks.get("bf16") and peaks.get("fp16"):
+        return "fp16"
+    return "bf16"
 
 
 def _choice(values) -> click.Choice:
@@ -126,7 +133,7 @@ def planning_options(*, with_profile: bool = True) -> Callable:
             click.option("--stages", "-k", type=pos, default=None, help="Pipeline stages (default: searched)."),
             click.option("--solver", type=_choice(SOLVER_CHOICES), default="auto", show_default=True, help="Partitioner: DP for chains, ILP for DAGs."),
             click.option("--dtype", type=_choice(DTYPE_CHOICES), default="auto", show_default=True,
-                         help="Training precision; auto = fp32 on a local profile, bf16 mixed precision otherwise."),
+                         help="Training precision; auto = fp32 on a local profile, else bf16 mixed precision (fp16 where there is no bf16)."),
             click.option("--optimizer", type=_choice(OPTIMIZER_CHOICES), default="adam", show_default=True, help="Optimizer (sets its state memory)."),
             click.option("--recompute", type=_choice(RECOMPUTE_CHOICES), default="auto", show_default=True, help="Activation recomputation."),
             click.option("--times", type=_choice(TIMES_CHOICES), default="model", show_default=True,

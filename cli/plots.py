@@ -15,6 +15,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
+
+from pipeplan.cli.fmt import fmt_count, fmt_seconds
 
 KIND_COLOURS = {
     "fwd": "#4C72B0",  # blue: forward
@@ -107,28 +110,40 @@ def draw_gantt(ax, events: Sequence[Any], *, devices: int | None = None, chunks:
 
 
 def draw_memory(ax, plan, capacity_bytes: int | None) -> None:
-    """Stacked per-stage peak memory (weights, gradients + optimizer state, activations) against the capacity line."""
+    """Stacked per-stage peak memory (weights, gradients + optimizer state, activations) against the capacity line.
+
+    When the plan uses a small share of the device, the axis zooms to the bars and
+    the capacity is written in the corner instead of flattening the bars to nothing.
+    """
     stages = sorted(plan.stages, key=lambda s: s.index)
     xs = list(range(len(stages)))
-    weights = [s.predicted.weights_bytes / GIB for s in stages]
-    optim = [s.predicted.optimizer_bytes / GIB for s in stages]
-    total = [s.predicted.memory_bytes / GIB for s in stages]
+    peak = max([s.predicted.memory_bytes for s in stages] + [1])
+    unit, scale = ("GiB", GIB) if max(peak, capacity_bytes if capacity_bytes and capacity_bytes < 1.5 * peak else 0) >= GIB else ("MiB", 2**20)
+    weights = [s.predicted.weights_bytes / scale for s in stages]
+    optim = [s.predicted.optimizer_bytes / scale for s in stages]
+    total = [s.predicted.memory_bytes / scale for s in stages]
     acts = [max(0.0, t - w - o) for t, w, o in zip(total, weights, optim)]
     ax.bar(xs, weights, color="#4C72B0", label="weights")
     ax.bar(xs, optim, bottom=weights, color="#DD8452", label="grads + optimizer")
     ax.bar(xs, acts, bottom=[w + o for w, o in zip(weights, optim)], color="#55A868", label="activations + buffers")
     top = max(total + [0.0])
     if capacity_bytes:
-        cap = capacity_bytes / GIB
-        ax.axhline(cap, color="#C44E52", linestyle="--", linewidth=1.2, label=f"usable {cap:.1f} GiB")
-        top = max(top, cap)
+        cap = capacity_bytes / scale
+        if cap <= 1.5 * top:
+            ax.axhline(cap, color="#C44E52", linestyle="--", linewidth=1.2, label=f"usable {capacity_bytes / GIB:.1f} GiB")
+            top = max(top, cap)
+        else:
+            ax.set_title(f"peak memory per stage (% of {capacity_bytes / GIB:.1f} GiB usable, off scale)", fontsize=10, loc="left")
         for x, t in zip(xs, total):
-            ax.text(x, t + top * 0.02, f"{100 * t / cap:.0f}%", ha="center", va="bottom", fontsize=7)
-    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
+            pct = 100 * t / cap
+            ax.text(x, t + top * 0.02, f"{pct:.0f}%" if pct >= 1 else f"{pct:.2g}%", ha="center", va="bottom", fontsize=7)
+    ax.set_ylim(0, top * 1.18 if top > 0 else 1)
+    ax.set_xlim(-0.6, max(len(xs), 4) - 0.4)  # a lone stage keeps a bar's width, not the panel's
     ax.set_xticks(xs)
     ax.set_xticklabels([f"S{s.index}" for s in stages], fontsize=8 if len(xs) <= 16 else 6)
-    ax.set_ylabel("GiB per device")
-    ax.set_title("peak memory per stage", fontsize=10, loc="left")
+    ax.set_ylabel(f"{unit} per device")
+    if not ax.get_title(loc="left"):
+        ax.set_title("peak memory per stage (% of usable)", fontsize=10, loc="left")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
 
@@ -138,12 +153,12 @@ def schedule_png(plan, sim, *, capacity_bytes: int | None = None, title: str = "
     devices = sorted({e.device for e in sim.events})
     n = max(1, len(devices))
     fig = Figure(figsize=(13, 2.2 + 0.42 * n + 2.6))
-    gs = fig.add_gridspec(2, 2, height_ratios=[max(1.6, 0.42 * n + 0.8), 2.3], width_ratios=[3, 1.6], hspace=0.55, wspace=0.35)
+    gs = fig.add_gridspec(2, 2, height_ratios=[max(1.6, 0.42 * n + 0.8), 2.3], width_ratios=[3, 1.6], hspace=0.45, wspace=0.35)
     gantt = fig.add_subplot(gs[0, :])
     draw_gantt(gantt, sim.events, chunks=max(1, plan.chunks), iteration_s=sim.iteration_s)
     pred = plan.predicted
     gantt.set_title(
-        f"{title}\niteration {pred.iteration_s * 1e3:.3g} ms · {pred.samples_per_s:,.1f} samples/s · "
+        f"{title}\niteration {fmt_seconds(pred.iteration_s)} · {pred.samples_per_s:,.1f} samples/s · "
         f"bubble {100 * sim.bubble_fraction:.1f}%",
         fontsize=10,
         loc="left",
@@ -156,6 +171,7 @@ def schedule_png(plan, sim, *, capacity_bytes: int | None = None, title: str = "
     info.legend(handles, labels, loc="upper left", fontsize=8, frameon=False, title="memory", title_fontsize=8)
     lines = [f"schedule: {plan.schedule}" + (f" (v={plan.chunks})" if plan.chunks > 1 else ""),
              f"microbatches: {plan.microbatches} × {plan.microbatch_size}",
+             f"data-parallel replicas: {getattr(plan, 'data_parallel', 1)}",
              f"dtype: {plan.dtype}, optimizer: {plan.optimizer}",
              f"recomputation: {'on' if plan.recompute else 'off'}"]
     info.text(0.0, 0.05, "\n".join(lines), va="bottom", ha="left", fontsize=9, family="monospace", transform=info.transAxes)
@@ -175,7 +191,9 @@ def compare_png(rows: list[dict[str, Any]], *, title: str = "") -> bytes:
     for y, r, v in zip(ys, rows, values):
         if r["feasible"]:
             reps = r["replicas"] if isinstance(r["replicas"], int) else max(r["replicas"])
-            label = f" {v:,.1f}/s  K={r['stages']}×d={reps}, M={r['microbatches']}, {r['schedule']}, mem {100 * (1 - (r['memory_headroom_fraction'] or 0)):.0f}%"
+            used = 100 * (1 - (r["memory_headroom_fraction"] or 0))
+            label = (f" {fmt_count(v)}/s   {r['stages']} stage{'s' if r['stages'] != 1 else ''} × {reps}, "
+                     f"M={r['microbatches']}, {r['schedule']}, {used:.0f}% memory")
         else:
             label = " no feasible plan"
         ax.text(v, y, label, va="center", ha="left", fontsize=8)
@@ -183,6 +201,7 @@ def compare_png(rows: list[dict[str, Any]], *, title: str = "") -> bytes:
     ax.set_yticklabels([r["profile"] for r in rows])
     ax.invert_yaxis()
     ax.set_xlim(0, top * 1.9)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: fmt_count(x)))
     ax.set_xlabel("predicted samples/s")
     ax.set_title(title, fontsize=10, loc="left")
     for side in ("top", "right"):

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles import list_profiles, load_profile, profile_to_dict, save_profile, user_profile_dir
-from pipeplan.hardware_profiles.loader import CATALOG_DIR
+from pipeplan.hardware_profiles.loader import _NAME_RE, CATALOG_DIR
 from pipeplan.hardware_profiles.profile import DTYPES, HardwareProfile, Link
 
 
@@ -24,7 +24,7 @@ def _tf(x: float | None) -> str:
 
 
 def _link(l: Link) -> str:
-    return f"{l.kind} {l.bandwidth_bytes_per_s / 1e9:.4g} GB/s {l.latency_s * 1e6:.3g} µs"
+    return f"{l.kind} {l.bandwidth_bytes_per_s / 1e9:.5g} GB/s {l.latency_s * 1e6:.3g} µs"
 
 
 def _origin(p: HardwareProfile) -> str:
@@ -107,6 +107,8 @@ def show_cmd(name: str, as_json: bool) -> None:
         t.add_row("confidence", ", ".join(f"{k}:{v}" for k, v in p.confidence.items()))
     if p.notes:
         t.add_row("notes", p.notes)
+    for k, v in p.calibration.items():
+        t.add_row("calibration" if k == next(iter(p.calibration)) else "", f"{k}: {v}")
     for i, s in enumerate(p.sources):
         t.add_row("sources" if i == 0 else "", s)
     _console().print(t)
@@ -125,6 +127,8 @@ def calibrate_cmd(output: Path, name: str, budget_s: float, as_json: bool, quiet
     from pipeplan.cli.progress import progress_display
     from pipeplan.hardware_profiles.calibrate import calibrate
 
+    if not _NAME_RE.match(name):
+        raise UserError(f"--name {name!r}: use lower-case letters, digits, '.', '_' or '-'", "e.g. --name my-workstation")
     if not output.parent.exists() and str(output.parent) not in ("", "."):
         raise UserError(f"{output}: folder {output.parent} does not exist", "create it or pick another output path")
     with progress_display(enabled=not quiet) as phases:

@@ -13,7 +13,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from pipeplan.cli.fmt import fmt_bytes, fmt_count, fmt_flops, fmt_ms, fmt_pct, fmt_seconds, shorten
+from pipeplan.cli.fmt import fmt_bytes, fmt_count, fmt_flops, fmt_in, fmt_pct, fmt_seconds, shorten, table_time_unit
 from pipeplan.cli.summary import stage_params
 
 
@@ -46,24 +46,37 @@ def model_table(summary: dict[str, Any]) -> Table:
     return t
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def plan_header(plan, profile=None) -> Text:
     k = len(plan.stages)
     chunks = max(1, plan.chunks)
-    replicas = sorted({s.replicas for s in plan.stages})
-    rep = f"{replicas[0]}" if len(replicas) == 1 else "/".join(str(s.replicas) for s in plan.stages)
     device = f" ({profile.device})" if profile is not None else ""
-    shape = f"{k // chunks} stages × {chunks} chunks" if plan.schedule == "interleaved" and chunks > 1 else f"{k} stages"
+    if plan.schedule == "interleaved" and chunks > 1:
+        shape = f"{_plural(k // chunks, 'stage')} × {chunks} chunks"
+    else:
+        shape = _plural(k, "stage")
+    d = getattr(plan, "data_parallel", 1) or 1
+    reps = [s.replicas for s in plan.stages]
+    if d > 1:
+        shape += f" × {d} data-parallel replicas"
+    elif any(r > 1 for r in reps):
+        shape += f", stage replicas {'/'.join(str(r) for r in reps)}"
     text = Text()
-    text.append(f"{plan.devices} × {plan.profile}{device}", style="bold")
+    available = (plan.solver or {}).get("search", {}).get("devices_available")
+    of = f" (of {available} available)" if available and available != plan.devices else ""
+    text.append(f"{plan.devices} × {plan.profile}{device}{of}", style="bold")
     text.append(
-        f": {plan.schedule}, {shape}, {rep} replica(s) per stage, {plan.microbatches} microbatches of "
+        f": {plan.schedule}, {shape}, {plan.microbatches} microbatch{'es' if plan.microbatches != 1 else ''} of "
         f"{plan.microbatch_size} (batch {plan.batch_size}), {plan.dtype}, {plan.optimizer}"
         f"{', recomputation' if plan.recompute else ''}"
     )
     solver = plan.solver or {}
     if solver.get("name"):
         gap = solver.get("gap")
-        extra = f", gap {100 * gap:.2g}%" if isinstance(gap, (int, float)) and gap > 0 else ""
+        extra = f", gap {100 * gap:.2g}%" if isinstance(gap, (int, float)) and gap > 1e-6 else ""
         took = f" in {fmt_seconds(solver['time_s'])}" if solver.get("time_s") is not None else ""
         text.append(f"\nsolver: {solver['name']} ({solver.get('status', '?')}{extra}){took}", style="dim")
     return text
@@ -74,7 +87,7 @@ def _layer_span(layers: list[str]) -> str:
         return "—"
     if len(layers) == 1:
         return shorten(layers[0], 40)
-    return f"{shorten(layers[0], 24)} → {shorten(layers[-1], 24)}"
+    return f"{shorten(layers[0], 20)} → {shorten(layers[-1], 20)}"
 
 
 def _devices(devices: list[int]) -> str:
@@ -87,37 +100,39 @@ def _devices(devices: list[int]) -> str:
 
 def stage_table(plan, graph=None, capacity_bytes: int | None = None) -> Table:
     """Per-stage table: layers, parameters, per-microbatch times, sends, peak memory against capacity."""
+    scale, unit = table_time_unit([x for s in plan.stages for x in (s.predicted.fwd_s, s.predicted.bwd_s, s.predicted.send_s)])
     t = Table(title="Stages (times per microbatch)", title_justify="left", header_style="bold")
     t.add_column("stage", justify="right")
     t.add_column("devices")
-    t.add_column("layers (from → to)")
+    t.add_column("layers (from → to)", no_wrap=True)
     t.add_column("#", justify="right")
     params = stage_params(plan, graph)
     show_params = any(p is not None for p in params)
     if show_params:
         t.add_column("params", justify="right")
-    t.add_column("fwd ms", justify="right")
-    t.add_column("bwd ms", justify="right")
+    t.add_column(f"fwd {unit}", justify="right")
+    t.add_column(f"bwd {unit}", justify="right")
     t.add_column("send", justify="right")
-    t.add_column("send ms", justify="right")
+    t.add_column(f"send {unit}", justify="right")
     if any(s.predicted.allreduce_s for s in plan.stages):
-        t.add_column("allreduce ms", justify="right")
-    t.add_column("peak memory" + (" / capacity" if capacity_bytes else ""), justify="right")
+        t.add_column(f"allreduce {unit}", justify="right")
+    t.add_column(f"peak memory (of {fmt_bytes(capacity_bytes)})" if capacity_bytes else "peak memory", justify="right", no_wrap=True)
     last = max((s.index for s in plan.stages), default=0)
     for s, p in zip(plan.stages, params):
         pred = s.predicted
         row = [str(s.index), _devices(s.devices), _layer_span(s.layers), str(len(s.layers))]
         if show_params:
             row.append(fmt_count(p))
-        row += [fmt_ms(pred.fwd_s), fmt_ms(pred.bwd_s)]
+        row += [fmt_in(pred.fwd_s, scale), fmt_in(pred.bwd_s, scale)]
         is_last = s.index == last
-        row += ["—" if is_last and not pred.send_bytes else fmt_bytes(pred.send_bytes), "—" if is_last and not pred.send_s else fmt_ms(pred.send_s)]
+        row += ["—" if is_last and not pred.send_bytes else fmt_bytes(pred.send_bytes),
+                "—" if is_last and not pred.send_s else fmt_in(pred.send_s, scale)]
         if any(x.predicted.allreduce_s for x in plan.stages):
-            row.append(fmt_ms(pred.allreduce_s))
+            row.append(fmt_in(pred.allreduce_s, scale))
         if capacity_bytes:
             frac = pred.memory_bytes / capacity_bytes
             style = "red" if frac > 1 else ("yellow" if frac > 0.9 else "green")
-            row.append(Text(f"{fmt_bytes(pred.memory_bytes)} / {fmt_bytes(capacity_bytes)} ({100 * frac:.0f}%)", style=style))
+            row.append(Text(f"{fmt_bytes(pred.memory_bytes)} ({100 * frac:.0f}%)", style=style))
         else:
             row.append(fmt_bytes(pred.memory_bytes))
         t.add_row(*row)
@@ -152,7 +167,9 @@ def baseline_line(plan, baseline, capacity_bytes: int | None = None) -> Text:
     text.append(f": {b.samples_per_s:,.1f} samples/s, peak {fmt_bytes(b.peak_memory_bytes)}")
     if capacity_bytes and b.peak_memory_bytes > capacity_bytes:
         text.append(" — does not fit in memory", style="red")
-    if b.samples_per_s > 0:
+    if [len(s.layers) for s in plan.stages] == counts:
+        text.append(" → the same split as this plan")
+    elif b.samples_per_s > 0:
         ratio = plan.predicted.samples_per_s / b.samples_per_s
         text.append(" → this plan is ")
         text.append(f"{ratio:.2f}× {'faster' if ratio >= 1 else 'as fast'}", style="bold green" if ratio > 1.005 else "bold")
@@ -160,24 +177,23 @@ def baseline_line(plan, baseline, capacity_bytes: int | None = None) -> Text:
 
 
 def alternatives_table(plan, limit: int = 5) -> Table | None:
+    """Runners-up from Plan.alternatives (summaries written by the search)."""
     alts = (plan.alternatives or [])[:limit]
     if not alts:
         return None
     t = Table(title="Runners-up", title_justify="left", header_style="bold")
-    keys = [k for k in ("schedule", "stages", "replicas", "microbatches", "chunks", "recompute", "samples_per_s", "peak_memory_bytes") if any(k in a for a in alts)]
-    for k in keys:
-        t.add_column(k.replace("_", " "), justify="right")
+    for col in ("schedule", "K×d", "M", "recompute", "samples/s", "peak memory"):
+        t.add_column(col, justify="left" if col == "schedule" else "right")
     for a in alts:
-        row = []
-        for k in keys:
-            v = a.get(k)
-            if k == "samples_per_s" and isinstance(v, (int, float)):
-                row.append(f"{v:,.1f}")
-            elif k == "peak_memory_bytes" and isinstance(v, (int, float)):
-                row.append(fmt_bytes(v))
-            else:
-                row.append("—" if v is None else str(v))
-        t.add_row(*row)
+        chunks = a.get("chunks") or 1
+        sched = str(a.get("schedule")) + (f" (v={chunks})" if chunks > 1 else "")
+        d = a.get("data_parallel")
+        if d is None:
+            reps = a.get("replicas") or [1]
+            d = reps if isinstance(reps, int) else ("/".join(map(str, reps)) if len(set(reps)) > 1 else reps[0])
+        sps = a.get("samples_per_s")
+        t.add_row(sched, f"{a.get('stages')}×{d}", str(a.get("microbatches")), "on" if a.get("recompute") else "off",
+                  f"{sps:,.1f}" if isinstance(sps, (int, float)) else "—", fmt_bytes(a.get("peak_memory_bytes")))
     return t
 
 

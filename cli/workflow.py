@@ -137,7 +137,14 @@ def capacity_of(profile) -> int | None:
 
 def plot_title(plan, graph=None) -> str:
     name = plan.graph.get("name") or (graph.name if graph is not None else "model")
+    k = len(plan.stages)
+    d = getattr(plan, "data_parallel", 1) or 1
+    shape = f"{k} stage{'s' if k != 1 else ''}"
+    if plan.schedule == "interleaved" and plan.chunks > 1:
+        shape = f"{k // plan.chunks} stages × {plan.chunks} chunks"
+    if d > 1:
+        shape += f" × {d} data-parallel replicas (one replica drawn)"
     return (
-        f"{name} on {plan.devices or sum(s.replicas for s in plan.stages)}× {plan.profile}: "
-        f"{plan.schedule}, {len(plan.stages)} stages, {plan.microbatches} microbatches"
+        f"{name} on {plan.devices}× {plan.profile}: {plan.schedule}, {shape}, "
+        f"{plan.microbatches} microbatch{'es' if plan.microbatches != 1 else ''}"
     )

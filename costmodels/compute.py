@@ -106,15 +106,37 @@ def peak_flops_for_kind(profile: HardwareProfile, kind: str, dtype: str) -> floa
     return profile.flops_for(dtype)
 
 
+def layer_bytes(layer: Layer, *, ratio: float = 1.0, weight_bytes: int | None = None) -> tuple[float, float]:
+    """(forward, backward) memory traffic of a layer in traced (fp32) bytes, at `ratio` x the traced batch.
+
+    The traced `bytes_moved` counts every op's inputs and outputs, weights included.
+    Weights are read once per pass whatever the batch, so that part stays fixed
+    and the rest (activations) scales with the batch; backward moves
+    BACKWARD_BYTES_FACTOR x forward's traffic.
+    Embeddings are different: the forward gathers only the indexed rows (about
+    the output's size), not the table; the backward writes a dense gradient of
+    the whole table (PyTorch's aten embedding_dense_backward, the default
+    sparse=False) and scatter-adds the output gradient into it.
+    """
+    w = layer.param_bytes if weight_bytes is None else weight_bytes
+    w = min(w, layer.bytes_moved)
+    activations = layer.bytes_moved - w
+    if layer.kind == "embedding" and w > 0:
+        gathered = (activations + layer.output_bytes) * ratio  # indices + rows read + output written
+        return gathered, w + BACKWARD_BYTES_FACTOR * gathered
+    fwd = w + activations * ratio
+    return fwd, fwd * BACKWARD_BYTES_FACTOR
+
+
 def layer_roofline_s(layer: Layer, profile: HardwareProfile, *, dtype: str = "fp32",
-                     samples: float | None = None, batch_size: int = 1) -> tuple[float, float]:
+                     samples: float | None = None, batch_size: int = 1,
+                     weight_bytes: int | None = None) -> tuple[float, float]:
     """(fwd_s, bwd_s) of one layer for `samples` samples by roofline (the layer was traced at `batch_size`).
 
-    FLOPs scale linearly with samples. Of the bytes moved, the parameters are read
-    once per pass whatever the batch, so the weight traffic stays fixed and the
-    rest (activations) scales with samples. Mixed precision halves all traffic
-    (16-bit activations and weight copies; `memory.activation_bytes_scale`).
-    Backward uses the traced bwd_flops and BACKWARD_BYTES_FACTOR x forward traffic.
+    FLOPs scale linearly with samples; traffic as in `layer_bytes` (`weight_bytes`:
+    all parameter bytes the layer reads, default the ones it owns). Mixed
+    precision halves all traffic (16-bit activations and weight copies;
+    `memory.activation_bytes_scale`). Backward uses the traced bwd_flops.
     """
     if batch_size <= 0:
         raise ValueError("batch_size must be > 0")
@@ -122,12 +144,32 @@ def layer_roofline_s(layer: Layer, profile: HardwareProfile, *, dtype: str = "fp
     kind = layer.kind if layer.kind in LAYER_KINDS else "other"
     peak = peak_flops_for_kind(profile, kind, dtype)
     ce, me = efficiency_for(profile, kind)
-    weight_bytes = min(layer.param_bytes, layer.bytes_moved)
-    fwd_bytes = (weight_bytes + (layer.bytes_moved - weight_bytes) * ratio) * activation_bytes_scale(dtype)
-    fwd = roofline_time_s(layer.fwd_flops * ratio, fwd_bytes, peak, profile.mem_bw_bytes_per_s, ce, me)
-    bwd = roofline_time_s(layer.bwd_flops * ratio, fwd_bytes * BACKWARD_BYTES_FACTOR, peak,
-                          profile.mem_bw_bytes_per_s, ce, me)
+    scale = activation_bytes_scale(dtype)
+    fwd_bytes, bwd_bytes = layer_bytes(layer, ratio=ratio, weight_bytes=weight_bytes)
+    fwd = roofline_time_s(layer.fwd_flops * ratio, fwd_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce, me)
+    bwd = roofline_time_s(layer.bwd_flops * ratio, bwd_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce, me)
     return fwd, bwd
+
+
+def used_param_bytes(graph: Graph) -> list[int]:
+    """Parameter bytes each layer reads: the ones it owns plus shared ones owned by an earlier layer.
+
+    A tied LM head reads the embedding table every pass even though the embedding
+    layer owns it (graph.SharedParam: the first user owns).
+    """
+    used = [l.param_bytes for l in graph.layers]
+    for sp in graph.shared_params:
+        for name in sp.layers[1:]:
+            try:
+                used[graph.index(name)] += sp.bytes
+            except KeyError:  # a shared parameter naming a layer the graph lacks: nothing reads it here
+                continue
+    return used
+
+
+def has_cost_counts(graph: Graph) -> bool:
+    """Whether the graph carries FLOPs or bytes for a roofline (imported PipeDream profiles carry only times)."""
+    return any(l.fwd_flops or l.bwd_flops or l.bytes_moved for l in graph.layers)
 
 
 def uses_measured_times(graph: Graph, profile: HardwareProfile, dtype: str) -> bool:
@@ -136,10 +178,18 @@ def uses_measured_times(graph: Graph, profile: HardwareProfile, dtype: str) -> b
     Yes when the profile is this machine's calibration (local) and the graph was
     traced here on the CPU in fp32 (measured times are fp32 times; a bf16 request
     goes through the roofline with the calibrated bf16 peak), and the graph
-    actually has timings (imported or hand-made graphs may not).
+    actually has timings (imported or hand-made graphs may not). A local "device"
+    is one core running `calibration["threads_per_device"]` threads; when the
+    graph records how many threads timed it (source["threads"]) and that differs,
+    its times are not one device's times, so the roofline is used instead.
     """
-    return (profile.local and graph.source.get("device") == "cpu" and dtype in ("fp32", "tf32")
-            and any(l.fwd_s > 0 for l in graph.layers))
+    if not (profile.local and graph.source.get("device") == "cpu" and dtype in ("fp32", "tf32")):
+        return False
+    threads = graph.source.get("threads")
+    device_threads = (getattr(profile, "calibration", None) or {}).get("threads_per_device", 1)
+    if threads is not None and int(threads) != int(device_threads):
+        return False
+    return any(l.fwd_s > 0 for l in graph.layers)
 
 
 def layer_times_s(graph: Graph, profile: HardwareProfile, *, dtype: str = "fp32", times: str = "model",
@@ -150,6 +200,9 @@ def layer_times_s(graph: Graph, profile: HardwareProfile, *, dtype: str = "fp32"
     times="model": roofline on the profile, except on a local profile with a graph
     traced on this machine (`uses_measured_times`), as issue 3 asks.
     times="roofline": always the roofline (what the calibration test checks).
+    A graph with timings but no FLOP or byte counts at all (an imported PipeDream
+    profile) can only be planned with its measured times, so every mode uses them;
+    the check is per graph so measured and modelled times are never mixed.
     """
     if times not in TIMES:
         raise UserError(f"unknown times mode {times!r}", f"use one of: {', '.join(TIMES)}")
@@ -159,12 +212,13 @@ def layer_times_s(graph: Graph, profile: HardwareProfile, *, dtype: str = "fp32"
     n = batch if samples is None else samples
     if n <= 0:
         raise ValueError("samples must be > 0")
-    if times == "measured" or (times == "model" and uses_measured_times(graph, profile, dtype)):
+    measured_only = not has_cost_counts(graph) and any(l.fwd_s > 0 or l.bwd_s > 0 for l in graph.layers)
+    if times == "measured" or measured_only or (times == "model" and uses_measured_times(graph, profile, dtype)):
         ratio = n / batch
         return [l.fwd_s * ratio for l in graph.layers], [l.bwd_s * ratio for l in graph.layers]
     fwd, bwd = [], []
-    for layer in graph.layers:
-        f, b = layer_roofline_s(layer, profile, dtype=dtype, samples=n, batch_size=batch)
+    for layer, used in zip(graph.layers, used_param_bytes(graph)):
+        f, b = layer_roofline_s(layer, profile, dtype=dtype, samples=n, batch_size=batch, weight_bytes=used)
         fwd.append(f)
         bwd.append(b)
     return fwd, bwd

@@ -95,11 +95,13 @@ def inflight_microbatches(schedule: str, stages: int, stage: int, microbatches: 
 
     - gpipe: all M. GPipe (Huang et al. 2019) §2.3 runs every forward before any
       backward; Megatron-LM (Narayanan et al. 2021) §2.2.1: "m microbatches for GPipe".
-    - 1f1b (PipeDream-Flush) and pipedream (async, PipeDream SOSP'19 §3.2):
-      min(K - s, M). Stage s runs K - s - 1 warm-up forwards and then one more
-      forward before its first backward (Megatron-LM §2.2.1: "p or fewer
-      microbatches"; schedules.py: num_warmup = min(p - rank - 1, M)).
-      Stage 0 holds K, the last stage 1.
+    - 1f1b (PipeDream-Flush): min(K - s, M). Stage s runs K - s - 1 warm-up
+      forwards and then one more forward before its first backward (Megatron-LM
+      §2.2.1: "p or fewer microbatches"; schedules.py: num_warmup =
+      min(p - rank - 1, M)). Stage 0 holds K, the last stage 1.
+    - pipedream (async, PipeDream SOSP'19 §3.2): the same 1F1B steady state,
+      K - s at stage s ("NOAM" = K minibatches admitted for K stages), but with
+      no flush the stream never drains, so M does not cap it.
     - interleaved (Megatron-LM §2.2.2, v = `chunks` model chunks per device,
       `stages` = p devices, `stage` = device index): the count returned is of
       (chunk, microbatch) pairs, each holding ONE chunk's activations. From
@@ -118,8 +120,10 @@ def inflight_microbatches(schedule: str, stages: int, stage: int, microbatches: 
         raise ValueError(f"stage {stage} outside 0..{stages - 1}")
     if schedule == "gpipe":
         return microbatches
-    if schedule in ("1f1b", "pipedream"):
+    if schedule == "1f1b":
         return min(stages - stage, microbatches)
+    if schedule == "pipedream":  # no flush: minibatches keep streaming, so M does not cap it
+        return stages - stage
     if chunks == 1:  # one chunk per device is plain 1F1B (Megatron only interleaves with v >= 2)
         return min(stages - stage, microbatches)
     p, d, v, m = stages, stage, chunks, microbatches

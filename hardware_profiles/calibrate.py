@@ -16,9 +16,9 @@ What is measured, and why each number is defined the way it is:
   1: oneDNN convolutions can beat a plain GEMM); FLOPs as torch's conv_flop_count
   (2·N·Hout·Wout·Cout·Cin/groups·Kh·Kw).
 - `efficiency.attention` = scaled_dot_product_attention FLOP/s (4·B·H·S²·D) / peak.
-- memory bandwidth = a large copy (well beyond L3), counted as read + write bytes;
-  `efficiency.memory` = achieved bytes/s of elementwise add and relu at a typical
-  activation size / the copy bandwidth.
+- memory bandwidth = a copy beyond the last-level cache, counted as read + write
+  bytes; `efficiency.memory` = geometric mean of the bytes/s of elementwise add and
+  relu on the same tensors / the copy bandwidth (see `measure_memory`).
 - links: ping-pong between two processes over torch.distributed (gloo on
   127.0.0.1; NCCL is not used on CPU): latency = half the round trip of a 4-byte
   message; bandwidth = bytes / (one-way time - latency) for the largest message.
@@ -43,13 +43,16 @@ from pipeplan.hardware_profiles.loader import save_profile  # noqa: F401 - the i
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 
 BF16_MIN_SPEEDUP = 1.05
+BUSY_SHARE = 0.85  # below this CPU share during the timing loops, the profile warns
 # Each timed op is short (~1-3 ms at ~100 GFLOP/s per core) on purpose: on a busy
 # machine an op that outlasts a scheduler time slice is almost never timed whole,
 # so only short ops let the best-of-repeats see the machine's real speed.
 MATMUL_SHAPES = ((256, 512, 512), (128, 1024, 1024), (512, 768, 256), (64, 1024, 2048))  # (M, K, N)
 CONV_SHAPES = ((4, 64, 32), (4, 128, 16), (4, 32, 56))  # (N, C_in = C_out, H = W), 3x3, padding 1
-COPY_BYTES = 64 * 2**20  # source size; source + destination = 4x the 32 MiB L3 of typical servers
-ELEMENTWISE_BYTES = 16 * 2**20
+# One tensor's size for the memory loop: working sets of 2-3 tensors are 2-3x the 32 MiB L3
+# of typical servers, so this is DRAM bandwidth. Cache-resident activations run faster
+# than it predicts (documented in docs/profile-format.md).
+MEMORY_BYTES = 32 * 2**20
 P2P_SIZES = (4, 64 * 2**10, 2**20, 16 * 2**20)
 P2P_REPS = (200, 40, 20, 10)
 
@@ -57,7 +60,7 @@ Progress = Callable[[str, int, int], None]
 
 
 # ---------------------------------------------------------------- timing
-def _best_time_s(fn: Callable[[], object], cap_s: float, max_reps: int = 100, min_reps: int = 3) -> float:
+def _best_time_s(fn: Callable[[], object], cap_s: float, max_reps: int = 100, min_reps: int = 5) -> float:
     """Best (minimum) wall time of fn() after one warm-up, stopping at max_reps or cap_s."""
     fn()
     times: list[float] = []
@@ -67,6 +70,13 @@ def _best_time_s(fn: Callable[[], object], cap_s: float, max_reps: int = 100, mi
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+def cpu_share(wall0: float, cpu0: float) -> float:
+    """CPU time this process got / wall time since (wall0, cpu0); about 1.0 when measuring
+    on one thread undisturbed, lower when other processes compete for the core."""
+    wall = time.perf_counter() - wall0
+    return (time.process_time() - cpu0) / wall if wall > 0 else 1.0
 
 
 def _geomean(xs: list[float]) -> float:
@@ -108,28 +118,38 @@ def measure_attention(cap_s: float) -> float:
     return 4 * b * h * s * s * d / _best_time_s(lambda: F.scaled_dot_product_attention(q, k, v), cap_s)
 
 
-def measure_copy_bw(cap_s: float) -> float:
-    """Bytes/s of a large copy, read + write counted (the STREAM 'copy' convention)."""
-    import torch
+def measure_memory(cap_s: float) -> tuple[float, list[float]]:
+    """(copy bytes/s, [add bytes/s, relu bytes/s]) on tensors beyond the last-level cache.
 
-    src = torch.ones(COPY_BYTES // 4)
-    dst = torch.empty_like(src)
-    return 2 * COPY_BYTES / _best_time_s(lambda: dst.copy_(src), cap_s, max_reps=20)
-
-
-def measure_elementwise_bw(cap_s: float) -> list[float]:
-    """Bytes/s of add (2 reads + 1 write) and relu (1 read + 1 write) into preallocated outputs.
-
-    `out=` keeps the allocator (fresh pages for each new 16 MiB tensor) out of a
-    number that is meant to be a bandwidth.
+    Copy counts read + write (the STREAM convention), add 2 reads + 1 write, relu
+    1 read + 1 write. The three are timed interleaved, round after round, so that
+    other processes competing for DRAM bandwidth affect all three alike and the
+    efficiency ratio stays meaningful on a shared machine. Outputs are
+    preallocated (`out=`): a fresh large tensor costs page faults, which are the
+    allocator's behaviour, not the memory system's bandwidth.
     """
     import torch
 
-    n = ELEMENTWISE_BYTES // 4
+    n = MEMORY_BYTES // 4
     x, y, z = torch.ones(n), torch.ones(n), torch.empty(n)
-    add = 3 * ELEMENTWISE_BYTES / _best_time_s(lambda: torch.add(x, y, out=z), cap_s)
-    relu = 2 * ELEMENTWISE_BYTES / _best_time_s(lambda: torch.clamp_min(x, 0.0, out=z), cap_s)
-    return [add, relu]
+    ops = {
+        "copy": (2 * MEMORY_BYTES, lambda: z.copy_(x)),
+        "add": (3 * MEMORY_BYTES, lambda: torch.add(x, y, out=z)),
+        "relu": (2 * MEMORY_BYTES, lambda: torch.clamp_min(x, 0.0, out=z)),
+    }
+    best = {k: math.inf for k in ops}
+    for _, fn in ops.values():
+        fn()  # warm-up: first touch of z
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < 3 or (rounds < 40 and time.perf_counter() - start < cap_s):
+        for k, (_, fn) in ops.items():
+            t0 = time.perf_counter()
+            fn()
+            best[k] = min(best[k], time.perf_counter() - t0)
+        rounds += 1
+    bw = {k: nbytes / best[k] for k, (nbytes, _) in ops.items()}
+    return bw["copy"], [bw["add"], bw["relu"]]
 
 
 # ---------------------------------------------------------------- point to point
@@ -258,8 +278,8 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
     report = progress or (lambda *_: None)
     t_start = time.perf_counter()
     # ~5 s of the budget goes to spawning the link processes; the rest is spread over
-    # the timing loops (4+4+2+1+1+2 = 14 loops).
-    cap = max(0.05, (budget_s - 5.0) / 15 * 0.8)
+    # the timing loops (4+4+3+1 loops, and the memory loop counted 3 times = 15).
+    cap = max(0.1, (budget_s - 5.0) / 15 * 0.8)
 
     results: dict[str, object] = {}
 
@@ -271,6 +291,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
 
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     try:
         fp32 = step("fp32 matmul", lambda: measure_matmul(torch.float32, cap))
         try:
@@ -279,10 +300,10 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
             bf16 = []
         conv = step("conv", lambda: measure_conv(cap))
         attn = step("attention", lambda: measure_attention(cap))
-        copy_bw = step("memory copy", lambda: measure_copy_bw(cap))
-        elem = step("elementwise", lambda: measure_elementwise_bw(cap))
+        copy_bw, elem = step("memory bandwidth", lambda: measure_memory(3 * cap))
     finally:
         torch.set_num_threads(prev_threads)
+    share = cpu_share(wall0, cpu0)
     one_way = step("point-to-point link (2 processes, gloo)", measure_p2p)
     link_bw, link_lat = link_from_p2p(one_way)
     peak32 = max(fp32)
@@ -319,12 +340,15 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
             "usable is 80% of that (the OS, Python and torch need the rest). The inter-node link is the "
             "measured loopback link: a local profile describes one machine."
             + ("" if bf16_ok else " bf16 has no fast path here, so it is planned at the fp32 rate.")
+            + (f" WARNING: calibration got only {share:.0%} of a core (a busy machine): the numbers are "
+               "pessimistic; re-run `pipeplan profiles calibrate` when the machine is quiet." if share < BUSY_SHARE else "")
         ),
         calibration={
             "torch": str(torch.__version__),
             "threads_per_device": 1,
             "budget_s": float(budget_s),
             "elapsed_s": round(time.perf_counter() - t_start, 2),
+            "cpu_share": round(share, 3),
             "matmul_shapes_mkn": [list(s) for s in MATMUL_SHAPES],
             "matmul_fp32_gflops": gf(fp32),
             "matmul_bf16_gflops": gf(bf16),

@@ -50,6 +50,8 @@ _UNITS = {
     "peak_tflops": ("TFLOP/s", 1e5),
 }
 
+_SLIPS = {"GiB": "bytes or MiB", "GB/s": "B/s or MB/s", "TFLOP/s": "FLOP/s or GFLOP/s", "µs": "ns"}
+
 _TOP_KEYS = {
     "format": True,  # key -> required
     "name": True,
@@ -81,6 +83,14 @@ def user_profile_dir() -> Path:
     return Path(base) / "pipeplan" / "profiles"
 
 
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 # ---------------------------------------------------------------- validation helpers
 class _Checker:
     """Carries the file path so every message can name it."""
@@ -107,6 +117,12 @@ class _Checker:
     def number(self, value: Any, field: str, unit_key: str | None = None, *, allow_zero: bool = False) -> float:
         unit, top = _UNITS.get(unit_key or field.rsplit(".", 1)[-1], ("", math.inf))
         in_unit = f" in {unit}" if unit else ""
+        if isinstance(value, str) and _is_float(value):
+            raise self.fail(
+                field,
+                f"is the text {value!r}, not a number (YAML reads exponents without a '.' as text)",
+                "write e.g. 1.0e3 or 1000",
+            )
         if isinstance(value, str) and _UNIT_RE.match(value):
             raise self.fail(
                 field,
@@ -122,7 +138,7 @@ class _Checker:
             raise self.fail(
                 field,
                 f"is {value!r}, which is implausible{in_unit}",
-                f"the field is in {unit}: convert the value (e.g. bytes -> GiB, B/s -> GB/s, FLOP/s -> TFLOP/s)",
+                f"the field is in {unit}; was the value written in {_SLIPS.get(unit, 'another unit')}?",
             )
         return float(value)
 
@@ -358,7 +374,7 @@ def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
     if isinstance(name_or_path, HardwareProfile):  # be forgiving to callers that already hold one
         return name_or_path
     s = os.fspath(name_or_path)
-    if _looks_like_path(s) or (Path(s).is_file() and not s.isidentifier()):
+    if _looks_like_path(s):
         return read_profile_file(s)
     key = s.strip().lower()
     for prof in [*user_profiles(), *_catalog()]:  # user first: it shadows the catalogue

@@ -194,7 +194,13 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: list[int], *, re
             ranks = [per_device[s % P] for s in range(S)]
     devices = len({r for rs in ranks for r in rs})
 
-    x = _inputs(problem, profile, assignment, S, P, chunks, reps, ranks, schedule=schedule, M=M, dtype=dtype,
+    stage_of = {problem.names[i]: assignment[i] for i in range(n)}
+    shared = []  # (bytes, stages using it) for parameters tied across stages
+    for sp in graph.shared_params:
+        used = sorted({stage_of[name] for name in sp.layers if name in stage_of})
+        if len(used) > 1:
+            shared.append((int(sp.bytes), used))
+    x = _inputs(problem, profile, assignment, S, P, chunks, reps, ranks, shared=shared, schedule=schedule, M=M, dtype=dtype,
                 optimizer=optimizer, recompute=recompute)
     sim = simulate(schedule, x.fwd, x.bwd, x.send, M, chunks=chunks if schedule == "interleaved" else 1,
                    static_bytes=x.static, activation_bytes_per_mb=x.act,
@@ -208,15 +214,17 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: list[int], *, re
     for s in range(S):
         p = s % P
         mem = x.memory[p]
+        f_s = float(sum(problem.fwd_s[i] for i in range(n) if assignment[i] == s))
+        b_s = float(sum(problem.bwd_s[i] for i in range(n) if assignment[i] == s))
         stages.append(Stage(
             index=s,
             layers=[names[i] for i in range(n) if assignment[i] == s],
             devices=list(ranks[s]),
             replicas=reps[s],
             predicted=StagePrediction(
-                fwd_s=float(sum(problem.fwd_s[i] for i in range(n) if assignment[i] == s)),
-                bwd_s=float(sum(problem.bwd_s[i] for i in range(n) if assignment[i] == s)),
-                compute_s=float(x.fwd[s] + x.bwd[s] + x.rec[s]) * (reps[s] if schedule == "pipedream" else 1),
+                fwd_s=f_s,
+                bwd_s=b_s,
+                compute_s=f_s + b_s + (f_s if recompute else 0.0),
                 send_s=float(x.send[s]),
                 send_bytes=int(x.send_bytes[s]),
                 allreduce_s=float(x.allreduce[s]),
@@ -247,12 +255,12 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: list[int], *, re
         if m.total_bytes > cap:
             notes.append(f"device {p} of each pipeline needs {m.total_bytes / GIB:.2f} GiB but {profile.name} has "
                          f"{cap / GIB:.2f} GiB usable")
-    stage_of = {names[i]: assignment[i] for i in range(n)}
     for sp in graph.shared_params:
         used = sorted({stage_of[l] for l in sp.layers if l in stage_of})
         if len(used) > 1:
             notes.append(f"shared parameter {sp.name} ({sp.bytes / 2**20:.1f} MiB) is used by stages "
-                         f"{', '.join(map(str, used))}; it is counted on stage {used[0]} only")
+                         f"{', '.join(map(str, used))}: each keeps a copy (counted in its memory) and their "
+                         f"gradients are all-reduced at the end of the iteration (charged to stage {used[0]})")
     plan = Plan(
         graph=dict(summary) if summary is not None else graph_summary(graph),
         profile=profile.name,
@@ -275,8 +283,8 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: list[int], *, re
 
 
 def _inputs(problem: Problem, profile: HardwareProfile, assignment: list[int], S: int, P: int, chunks: int,
-            reps: list[int], ranks: list[list[int]], *, schedule: str, M: int, dtype: str, optimizer: str,
-            recompute: bool) -> _Inputs:
+            reps: list[int], ranks: list[list[int]], *, shared: list[tuple[int, list[int]]], schedule: str, M: int,
+            dtype: str, optimizer: str, recompute: bool) -> _Inputs:
     n = problem.n
     f = [0.0] * S
     b = [0.0] * S
@@ -288,6 +296,13 @@ def _inputs(problem: Problem, profile: HardwareProfile, assignment: list[int], S
         b[s] += problem.bwd_s[i]
         params[s] += problem.param_bytes[i]
         saved[s] += problem.saved_bytes[i]
+    # A parameter tied across stages (e.g. GPT-2's embedding and LM head) is owned by its
+    # first user's stage; every other stage using it keeps a copy with its own gradients
+    # and optimizer state, as Megatron-LM does with its embedding group.
+    own_params = list(params)
+    for nbytes, used in shared:
+        for s in used[1:]:
+            params[s] += nbytes
     out_bytes = boundary_bytes(problem, assignment, S)
     in_bytes = [problem.input_bytes] + out_bytes[:-1]
 
@@ -305,8 +320,12 @@ def _inputs(problem: Problem, profile: HardwareProfile, assignment: list[int], S
 
     allreduce = []
     for s in range(S):
-        grad = model_state_bytes(params[s], optimizer=optimizer, dtype=dtype).grad_bytes
+        grad = model_state_bytes(own_params[s], optimizer=optimizer, dtype=dtype).grad_bytes
         allreduce.append(allreduce_time_s(grad, reps[s], group_link(profile, ranks[s])) if reps[s] > 1 else 0.0)
+    for nbytes, used in shared:  # the tied copies' gradients: one all-reduce over every copy
+        group = sorted({r for s in used for r in ranks[s]})
+        grad = model_state_bytes(nbytes, optimizer=optimizer, dtype=dtype).grad_bytes
+        allreduce[used[0]] += allreduce_time_s(grad, len(group), group_link(profile, group))
 
     rec = [f[s] if recompute else 0.0 for s in range(S)]
     fwd, bwd = list(f), list(b)

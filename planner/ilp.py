@@ -9,17 +9,21 @@ The ILP assigns each node to a stage directly:
   x[v,s] = w[v,s] - w[v,s-1]        (v is in stage s)
   edge u->v:   w[v,s] <= w[u,s]     (precedence: stage(u) <= stage(v))
   every stage holds at least one node
-  y[u,s] >= x[u,s] - x[v,s]  for each consumer v of u   (s sends u's output forward)
-  z[u,s] >= x[v,s] - x[u,s]  for each consumer v of u   (s receives it, sends its gradient back)
-  T >= sum_v (fwd+bwd)_v x[v,s] / speed[s] + sum_u p2p_s(bytes_u) y[u,s] + p2p_{s-1}(bytes_u) z[u,s]
+  c[u,s] >= w[u,s] - w[v,s]  for each consumer v of u   (u's output crosses boundary s)
+  l[s]   >= c[u,s]                                     (boundary s carries a message)
+  comm(s) = sum_u c[u,s] bytes_u/bw_s + l[s] lat_s     (p2p time over boundary s)
+  T >= sum_v (fwd+bwd)_v x[v,s] / speed[s] + comm(s-1) + comm(s)
   sum_v mem[s][v] x[v,s] <= capacity[s]
   minimise T
 
 The cumulative variables make precedence a single inequality per edge and stage
-(much tighter LP relaxation than sum_s s*x). Communication is linear: a node's
-output costs one send from its stage (however many later stages read it) and
-one gradient send from every later stage that reads it; bytes_u is the largest
-edge out of u. On a chain this is exactly the DP's objective (tested).
+(much tighter LP relaxation than sum_s s*x). Communication is the DP's: every
+tensor live across a boundary is sent over it (a skip over three stages is paid
+on each of the three links) as activation forward (charged to the stage before
+the boundary) and as gradient backward (charged to the stage after), one
+latency per boundary that carries anything. bytes_u is the largest edge out of
+u (a node's output is one tensor). For a contiguous assignment the objective is
+exactly the DP's, so the ILP is never worse than the DP, and equal on chains.
 """
 
 from __future__ import annotations
@@ -55,14 +59,55 @@ def dag_stage_times(problem: Problem, assignment: list[int], stages: int, *, lin
     t = [0.0] * stages
     for v, s in enumerate(assignment):
         t[s] += comp[v] / speed[s]
+    crossing = [0] * max(stages - 1, 0)
     for u, (cons, nbytes) in _consumers(problem).items():
-        su = assignment[u]
-        later = {assignment[v] for v in cons if assignment[v] != su}
-        if later:
-            t[su] += p2p_time_s(nbytes, fn(su))
-        for s in later:
-            t[s] += p2p_time_s(nbytes, fn(s - 1))
+        last = max(assignment[v] for v in cons)
+        for b in range(assignment[u], last):
+            crossing[b] += nbytes
+    for b, nbytes in enumerate(crossing):
+        cost = p2p_time_s(nbytes, fn(b))
+        t[b] += cost
+        t[b + 1] += cost
     return t
+
+
+def _stage_windows(problem: Problem, K: int, speed: list[float], ub: float | None) -> tuple[list[int], list[int]]:
+    """[lo, hi] stage range of each node under T <= ub (compute only; sends only add time)."""
+    n = problem.n
+    if ub is None:
+        return [0] * n, [K - 1] * n
+    comp = problem.compute_s
+    children: list[list[int]] = [[] for _ in range(n)]
+    parents: list[list[int]] = [[] for _ in range(n)]
+    for a, b, _ in problem.edges:
+        children[a].append(b)
+        parents[b].append(a)
+    anc = [0] * n
+    for v in range(n):
+        for p in parents[v]:
+            anc[v] |= anc[p] | (1 << p)
+    desc = [0] * n
+    for v in range(n - 1, -1, -1):
+        for ch in children[v]:
+            desc[v] |= desc[ch] | (1 << ch)
+
+    def weight(bits: int, v: int) -> float:
+        return comp[v] + sum(comp[i] for i in range(n) if (bits >> i) & 1)
+
+    cap = [ub * sp * (1 + 1e-9) for sp in speed]
+    lo, hi = [], []
+    for v in range(n):
+        need, total, st = weight(anc[v], v), 0.0, 0
+        while st < K - 1 and total + cap[st] < need:
+            total += cap[st]
+            st += 1
+        lo.append(st)
+        need, total, st = weight(desc[v], v), 0.0, K - 1
+        while st > 0 and total + cap[st] < need:
+            total += cap[st]
+            st -= 1
+        hi.append(max(st, lo[-1]))
+    return lo, hi
 
 
 def _memory_table(problem, stages, memory_bytes_per_layer):
@@ -84,8 +129,21 @@ def partition_ilp(problem: Problem, stages: int, *, link: LinkArg, device_speed:
     Returns status "optimal", "feasible" (time limit hit: best plan, with bound
     and gap) or "infeasible".
     """
+    import warnings
+
     import pulp
 
+    with warnings.catch_warnings():
+        # PuLP 3.x deprecates LpVariable(...) and PULP_CBC_CMD in favour of 4.0 APIs that
+        # its bundled CBC does not have yet; the calls below work on PuLP 2.7 to 3.x.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return _partition_ilp(pulp, problem, stages, link=link, device_speed=device_speed,
+                              capacity_bytes=capacity_bytes, memory_bytes_per_layer=memory_bytes_per_layer,
+                              time_limit_s=time_limit_s, warm_start=warm_start, threads=threads)
+
+
+def _partition_ilp(pulp, problem, stages, *, link, device_speed, capacity_bytes, memory_bytes_per_layer,
+                   time_limit_s, warm_start, threads) -> Partition:
     t0 = time.perf_counter()
     n, K = problem.n, stages
     if K < 1:
@@ -99,68 +157,99 @@ def partition_ilp(problem: Problem, stages: int, *, link: LinkArg, device_speed:
     comp = problem.compute_s
     cons = _consumers(problem)
 
+    # An upper bound UB (warm start, else the DP on the topological order, which is
+    # feasible here) fixes most variables: with T <= UB, node v's ancestors (and v)
+    # fit only in stages 0..stage(v), its descendants only in stage(v)..K-1.
+    ub_part = warm_start if warm_start is not None and warm_start.assignment else None
+    if ub_part is None and capacity_bytes is None:
+        ub_part = partition_dp(problem, K, link=link)
+        if ub_part.solver["status"] == "infeasible":
+            ub_part = None
+    ub = max(dag_stage_times(problem, ub_part.assignment, K, link=link, device_speed=speed)) if ub_part else None
+    lo_st, hi_st = _stage_windows(problem, K, speed, ub)
+
     prob = pulp.LpProblem("pipeplan_partition", pulp.LpMinimize)
-    T = pulp.LpVariable("T", lowBound=0)
-    w = {(v, s): pulp.LpVariable(f"w_{v}_{s}", cat="Binary") for v in range(n) for s in range(K - 1)}
+    T = pulp.LpVariable("T", lowBound=0, upBound=ub * (1 + 1e-9) if ub else None)
+    w = {(v, s): pulp.LpVariable(f"w_{v}_{s}", cat="Binary")
+         for v in range(n) for s in range(K - 1) if lo_st[v] <= s < hi_st[v]}
 
     def W(v, s):
-        if s < 0:
+        if s < lo_st[v]:
             return 0
-        if s >= K - 1:
+        if s >= hi_st[v]:
             return 1
         return w[v, s]
 
     def X(v, s):
         return W(v, s) - W(v, s - 1)
 
+    def add(constraint_lhs, constraint_rhs):  # lhs <= rhs, skipping constant pairs
+        if isinstance(constraint_lhs, int) and isinstance(constraint_rhs, int):
+            return
+        prob.addConstraint(constraint_lhs <= constraint_rhs)
+
     prob += T
     for v in range(n):
         for s in range(K - 2):
-            prob += w[v, s] <= w[v, s + 1]
+            add(W(v, s), W(v, s + 1))
     for u, d, _ in problem.edges:
         for s in range(K - 1):
-            prob += w[d, s] <= w[u, s]
+            add(W(d, s), W(u, s))
     # stage s non-empty: some node has stage <= s and not <= s-1
     for s in range(K):
         prob += pulp.lpSum(X(v, s) for v in range(n)) >= 1
-    y, z = {}, {}
+    c: dict[tuple[int, int], object] = {}
     for u, (consumers, nbytes) in cons.items():
         if nbytes <= 0:
             continue
-        for s in range(K):
-            if s < K - 1:
-                y[u, s] = pulp.LpVariable(f"y_{u}_{s}", lowBound=0)
-                for v in consumers:
-                    prob += y[u, s] >= X(u, s) - X(v, s)
-            if s > 0:
-                z[u, s] = pulp.LpVariable(f"z_{u}_{s}", lowBound=0)
-                for v in consumers:
-                    prob += z[u, s] >= X(v, s) - X(u, s)
+        for s in range(K - 1):
+            diffs = [W(u, s) - W(v, s) for v in consumers]
+            if all(isinstance(d, int) and d <= 0 for d in diffs):
+                continue  # never crosses this boundary
+            c[u, s] = pulp.LpVariable(f"c_{u}_{s}", lowBound=0, upBound=1)
+            for d in diffs:
+                if not (isinstance(d, int) and d <= 0):
+                    prob += c[u, s] >= d
+    lat = {s: pulp.LpVariable(f"l_{s}", lowBound=0, upBound=1) for s in range(K - 1)}
+    by_boundary: dict[int, list] = {s: [] for s in range(K - 1)}
+    for (u, s), var in c.items():
+        by_boundary[s].append((u, var))
+        prob += lat[s] >= var
+    comm = {}
+    for s in range(K - 1):
+        lk = fn(s)
+        comm[s] = pulp.lpSum((cons[u][1] / lk.bandwidth_bytes_per_s) * var for u, var in by_boundary[s]) \
+            + lk.latency_s * lat[s]
+    total = sum(comp)
     for s in range(K):
         expr = pulp.lpSum((comp[v] / speed[s]) * X(v, s) for v in range(n))
-        expr += pulp.lpSum(p2p_time_s(cons[u][1], fn(s)) * y[u, s] for (u, ss) in y if ss == s)
-        expr += pulp.lpSum(p2p_time_s(cons[u][1], fn(s - 1)) * z[u, s] for (u, ss) in z if ss == s)
+        if s > 0:
+            expr += comm[s - 1]
+        if s < K - 1:
+            expr += comm[s]
         prob += T >= expr
+    prob += T >= max(comp) / max(speed)  # valid cuts that tighten the LP bound
+    prob += T >= total / sum(speed)
     if capacity_bytes is not None:
         caps = capacity_bytes if isinstance(capacity_bytes, (list, tuple)) else [capacity_bytes] * K
         mem = _memory_table(problem, K, memory_bytes_per_layer)
         for s in range(K):
             prob += pulp.lpSum(mem[s][v] * X(v, s) for v in range(n)) <= caps[s]
 
-    if warm_start is not None and warm_start.assignment and warm_start.solver.get("status") != "infeasible":
-        a = warm_start.assignment
+    if ub_part is not None:
+        a = ub_part.assignment
         for (v, s), var in w.items():
             var.setInitialValue(1 if a[v] <= s else 0)
-        for (u, s), var in y.items():
-            var.setInitialValue(1 if a[u] == s and any(a[v] != s for v in cons[u][0]) else 0)
-        for (u, s), var in z.items():
-            var.setInitialValue(1 if a[u] != s and any(a[v] == s for v in cons[u][0]) else 0)
-        T.setInitialValue(max(dag_stage_times(problem, a, K, link=link, device_speed=speed)))
+        T.setInitialValue(ub)
+        for (u, s), var in c.items():
+            var.setInitialValue(1 if a[u] <= s < max(a[v] for v in cons[u][0]) else 0)
+        for s, var in lat.items():
+            var.setInitialValue(1 if any(a[u] <= s < max(a[v] for v in cons[u][0]) for (u, ss) in c if ss == s) else 0)
 
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "cbc.log")
         solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, int(math.ceil(time_limit_s))),
-                                   warmStart=warm_start is not None, threads=threads, logPath=log)
+                                   warmStart=ub_part is not None, threads=threads, logPath=log)
         prob.solve(solver)
         log_text = open(log).read() if os.path.exists(log) else ""
 
@@ -173,7 +262,8 @@ def partition_ilp(problem: Problem, stages: int, *, link: LinkArg, device_speed:
     for v in range(n):
         st = K - 1
         for s in range(K - 1):
-            if (w[v, s].value() or 0) > 0.5:
+            ws = W(v, s)
+            if (ws if isinstance(ws, int) else (ws.value() or 0)) > 0.5:
                 st = s
                 break
         assignment.append(st)

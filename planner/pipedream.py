@@ -317,7 +317,7 @@ def _partition_ideals(problem: Problem, level: tuple[int, Link], ideals: list[in
         t = (dC[None, :] + coef[:, None] * dP[None, :]) / vs[:, None]  # (N, len)
         if cap is not None:
             dA = A[j] - A[anc]
-            need = param_factor * dP[None, :] + np.ceil(problem.n and (N / vs))[:, None] * dA[None, :]
+            need = param_factor * dP[None, :] + np.ceil(N / vs)[:, None] * dA[None, :]
             t = np.where(need <= cap, t, np.inf)
         F = f[anc]  # (len, N+1)
         for m in range(1, N + 1):

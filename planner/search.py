@@ -25,10 +25,12 @@ only when asked for ("pipedream", or "all").
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pipeplan.costmodels.graph import Graph
 from pipeplan.costmodels.memory import (
@@ -39,16 +41,18 @@ from pipeplan.costmodels.memory import (
     stashed_weight_versions,
 )
 from pipeplan.errors import InfeasibleError, UserError
-from pipeplan.hardware_profiles.profile import HardwareProfile
+from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.planner.dp import Partition, boundary_links, partition_dp
-from pipeplan.planner.evaluate import GIB, LAYOUTS, place, predict
+from pipeplan.planner.evaluate import GIB, evaluate, place, predict, simulate_plan  # noqa: F401 (re-exported API)
 from pipeplan.planner.plan import SCHEDULES, Plan
 from pipeplan.planner.problem import Problem, build_problem
 
 SEARCH_SCHEDULES = ("auto", "all", *SCHEDULES)
 AUTO_SCHEDULES = ("1f1b", "gpipe", "interleaved")
 SOLVERS = ("auto", "dp", "ilp")
-MAX_CHUNKS = 8  # interleaving beyond 8 chunks per device only adds communication
+# Chunks per device tried by the interleaved schedule: the bubble shrinks as 1/v while
+# communication grows with v (Megatron-LM §2.2.2), so doubling steps cover the trade-off.
+CHUNK_CHOICES = (2, 4, 8)
 TOP = 5
 
 
@@ -71,12 +75,23 @@ class Config:
     microbatches: int
     chunks: int
     recompute: bool
+    stage_replicas: tuple[int, ...] = ()  # pipedream optimizer's per-stage replicas (else data_parallel each)
+
+    def replicas(self):
+        return list(self.stage_replicas) if self.stage_replicas else self.data_parallel
 
     def describe(self) -> str:
+        def n(x: int, what: str) -> str:
+            return f"{x} {what}{'' if x == 1 else 's'}"
+
+        if self.stage_replicas:
+            return (f"{n(self.stages, 'stage')} with replicas {list(self.stage_replicas)}, "
+                    f"{self.microbatches} microbatches, pipedream")
+
         rc = ", recomputation" if self.recompute else ""
-        v = f" x {self.chunks} chunks" if self.chunks > 1 else ""
-        return (f"{self.stages} stages{v} x {self.data_parallel} replicas, {self.microbatches} microbatches, "
-                f"{self.schedule}{rc}")
+        v = f" x {n(self.chunks, 'chunk')}" if self.chunks > 1 else ""
+        return (f"{n(self.stages, 'stage')}{v} x {n(self.data_parallel, 'replica')}, "
+                f"{n(self.microbatches, 'microbatch')}".replace("microbatchs", "microbatches") + f", {self.schedule}{rc}")
 
 
 @dataclass
@@ -128,6 +143,37 @@ def _worst_link(profile: HardwareProfile, pairs):
     return min(links, key=lambda lk: (lk.bandwidth_bytes_per_s, -lk.latency_s))
 
 
+def min_bottleneck(compute_s, stages: int) -> float:
+    """Smallest possible slowest-stage compute of a contiguous split (no sends, no memory caps).
+
+    Greedy packing decides "fits in T?" exactly for sums; bisection on T to 1e-9 relative,
+    returning a value never above the true optimum (it is used as a lower bound).
+    """
+    prefix = list(itertools.accumulate(compute_s, initial=0.0))
+    n = len(compute_s)
+    if stages >= n:
+        return max(compute_s, default=0.0)
+
+    def fits(T: float) -> bool:
+        a = 0
+        for _ in range(stages):
+            a = bisect.bisect_right(prefix, prefix[a] + T) - 1
+            if a >= n:
+                return True
+        return a >= n
+
+    lo, hi = max(max(compute_s), prefix[-1] / stages), prefix[-1]
+    if fits(lo):
+        return lo
+    while hi - lo > 1e-9 * hi:
+        mid = (lo + hi) / 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
 class StageMemoryModel:
     """`costmodels.memory.stage_memory` for layers [a, b) on a stage, fast enough for the DP's callbacks.
 
@@ -135,9 +181,10 @@ class StageMemoryModel:
     the same sum of terms as `stage_memory` (weights x stashed versions, grads +
     optimizer state, `activation_bytes` for the in-flight count, receive buffers)
     with the per-stage constants computed once. tests/test_search.py checks it
-    equals `stage_memory`. Interleaved: a device holds v chunks, so each chunk is
-    charged 1/v of a device made of v copies of it (exact for weights and
-    activations, which add up; buffers are shared).
+    equals `stage_memory`. Interleaved: a device holds v chunks; a chunk is
+    admitted when a device made of v copies of it fits, so a device whose v
+    chunks each pass holds at most the largest of those totals (weights and
+    activations add up over chunks; receive buffers are shared).
     """
 
     def __init__(self, prob: Problem, cfg: Config, *, optimizer: str, dtype: str):
@@ -169,9 +216,8 @@ class StageMemoryModel:
 
     def __call__(self, s: int, a: int, b: int) -> int:
         ch = self.ch
-        total = self.device_total(s % self.P, (self.pp[b] - self.pp[a]) * ch, (self.sp[b] - self.sp[a]) * ch,
-                                  self.input if a == 0 else self.cut[a - 1], self.cut[b - 1] if b < self.n else 0)
-        return -(-total // ch)
+        return self.device_total(s % self.P, (self.pp[b] - self.pp[a]) * ch, (self.sp[b] - self.sp[a]) * ch,
+                                 self.input if a == 0 else self.cut[a - 1], self.cut[b - 1] if b < self.n else 0)
 
     def greedy_fits(self, stages: int, capacity: int) -> bool:
         """Can [0, n) be cut into `stages` ranges that each fit? Greedy longest prefixes:
@@ -224,6 +270,7 @@ class _Searcher:
         # (bytes needed, how known: "state" lower bound / "greedy" estimate / "exact", config, layout)
         self.failures: list[tuple[int, str, Config, str]] = []
         self._memfns: dict = {}
+        self._bottlenecks: dict = {}
         self._partitions: dict = {}
 
     # -- cached inputs -------------------------------------------------------
@@ -240,6 +287,12 @@ class _Searcher:
                 self._problems[key] = build_problem(self.graph, self.profile, microbatch_size=mb, dtype=self.dtype,
                                                     times=self.times)
         return self._problems[key]
+
+    def min_bottleneck(self, mb: int, recompute: bool, stages: int) -> float:
+        key = (mb, recompute, stages)
+        if key not in self._bottlenecks:
+            self._bottlenecks[key] = min_bottleneck(self.problem(mb, recompute).compute_s, stages)
+        return self._bottlenecks[key]
 
     def microbatch_size(self, cfg: Config) -> int:
         per = cfg.microbatches * (1 if cfg.schedule == "pipedream" else cfg.data_parallel)
@@ -289,10 +342,12 @@ class _Searcher:
         P, v, d, M = cfg.stages, cfg.chunks, cfg.data_parallel, cfg.microbatches
         S = P * v
         prob = self.problem(mb, cfg.recompute)
-        work = sum(prob.compute_s)
-        width = P * d if cfg.schedule == "pipedream" else P
-        # Every device of a pipeline busy the whole iteration, and no device faster than its largest layer.
-        lb = M * max(work / P, max(prob.compute_s)) / (d if cfg.schedule == "pipedream" else 1)
+        # Every device of a pipeline busy the whole iteration; without interleaving, no stage
+        # lighter than the best memory-blind split of the chain (partitions only get worse).
+        per_device = sum(prob.compute_s) / P
+        if v == 1:
+            per_device = max(per_device, self.min_bottleneck(mb, cfg.recompute, S))
+        lb = M * per_device / (d if cfg.schedule == "pipedream" else 1)
         if lb > 0 and self.B / lb <= self.threshold():
             self.pruned += 1
             return
@@ -307,7 +362,7 @@ class _Searcher:
         mem = self.memory_fn(cfg, prob)
         if not mem.greedy_fits(S, self.cap):
             self.infeasible += 1
-            self.failures.append((mem.least_capacity(S, self.cap), "greedy", cfg, "stage-major"))
+            self.failures.append((-1, "greedy", cfg, "stage-major"))  # how far off: computed if nothing fits
             return
         for layout in layouts:
             links = self.link_fn(cfg, layout)
@@ -330,14 +385,15 @@ class _Searcher:
         busy = [0.0] * P
         for i, s in enumerate(part.assignment):
             busy[s % P] += prob.compute_s[i]
-        scale = d if cfg.schedule == "pipedream" else 1
-        lb = M * max(busy) / scale
+        if cfg.stage_replicas:
+            busy = [busy[s] / cfg.stage_replicas[s] for s in range(P)]
+        lb = M * max(busy) / (d if cfg.schedule == "pipedream" and not cfg.stage_replicas else 1)
         if lb > 0 and self.B / lb <= self.threshold():
             self.pruned += 1
             return None
         solver = dict(part.solver)
         solver["layout"] = layout
-        plan, _ = predict(self.graph, self.profile, part.assignment, replicas=d, schedule=cfg.schedule,
+        plan, _ = predict(self.graph, self.profile, part.assignment, replicas=cfg.replicas(), schedule=cfg.schedule,
                           microbatches=M, batch_size=self.B, dtype=self.dtype, optimizer=self.optimizer,
                           recompute=cfg.recompute, times=self.times, chunks=v, layout=layout,
                           problem=self.problem(mb), solver=solver, summary=self.summary)
@@ -350,6 +406,36 @@ class _Searcher:
         self.top_plans.sort(key=lambda t: (-t[0], -t[1]))
         del self.top_plans[self.top:]
         return plan
+
+
+def pipedream_levels(profile: HardwareProfile, devices: int) -> list[tuple[int, Link]]:
+    """The device hierarchy for PipeDream's optimizer: devices per node, then nodes."""
+    per = profile.devices_per_node
+    if devices <= per:
+        return [(devices, profile.intra_node)]
+    if devices % per == 0:
+        return [(per, profile.intra_node), (devices // per, profile.inter_node)]
+    return [(devices, profile.inter_node)]  # ragged: plan flat at the slower link
+
+
+def _pipedream_optimizer(sr: "_Searcher", devices: int, M: int) -> None:
+    """PipeDream's own optimizer (per-stage replication over the hierarchy) for one microbatch count."""
+    from pipeplan.planner.pipedream import partition_pipedream
+
+    if sr.B % M:
+        return
+    mb = sr.B // M
+    prob = sr.problem(mb)
+    part = partition_pipedream(prob, pipedream_levels(sr.profile, devices), memory_capacity_bytes=sr.cap)
+    if not part.assignment:
+        sr.infeasible += 1
+        return
+    S = max(part.assignment) + 1
+    if M < S:
+        return  # async: fewer than K microbatches only relabels the same steady state
+    part.solver.pop("blocks", None)  # nested solver detail; the plan's stages say it
+    cfg = Config("pipedream", S, max(part.replicas), M, 1, False, tuple(part.replicas))
+    sr.consider(cfg, "stage-major", part, mb)
 
 
 def _summary(plan: Plan) -> dict:
@@ -394,6 +480,9 @@ def search(graph: Graph, profile: HardwareProfile, devices: int, batch_size: int
     schedules = AUTO_SCHEDULES if schedule == "auto" else SCHEDULES if schedule == "all" else (schedule,)
     rc_opts = {"auto": (False, True), "on": (True,), "off": (False,), True: (True,), False: (False,)}[recompute]
     sr = _Searcher(graph, profile, batch_size, dtype=dtype, optimizer=optimizer, times=times, top=top)
+    if not any(sr.problem(1).compute_s):
+        raise UserError(f"graph {graph.name!r} has no layer times under --times {times} (every layer takes 0 s)",
+                        "use --times model, or trace the model to measure it")
 
     pairs = []
     for K in ([stages] if stages else range(1, min(devices, n) + 1)):
@@ -419,24 +508,29 @@ def search(graph: Graph, profile: HardwareProfile, devices: int, batch_size: int
                 if sched == "interleaved":
                     if K < 2 or M % K:
                         continue
-                    v_list = [chunks] if chunks else list(range(2, min(MAX_CHUNKS, n // K) + 1))
+                    v_list = [chunks] if chunks else list(CHUNK_CHOICES)
                     v_list = [v for v in v_list if v >= 2 and K * v <= n]
                 for v in v_list:
                     for rc in rc_opts:
                         sr.try_config(Config(sched, K, d, M, v, rc))
+    if "pipedream" in schedules and not stages and not data_parallel:
+        for M in ([microbatches] if microbatches else _divisors(batch_size)):
+            _pipedream_optimizer(sr, devices, M)
     if progress:
         progress("done", len(pairs), len(pairs))
 
     if not sr.top_plans:
         raise InfeasibleError(*_infeasible_message(sr, devices, batch_size, recompute, schedules))
 
-    if solver == "ilp" or (solver == "auto" and not sr.problem(sr.microbatch_size(sr.top_plans[0][3])).is_chain()):
+    first = sr.top_plans[0][3]
+    if not first.stage_replicas and (
+            solver == "ilp" or (solver == "auto" and not sr.problem(sr.microbatch_size(first)).is_chain())):
         _refine_with_ilp(sr, time_limit_s=ilp_time_limit_s)
 
     _, _, best, cfg, part = sr.top_plans[0]
     alternatives = [t[2] for t in sr.top_plans[1:]]
     base_assign = equal_layers(n, cfg.stages * cfg.chunks)
-    baseline, _ = predict(graph, profile, base_assign, replicas=cfg.data_parallel, schedule=cfg.schedule,
+    baseline, _ = predict(graph, profile, base_assign, replicas=cfg.replicas(), schedule=cfg.schedule,
                           microbatches=cfg.microbatches, batch_size=batch_size, dtype=dtype, optimizer=optimizer,
                           recompute=cfg.recompute, times=times, chunks=cfg.chunks,
                           layout=best.solver.get("layout", "stage-major"), problem=sr.problem(sr.microbatch_size(cfg)),
@@ -461,7 +555,10 @@ def _refine_with_ilp(sr: _Searcher, *, time_limit_s: float) -> None:
     layout = plan.solver.get("layout", "stage-major")
     S = cfg.stages * cfg.chunks
     mem = sr.memory_fn(cfg, prob)
-    per_layer = [mem(0, i, i + 1) for i in range(prob.n)]
+    ch = mem.ch
+    # Additive per-layer bytes for the ILP (receive buffers left out; `consider` re-checks the whole).
+    per_layer = [[mem.device_total(s % cfg.stages, prob.param_bytes[i] * ch, prob.saved_bytes[i] * ch, 0, 0)
+                  for i in range(prob.n)] for s in range(S)]
     try:
         got = partition_ilp(prob, S, link=sr.link_fn(cfg, layout), capacity_bytes=sr.cap,
                             memory_bytes_per_layer=per_layer, time_limit_s=time_limit_s, warm_start=part)
@@ -484,6 +581,15 @@ def _infeasible_message(sr: _Searcher, devices: int, batch_size: int, recompute,
     if not sr.failures:
         return (f"no pipeline configuration of {devices} devices and batch {batch_size} could be built",
                 "check --stages/--microbatches against the batch size and the graph's layer count")
+    sized = {}
+    for i, (need, kind, cfg, layout) in enumerate(sr.failures):
+        if kind == "greedy":
+            prob = sr.problem(sr.microbatch_size(cfg), cfg.recompute)
+            mem = sr.memory_fn(cfg, prob)
+            key = (id(mem), cfg.stages * cfg.chunks)
+            if key not in sized:
+                sized[key] = mem.least_capacity(cfg.stages * cfg.chunks, cap)
+            sr.failures[i] = (sized[key], kind, cfg, layout)
     measured = [f for f in sr.failures if f[1] != "state"]
     # State-only bounds may understate; prefer configurations whose partition was tried.
     need, kind, cfg, layout = min(measured or sr.failures, key=lambda f: f[0])
@@ -503,7 +609,8 @@ def _infeasible_message(sr: _Searcher, devices: int, batch_size: int, recompute,
                               layout=layout, problem=sr.problem(mb), summary=sr.summary)
             worst = max(plan.stages, key=lambda s: s.predicted.memory_bytes)
             need = worst.predicted.memory_bytes
-            stage_txt = f" on stage {worst.index}"
+            stage_txt = (f" on stage {worst.index}" if cfg.chunks == 1 else
+                         f" on pipeline device {worst.index % cfg.stages}")
     over = need - cap
     msg = (f"nothing fits: the smallest plan ({cfg.describe()}) needs {need / GIB:.1f} GiB{stage_txt} but "
            f"{profile.name} has {cap / GIB:.1f} GiB usable ({over / GIB:.1f} GiB, {100 * over / cap:.0f}% over)")

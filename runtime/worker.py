@@ -34,7 +34,7 @@ from pipeplan._io import atomic_write_bytes, atomic_write_json
 from pipeplan.errors import UserError
 from pipeplan.runtime import checkpoint as ckpt
 from pipeplan.runtime.measure import SavedTensorMeter, StageStats, StepClock, instrument, median, optimizer_state_bytes, tensor_bytes
-from pipeplan.runtime.split import Split, flat_inputs, split_program, unflatten_output
+from pipeplan.runtime.split import flat_inputs, split_program, unflatten_output
 
 SEED = 1234  # every rank builds the model with this seed, so replicas of a tensor start identical
 TIMEOUT_S = 45  # gloo/NCCL collective timeout: a rank whose neighbour vanished gives up well within 60 s
@@ -211,6 +211,7 @@ def run(opts: Options) -> None:
     pipe_stages = []
     for s in mine:
         st = PipelineStage(modules[s], s, len(plan.stages), device)
+        keep_buffers_through_shape_inference(st)
         instrument(st, stats[s], clock, meter)
         pipe_stages.append(st)
 
@@ -291,6 +292,29 @@ def run(opts: Options) -> None:
     dist.gather_object(record, records, dst=0)
     if rank == 0:
         atomic_write_json(Path(opts.run_dir) / "result.json", {"first_step": first_step, "ranks": records})
+
+
+def keep_buffers_through_shape_inference(stage) -> None:
+    """Undo buffer updates (BatchNorm statistics) made by the stage's shape-inference forward.
+
+    torch.distributed.pipelining runs each stage once on the first microbatch to learn
+    its output shapes; for BatchNorm that is one more statistics update than the
+    training steps make, so the run would drift from single-process training.
+    """
+    infer = getattr(stage, "_forward_metadata_inference", None)
+    if infer is None:
+        return
+
+    def wrapped(*args, **kwargs):
+        saved = {k: v.detach().clone() for k, v in stage.submod.named_buffers()}
+        try:
+            return infer(*args, **kwargs)
+        finally:
+            with torch.no_grad():
+                for k, v in stage.submod.named_buffers():
+                    v.copy_(saved[k])
+
+    stage._forward_metadata_inference = wrapped
 
 
 def gather_losses(losses: list[float], has_last: bool) -> list[float]:

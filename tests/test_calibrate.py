@@ -57,8 +57,7 @@ def fake_measurements(monkeypatch):
     monkeypatch.setattr(calibrate_mod, "measure_matmul", matmul)
     monkeypatch.setattr(calibrate_mod, "measure_conv", lambda cap: [120e9, 90e9])
     monkeypatch.setattr(calibrate_mod, "measure_attention", lambda cap: 50e9)
-    monkeypatch.setattr(calibrate_mod, "measure_copy_bw", lambda cap: 20e9)
-    monkeypatch.setattr(calibrate_mod, "measure_elementwise_bw", lambda cap: [20e9, 10e9])
+    monkeypatch.setattr(calibrate_mod, "measure_memory", lambda cap: (20e9, [20e9, 10e9]))
     monkeypatch.setattr(calibrate_mod, "measure_p2p", lambda: dict(FAKE_P2P))
     fake_measurements.bf16_speedup = 2.0
     return fake_measurements
@@ -85,7 +84,7 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
     assert p.usable_memory_bytes == int(p.memory_bytes * 0.8)
     # every phase reported as started (0/1) and finished (1/1)
     names = [ph for ph, done, _ in phases if done == 0]
-    assert len(names) == 7 and all((n, 1, 1) in phases for n in names)
+    assert len(names) == 6 and all((n, 1, 1) in phases for n in names)
     # the result is an ordinary profile: it survives the YAML format
     save_profile(p, tmp_path / "local.yaml")
     q = load_profile(str(tmp_path / "local.yaml"))
@@ -121,12 +120,14 @@ def test_failed_link_measurement_writes_nothing(fake_measurements, tmp_path, mon
 # ---------------------------------------------------------------- one real calibration
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
+    """One real `pipeplan profiles calibrate` (budget 8 s; ~10 s with the link processes)."""
     out = tmp_path_factory.mktemp("cal") / "local.yaml"
     t0 = time.perf_counter()
-    r = CliRunner().invoke(cli, ["profiles", "calibrate", "-o", str(out), "--budget-s", "6", "--json", "--quiet"])
+    r = CliRunner().invoke(cli, ["profiles", "calibrate", "-o", str(out), "--budget-s", "8", "--json", "--quiet"])
     return r, out, time.perf_counter() - t0
 
 
+@pytest.mark.slow
 def test_real_calibration_writes_a_loadable_local_profile(real_run):
     r, out, elapsed = real_run
     assert r.exit_code == 0, r.stderr
@@ -153,29 +154,66 @@ def _best_s(fn, reps=9):
     return min(ts)
 
 
-def test_real_calibration_predicts_unmeasured_operations(real_run):
-    """A GEMM shape and a copy size the calibration never ran, predicted within 30%.
+def _one_thread(fn):
+    import torch
 
-    This catches unit slips (MACs vs FLOPs is 2x, bytes counted once vs twice is
-    2x), not noise; the 25% check on whole layers lives in test_calibrated_prediction.py.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+def skip_if_busy(prof) -> None:
+    """Timing comparisons need the core: skip (saying why) when calibration or now got less than 85% of it."""
+    import time as _time
+
+    wall0, cpu0 = _time.perf_counter(), _time.process_time()
+    while _time.perf_counter() - wall0 < 0.2:
+        pass
+    now = calibrate_mod.cpu_share(wall0, cpu0)
+    then = prof.calibration["cpu_share"]
+    if min(now, then) < calibrate_mod.BUSY_SHARE:
+        pytest.skip(f"machine busy (CPU share {then:.0%} during calibration, {now:.0%} now): timings not comparable")
+
+
+@pytest.mark.slow
+def test_real_calibration_predicts_an_unmeasured_gemm(real_run):
+    """A GEMM shape the calibration never ran, predicted within 30%.
+
+    Catches unit slips (MACs vs FLOPs is 2x) rather than noise; the 25% check on
+    whole layers lives in test_calibrated_prediction.py. The op is short (~3 ms)
+    so that even on a busy machine some repeat runs undisturbed.
     """
     import torch
 
     r, out, _ = real_run
     assert r.exit_code == 0, r.stderr
     prof = load_profile(str(out))
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        m, k, n = 384, 1536, 768
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        gemm_s = _best_s(lambda: torch.mm(a, b))
-        src = torch.ones(48 * MIB // 4)
-        dst = torch.empty_like(src)
-        copy_s = _best_s(lambda: dst.copy_(src), reps=5)
-    finally:
-        torch.set_num_threads(before)
-    pred_gemm = 2 * m * k * n / (prof.peak_flops["fp32"] * prof.efficiency["matmul"])
-    pred_copy = 2 * 48 * MIB / prof.mem_bw_bytes_per_s
-    assert abs(pred_gemm - gemm_s) / gemm_s < 0.30, (pred_gemm, gemm_s)
-    assert abs(pred_copy - copy_s) / copy_s < 0.30, (pred_copy, copy_s)
+    skip_if_busy(prof)
+    m, k, n = 192, 768, 1024
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    gemm_s = _one_thread(lambda: _best_s(lambda: torch.mm(a, b), reps=15))
+    pred = 2 * m * k * n / (prof.peak_flops["fp32"] * prof.efficiency["matmul"])
+    assert abs(pred - gemm_s) / gemm_s < 0.30, (pred, gemm_s, prof.calibration)
+
+
+@pytest.mark.slow
+def test_real_calibration_predicts_an_unmeasured_copy(real_run):
+    """A copy of another size predicted within 30% (read + write counted, as in calibration).
+
+    DRAM bandwidth is shared with every other process, and a best-of-N timing
+    cannot remove that, so this check needs a machine that is not overloaded.
+    """
+    import torch
+
+    r, out, _ = real_run
+    assert r.exit_code == 0, r.stderr
+    prof = load_profile(str(out))
+    skip_if_busy(prof)
+    src = torch.ones(48 * MIB // 4)
+    dst = torch.empty_like(src)
+    copy_s = _one_thread(lambda: _best_s(lambda: dst.copy_(src), reps=15))
+    pred = 2 * 48 * MIB / prof.mem_bw_bytes_per_s
+    assert abs(pred - copy_s) / copy_s < 0.30, (pred, copy_s, prof.calibration)

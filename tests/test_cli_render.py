@@ -63,7 +63,8 @@ def test_stage_table_shows_each_stage_with_memory_against_capacity():
     text = render(stage_table(plan, g, capacity_bytes=80 << 30))
     for i in range(4):
         assert f"layers.{3 * i} → layers.{3 * i + 2}" in text
-        assert f"{10 + i}.00 GiB / 80.00 GiB ({round(100 * (10 + i) / 80)}%)" in text
+        assert f"{10 + i}.00 GiB ({round(100 * (10 + i) / 80)}%)" in text
+    assert "peak memory (of 80.00 GiB)" in text
     # parameters per stage come from the graph's layers
     params = stage_params(plan, g)
     assert params[0] == parameter_count(sum(g.layers[j].param_bytes for j in range(3)))
@@ -76,6 +77,7 @@ def test_stage_table_shows_each_stage_with_memory_against_capacity():
 def test_report_has_predictions_and_baseline_ratio():
     plan = hand_plan()
     base = hand_plan()
+    base.stages[0].layers.append(base.stages[1].layers.pop(0))  # a different split: 4/2/3/3 layers
     base.predicted.samples_per_s = 500.0
     base.predicted.peak_memory_bytes = 90 << 30
     text = render(plan_report(plan, model_summary=graph_summary(chain_graph()), graph=chain_graph(), baseline=base))
@@ -83,7 +85,8 @@ def test_report_has_predictions_and_baseline_ratio():
     assert "30.0%" in text and "42.0%" in text  # bubble and achieved FLOP/s fraction
     assert "1.60× faster" in text  # 800 / 500
     line = render(baseline_line(plan, base, capacity_bytes=80 << 30))
-    assert "does not fit in memory" in line and "3/3/3/3 layers" in line
+    assert "does not fit in memory" in line and "4/2/3/3 layers" in line
+    assert "the same split as this plan" in render(baseline_line(plan, hand_plan()))
     assert "gpipe, 4 stages" in text and "8 microbatches of 4 (batch 32)" in text
 
 
@@ -124,18 +127,28 @@ def test_gantt_draws_one_block_per_compute_event_at_its_time():
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"device {d}" for d in range(4)]
 
 
-def test_memory_bars_stack_to_the_stage_peak():
-    plan = hand_plan()
-    fig = Figure()
-    ax = fig.add_subplot()
-    draw_memory(ax, plan, 80 << 30)
+def _bar_heights(ax) -> dict[int, float]:
     heights = {}
     for rect in ax.patches:
         x = round(rect.get_x() + rect.get_width() / 2)
         heights[x] = heights.get(x, 0) + rect.get_height()
+    return heights
+
+
+def test_memory_bars_stack_to_the_stage_peak():
+    plan = hand_plan()  # stage i peaks at 10 + i GiB
+    ax = Figure().add_subplot()
+    draw_memory(ax, plan, 16 << 30)
+    heights = _bar_heights(ax)
     assert [round(heights[i], 6) for i in range(4)] == [(10 + i) for i in range(4)]
-    assert ax.lines[0].get_ydata()[0] == pytest.approx(80.0)  # capacity line in GiB
+    assert ax.lines[0].get_ydata()[0] == pytest.approx(16.0)  # capacity line in GiB
+    assert sorted(t.get_text() for t in ax.texts) == sorted(f"{round(100 * (10 + i) / 16)}%" for i in range(4))
     assert GIB == 2**30
+    # far below capacity: the axis zooms to the bars and names the capacity instead of drawing it
+    ax = Figure().add_subplot()
+    draw_memory(ax, plan, 800 << 30)
+    assert not ax.lines and ax.get_ylim()[1] < 20
+    assert "800.0 GiB usable, off scale" in ax.get_title(loc="left")
 
 
 def test_schedule_png_is_a_real_picture(tmp_path):
@@ -153,3 +166,39 @@ def test_compare_png(tmp_path):
     rows = [compare_row(P, hand_plan(), "bf16"), compare_row(P, None, "bf16", error="does not fit")]
     w, h = png_size(compare_png(rows, title="x"))
     assert w > 500 and h > 100
+
+
+def test_progress_phases_become_lines_and_counters_stay_one_line():
+    import io
+
+    from pipeplan.cli.progress import progress_display
+
+    console = Console(file=io.StringIO(), width=120)
+    with progress_display(console=console) as phases:
+        trace = phases("trace: ")
+        trace("loading model file", 0, 1)
+        trace("loading model file", 1, 1)
+        trace("exporting", 0, 1)
+        trace("timing layers", 0, 10)
+        trace("timing layers", 4, 10)
+        plan = phases("plan: ")
+        for step in range(5):
+            plan(f"{step + 1} stages x 1 replicas", step, 5)
+        progress = trace._progress
+        descriptions = [t.description for t in progress.tasks]
+    assert descriptions == ["trace: loading model file", "trace: exporting", "trace: timing layers", "plan: 5 stages x 1 replicas"]
+    assert all(t.completed == t.total for t in progress.tasks)  # finished phases show as complete
+
+
+def test_dtype_auto():
+    from dataclasses import replace
+
+    from pipeplan.cli.options import resolve_dtype
+    from pipeplan.hardware_profiles import load_profile
+
+    a100, v100, tpu = (load_profile(n) for n in ("a100-80gb-sxm", "v100-32gb", "tpu-v5p"))
+    assert resolve_dtype("auto", a100) == "bf16"
+    assert resolve_dtype("auto", v100) == "fp16"  # Volta has fp16 tensor cores, no bf16
+    assert resolve_dtype("auto", tpu) == "bf16"
+    assert resolve_dtype("auto", replace(a100, local=True)) == "fp32"
+    assert resolve_dtype("tf32", a100) == "tf32"

@@ -150,7 +150,8 @@ def test_inflight_counts(K, M):
     assert ofob[-1] == 1
     if M >= K:
         assert ofob[0] == K  # Megatron §2.2.1: "p or fewer microbatches"
-    assert [memory.inflight_microbatches("pipedream", K, s, M) for s in range(K)] == ofob
+    # async PipeDream: same steady state, but no flush, so M never caps it
+    assert [memory.inflight_microbatches("pipedream", K, s, M) for s in range(K)] == [K - s for s in range(K)]
 
 
 def _one_f_one_b_order(K: int, s: int, M: int) -> list[str]:
@@ -293,7 +294,7 @@ def test_layer_times_hand_computed():
 def test_samples_scaling():
     p = make_profile()
     mm = Layer("fc", kind="matmul", fwd_flops=int(8e12), bwd_flops=int(16e12), param_bytes=int(1e6), bytes_moved=int(2e6))
-    weights = Layer("emb", kind="embedding", fwd_flops=0, bwd_flops=0, param_bytes=int(1e9), bytes_moved=int(1e9 + 8e6))
+    weights = Layer("w", kind="other", fwd_flops=0, bwd_flops=0, param_bytes=int(1e9), bytes_moved=int(1e9 + 8e6))
     g = _graph([mm, weights], batch=8)
     f8, _ = compute.layer_times_s(g, p)
     f2, _ = compute.layer_times_s(g, p, samples=2)
@@ -327,6 +328,11 @@ def test_local_profile_uses_measured_times_only_when_traced_here():
     assert compute.layer_times_s(here, local, dtype="bf16")[0][0] == pytest.approx(1e9 / 300e12)
     elsewhere = _graph([layer], device="cuda:0")
     assert compute.layer_times_s(elsewhere, local)[0][0] == pytest.approx(1e9 / 20e12)
+    # a graph timed with 2 threads is not one 1-thread local device's times
+    two = Graph(name="g", layers=[layer], edges=[], batch_size=8, source={"device": "cpu", "threads": 2})
+    assert compute.layer_times_s(two, local)[0][0] == pytest.approx(1e9 / 20e12)
+    one = Graph(name="g", layers=[layer], edges=[], batch_size=8, source={"device": "cpu", "threads": 1})
+    assert compute.layer_times_s(one, local) == ([0.3], [0.6])
     remote = make_profile()  # a catalogue-like profile never takes the measurements
     assert compute.layer_times_s(here, remote)[0][0] == pytest.approx(1e9 / (20e12 * 0.7))
 
@@ -458,3 +464,56 @@ def test_inflight_agrees_with_the_event_simulator(schedule, K, M, v):
     r = simulate(schedule, [1.0] * n, [2.0] * n, [0.0] * (n - 1), M, chunks=v, static_bytes=[0] * K,
                  activation_bytes_per_mb=[1] * n)
     assert r.peak_memory_bytes == [memory.inflight_microbatches(schedule, K, d, M, v) for d in range(K)]
+
+
+def test_times_only_graph_uses_its_measurements():
+    """Imported PipeDream profiles carry times but no FLOPs/bytes: the roofline would say 0 s."""
+    g = Graph(name="pd", layers=[Layer("a", fwd_s=0.01, bwd_s=0.02), Layer("b", fwd_s=0.03, bwd_s=0.05)], edges=[],
+              batch_size=4, source={"device": "pipedream-profile"})
+    for times in ("model", "roofline", "measured"):
+        fwd, bwd = compute.layer_times_s(g, make_profile(), times=times, samples=2)
+        assert fwd == pytest.approx([0.005, 0.015]) and bwd == pytest.approx([0.01, 0.025])
+    # one layer with counts makes it a traced graph: roofline everywhere (a zero-count layer costs 0)
+    g2 = Graph(name="t", layers=[Layer("a", fwd_s=0.01, bwd_s=0.02), Layer("b", kind="matmul", fwd_flops=int(1e12),
+               fwd_s=0.03, bwd_s=0.05)], edges=[], batch_size=4, source={"device": "cuda"})
+    fwd, _ = compute.layer_times_s(g2, make_profile())
+    assert fwd == pytest.approx([0.0, 1e12 / (20e12 * 0.7)])
+
+
+def test_real_pipedream_profile_gets_its_own_times():
+    shared = __import__("pathlib").Path(__file__).parents[2] / "shared" / "pipedream-profiles"
+    try:
+        from pipeplan.costmodels.pipedream_import import load_pipedream_graph
+    except ImportError as e:
+        pytest.skip(f"pipedream import not available: {e}")
+    files = sorted(shared.glob("*graph.txt")) if shared.is_dir() else []
+    if not files:
+        pytest.skip("../shared/pipedream-profiles not found")
+    g = load_pipedream_graph(files[0])
+    fwd, bwd = compute.layer_times_s(g, make_profile())
+    assert fwd == pytest.approx([l.fwd_s for l in g.layers]) and sum(fwd) > 0
+    assert bwd == pytest.approx([l.bwd_s for l in g.layers])
+
+
+def test_embedding_gathers_rows_forward_and_writes_a_dense_table_gradient_backward():
+    p = make_profile(efficiency={"memory": 1.0})
+    table, out, idx = 400_000_000, 8_000_000, 16_000
+    emb = Layer("wte", kind="embedding", param_bytes=table, output_bytes=out, bytes_moved=table + out + idx)
+    fwd, bwd = compute.layer_times_s(_graph([emb], batch=8), p, samples=4)
+    gathered = (idx + 2 * out) / 2  # indices + rows read + output written, half the batch
+    assert fwd[0] == pytest.approx(gathered / 2e12)
+    assert bwd[0] == pytest.approx((table + 2 * gathered) / 2e12)
+
+
+def test_tied_weights_are_read_by_every_user():
+    from pipeplan.costmodels.graph import SharedParam
+
+    p = make_profile(efficiency={"memory": 1.0})
+    w = 1_000_000
+    emb = Layer("wte", kind="embedding", param_bytes=w, output_bytes=100, bytes_moved=w + 100 + 10)
+    head = Layer("lm_head", kind="matmul", param_bytes=0, output_bytes=5000, bytes_moved=w + 100 + 5000)
+    g = Graph(name="g", layers=[emb, head], edges=[], batch_size=2, source={"device": "cuda"},
+              shared_params=[SharedParam("wte.weight", w, ["wte", "lm_head"])])
+    assert compute.used_param_bytes(g) == [w, w]
+    fwd, _ = compute.layer_times_s(g, p, samples=1)
+    assert fwd[1] == pytest.approx((w + 5100 / 2) / 2e12)  # the table is read whole, whatever the batch

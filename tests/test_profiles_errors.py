@@ -49,6 +49,7 @@ CASES = [
     ("negative-flops", "peak_tflops.bf16", -312, ["'peak_tflops.bf16'", "positive number in TFLOP/s"]),
     ("unit-string-memory", "memory_gib", "80 GB", ["'memory_gib'", "plain number in GiB", "'80 GB'"]),
     ("unit-string-bw", "intra_node.bandwidth_gbps", "600 GB/s", ["'intra_node.bandwidth_gbps'", "plain number in GB/s"]),
+    ("exponent-as-text", "memory_bandwidth_gbps", "2e3", ["'memory_bandwidth_gbps'", "is the text '2e3'", "1.0e3"]),
     ("bytes-not-gib", "memory_gib", 85899345920, ["'memory_gib'", "implausible in GiB"]),
     ("flops-not-tflops", "peak_tflops.fp32", 19.5e12, ["'peak_tflops.fp32'", "implausible in TFLOP/s"]),
     ("wrong-type", "devices_per_node", "eight", ["'devices_per_node'", "whole number >= 1", "'eight'"]),

@@ -126,6 +126,32 @@ def test_dependencies_are_respected_with_sends():
             assert all(a[1] <= b[0] + 1e-12 for a, b in zip(ops, ops[1:]))
 
 
+def test_interleaved_dependencies_and_device_order():
+    """Virtual stage s runs on device s % K; chunk boundaries K-1 -> K cross from the last device back to the first."""
+    K, v, M = 3, 2, 6
+    S = K * v
+    fwd = [1, 1.5, 1, 2, 1, 1.5]
+    bwd = [2, 2.5, 2, 3, 2, 2]
+    send = [0.3, 0.2, 0.4, 0.1, 0.5]
+    r = simulate("interleaved", fwd, bwd, send, M, chunks=v)
+    F = {(e.stage, e.microbatch): e for e in r.events if e.kind == "fwd"}
+    B = {(e.stage, e.microbatch): e for e in r.events if e.kind == "bwd"}
+    assert len(F) == len(B) == S * M
+    for (s, m), e in F.items():
+        assert e.device == s % K and e.chunk == s // K
+        if s > 0:
+            assert e.start_s >= F[s - 1, m].end_s + send[s - 1] - 1e-12
+    for (s, m), e in B.items():
+        if s < S - 1:
+            assert e.start_s >= B[s + 1, m].end_s + send[s] - 1e-12
+    sends = {(e.device, e.peer) for e in r.events if e.kind == "send"}
+    assert (K - 1, 0) in sends and (0, K - 1) in sends  # chunk hand-over and its gradient
+    for d in range(K):
+        ops = sorted((e.start_s, e.end_s) for e in r.events if e.device == d and e.kind in ("fwd", "bwd"))
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(ops, ops[1:]))
+    assert r.iteration_s >= max(M * sum(fwd[s] + bwd[s] for s in range(d, S, K)) for d in range(K))
+
+
 def test_send_time_on_critical_path():
     """Two stages, one microbatch: F0, send, F1, B1, send back, B0."""
     r = simulate("gpipe", [1, 1], [2, 2], [Fr(1, 2)], 1)

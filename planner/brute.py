@@ -1,0 +1,133 @@
+"""Brute-force optima for small problems: the oracle the solvers are tested against.
+
+Each function enumerates every candidate and evaluates it with the same cost
+function the solver claims to minimise, so agreement checks the search, not the
+cost model. Exponential on purpose; keep n <= ~10.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from functools import lru_cache
+
+from pipeplan.hardware_profiles.profile import Link
+from pipeplan.planner.dp import LinkArg, stage_costs
+from pipeplan.planner.ilp import dag_stage_times
+from pipeplan.planner.pipedream import allreduce_pipedream_s
+from pipeplan.planner.problem import Problem
+
+
+def brute_chain(problem: Problem, stages: int, *, link: LinkArg, memory_bytes=None, capacity_bytes=None):
+    """(best bottleneck, bounds) over all contiguous partitions into `stages` non-empty stages."""
+    n = problem.n
+    best, best_bounds = math.inf, None
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        ends = [0, *cuts, n]
+        bounds = list(zip(ends[:-1], ends[1:]))
+        if memory_bytes is not None and capacity_bytes is not None:
+            if any(memory_bytes(s, a, b) > capacity_bytes for s, (a, b) in enumerate(bounds)):
+                continue
+        value = max(stage_costs(problem, bounds, link))
+        if value < best:
+            best, best_bounds = value, bounds
+    return best, best_bounds
+
+
+def dag_assignments(problem: Problem, stages: int):
+    """Every assignment of nodes to stages with stage(u) <= stage(v) on edges, all stages used."""
+    n = problem.n
+    parents: list[list[int]] = [[] for _ in range(n)]
+    for a, b, _ in problem.edges:
+        parents[b].append(a)
+    current = [0] * n
+
+    def rec(v):
+        if v == n:
+            if len(set(current)) == stages:
+                yield list(current)
+            return
+        low = max((current[p] for p in parents[v]), default=0)
+        for s in range(low, stages):
+            current[v] = s
+            yield from rec(v + 1)
+
+    yield from rec(0)
+
+
+def brute_dag(problem: Problem, stages: int, *, link: LinkArg, device_speed=None, capacity_bytes=None,
+              memory_bytes_per_layer=None):
+    """(best bottleneck, assignment) of the ILP's objective over all valid assignments."""
+    best, best_a = math.inf, None
+    caps = None
+    if capacity_bytes is not None:
+        caps = capacity_bytes if isinstance(capacity_bytes, (list, tuple)) else [capacity_bytes] * stages
+        mem = memory_bytes_per_layer or [p + s for p, s in zip(problem.param_bytes, problem.saved_bytes)]
+    for a in dag_assignments(problem, stages):
+        if caps is not None:
+            used = [0] * stages
+            for v, s in enumerate(a):
+                used[s] += mem[v]
+            if any(u > c for u, c in zip(used, caps)):
+                continue
+        value = max(dag_stage_times(problem, a, stages, link=link, device_speed=device_speed))
+        if value < best:
+            best, best_a = value, a
+    return best, best_a
+
+
+def brute_pipedream(problem: Problem, levels: list[tuple[int, Link]], *, dag: bool = False) -> float:
+    """PipeDream objective's optimum, at most `count` units per level.
+
+    dag=False: nested contiguous ranges of the topological order (what
+    partition_pipedream optimises for chains and hierarchies). dag=True (one level
+    only): stages are any precedence-respecting node sets (the ideal lattice).
+    """
+    comp = problem.compute_s
+    params = problem.param_bytes
+    D = [1]
+    for c, _ in levels[:-1]:
+        D.append(D[-1] * c)
+
+    def stage_time(level, x, p, r):
+        return (x + allreduce_pipedream_s(p, r, levels[level][1].bandwidth_bytes_per_s) / D[level]) / r
+
+    if dag:
+        if len(levels) != 1:
+            raise ValueError("dag=True supports one level")
+        N = levels[0][0]
+        best = math.inf
+        for k in range(1, min(N, problem.n) + 1):
+            for a in dag_assignments(problem, k):
+                C = [0.0] * k
+                P = [0.0] * k
+                for v, s in enumerate(a):
+                    C[s] += comp[v]
+                    P[s] += params[v]
+                for reps in _replica_vectors(k, N):
+                    best = min(best, max(stage_time(0, C[s], P[s], reps[s]) for s in range(k)))
+        return best
+
+    @lru_cache(maxsize=None)
+    def best_range(level: int, a: int, b: int) -> float:
+        N = levels[level][0]
+        best = math.inf
+        length = b - a
+        for k in range(1, min(N, length) + 1):
+            for cuts in itertools.combinations(range(a + 1, b), k - 1):
+                ends = [a, *cuts, b]
+                ranges = list(zip(ends[:-1], ends[1:]))
+                xs = [sum(comp[i] for i in range(s, e)) if level == 0 else best_range(level - 1, s, e) for s, e in ranges]
+                ps = [sum(params[i] for i in range(s, e)) for s, e in ranges]
+                for reps in _replica_vectors(k, N):
+                    best = min(best, max(stage_time(level, xs[i], ps[i], reps[i]) for i in range(k)))
+        return best
+
+    return best_range(len(levels) - 1, 0, problem.n)
+
+
+def _replica_vectors(k: int, total: int):
+    """All k-tuples of positive integers with sum <= total."""
+    for combo in itertools.product(range(1, total - k + 2), repeat=k):
+        if sum(combo) <= total:
+            yield combo

@@ -1,0 +1,350 @@
+"""Automatic search and plan evaluation: predictions are self-consistent, pruning never changes the
+answer, infeasible requests say by how much, and fixed options restrict the enumeration."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from search_fixtures import gpt_like, profile  # noqa: E402
+
+from pipeplan.costmodels.comm import allreduce_time_s, group_link
+from pipeplan.costmodels.graph import Edge, Graph, Layer
+from pipeplan.costmodels.memory import model_state_bytes, stage_memory
+from pipeplan.errors import InfeasibleError, UserError
+from pipeplan.planner.dp import partition_dp
+from pipeplan.planner.evaluate import boundary_bytes, evaluate, place, simulate_plan
+from pipeplan.planner.problem import build_problem
+from pipeplan.planner.search import Config, StageMemoryModel, equal_layers, min_bottleneck, search
+
+
+def uniform_graph(n=8, f=1e-3, b=2e-3, batch=8, params=4096, saved=1024):
+    layers = [Layer(f"l{i}", kind="matmul", param_bytes=params, saved_bytes=saved, output_bytes=0, fwd_s=f, bwd_s=b)
+              for i in range(n)]
+    edges = [Edge(f"l{i}", f"l{i + 1}", 0) for i in range(n - 1)]
+    return Graph(name="uniform", layers=layers, edges=edges, batch_size=batch, source={"device": "cpu"})
+
+
+def plan_config(plan):
+    return dict(replicas=[s.replicas for s in plan.stages] if plan.schedule == "pipedream" else plan.data_parallel,
+                schedule=plan.schedule, microbatches=plan.microbatches, batch_size=plan.batch_size, dtype=plan.dtype,
+                optimizer=plan.optimizer, recompute=plan.recompute, times=plan.times, chunks=plan.chunks)
+
+
+def assignment_of(plan, graph):
+    idx = {l.name: i for i, l in enumerate(graph.layers)}
+    out = [0] * len(graph.layers)
+    for st in plan.stages:
+        for name in st.layers:
+            out[idx[name]] = st.index
+    return out
+
+
+# ---------------------------------------------------------------------------- evaluate
+
+
+def test_evaluate_uniform_matches_closed_form():
+    """Equal measured layers, free sends: iteration = (M+K-1)(t_f+t_b) per stage, samples/s = B / that."""
+    g = uniform_graph(n=8)
+    prof = profile(40)
+    for K, M in [(2, 4), (4, 8), (8, 2)]:
+        plan = evaluate(g, prof, equal_layers(8, K), schedule="1f1b", microbatches=M, batch_size=8 * M,
+                        times="measured")
+        per_stage = (8 // K) * (1e-3 + 2e-3) * (8 * M // M) / 8  # traced at batch 8, microbatch 8
+        assert plan.predicted.iteration_s == pytest.approx((M + K - 1) * per_stage, rel=1e-12)
+        assert plan.predicted.samples_per_s == pytest.approx(8 * M / plan.predicted.iteration_s, rel=1e-12)
+        assert plan.predicted.bubble_fraction == pytest.approx((K - 1) / (M + K - 1), rel=1e-9)
+
+
+def test_evaluate_memory_and_flops_terms():
+    g = gpt_like(blocks=4, hidden=256, seq=128, vocab=1000, batch=4)
+    prof = profile(40)
+    assign = [0, 0, 0, 1, 1, 1]
+    plan = evaluate(g, prof, assign, schedule="1f1b", microbatches=4, batch_size=16, optimizer="adam")
+    prob = build_problem(g, prof, microbatch_size=4)
+    cut = prob.cut_bytes
+    for s, (a, b) in enumerate([(0, 3), (3, 6)]):
+        m = stage_memory(param_bytes=sum(prob.param_bytes[a:b]), saved_bytes_per_mb=sum(prob.saved_bytes[a:b]),
+                         input_bytes_per_mb=prob.input_bytes if a == 0 else cut[a - 1],
+                         output_bytes_per_mb=cut[b - 1] if b < 6 else 0, schedule="1f1b", stages=2, stage=s,
+                         microbatches=4, optimizer="adam", dtype="fp32", recompute=False)
+        assert plan.stages[s].predicted.memory_bytes == m.total_bytes
+        assert plan.stages[s].predicted.send_bytes == (cut[2] if s == 0 else 0)
+        assert plan.stages[s].predicted.compute_s == pytest.approx(sum(prob.fwd_s[a:b]) + sum(prob.bwd_s[a:b]))
+    assert plan.predicted.peak_memory_bytes == max(s.predicted.memory_bytes for s in plan.stages)
+    flops = (g.fwd_flops + g.bwd_flops) * 16 / 4
+    assert plan.predicted.achieved_flops_fraction == pytest.approx(
+        flops / plan.predicted.iteration_s / (2 * prof.flops_for("fp32")))
+    assert plan.graph["fingerprint"] == g.fingerprint() and plan.graph["trace_batch_size"] == 4
+    assert plan.graph["model_file"] == "/x/model.py" and plan.graph["layers"] == 6
+
+
+def test_data_parallel_adds_allreduce():
+    g = gpt_like(blocks=4, hidden=256, seq=128, vocab=1000, batch=4)
+    prof = profile(40, per_node=2)
+    one = evaluate(g, prof, [0, 0, 0, 1, 1, 1], schedule="1f1b", microbatches=4, batch_size=16)
+    two = evaluate(g, prof, [0, 0, 0, 1, 1, 1], replicas=2, schedule="1f1b", microbatches=2, batch_size=16)
+    assert two.devices == 4 and two.data_parallel == 2 and two.microbatch_size == 4
+    assert [s.devices for s in two.stages] == [[0, 1], [2, 3]]  # stage-major: replicas share a node
+    for s, st in enumerate(two.stages):
+        grad = model_state_bytes(sum(g.layers[i].param_bytes for i in range(3 * s, 3 * s + 3)), optimizer="adam",
+                                 dtype="fp32").grad_bytes
+        assert st.predicted.allreduce_s == pytest.approx(allreduce_time_s(grad, 2, group_link(prof, st.devices)))
+        assert st.predicted.allreduce_s > 0
+    assert one.stages[0].predicted.allreduce_s == 0
+    # Same microbatch size, half the microbatches per replica, plus the all-reduce tail.
+    sim = simulate_plan(two, g, prof)
+    assert two.predicted.iteration_s == pytest.approx(sim.iteration_s)
+    assert sim.iteration_s > sim.pipeline_s
+    assert any(e.kind == "allreduce" for e in sim.events)
+
+
+def test_layouts_place_ranks():
+    assert place(2, 3, "stage-major") == [[0, 1, 2], [3, 4, 5]]
+    assert place(2, 3, "pipeline-major") == [[0, 2, 4], [1, 3, 5]]
+
+
+def test_boundary_bytes_dag_counts_a_tensor_once_per_boundary():
+    g = gpt_like(blocks=3, hidden=64, seq=16, vocab=50, batch=2)
+    prob = build_problem(g, profile(), microbatch_size=2)
+    contiguous = boundary_bytes(prob, [0, 0, 1, 1, 2], 3)
+    assert contiguous == [prob.cut_bytes[1], prob.cut_bytes[3], 0]
+
+
+# ---------------------------------------------------------------------------- memory model used by the DP
+
+
+@pytest.mark.parametrize("schedule,chunks", [("gpipe", 1), ("1f1b", 1), ("pipedream", 1), ("interleaved", 2)])
+@pytest.mark.parametrize("dtype,optimizer,recompute", [("fp32", "adam", False), ("bf16", "adamw", True),
+                                                        ("fp16", "sgd", False), ("fp32", "momentum", True)])
+def test_stage_memory_model_equals_costmodel(schedule, chunks, dtype, optimizer, recompute):
+    g = gpt_like(blocks=6, hidden=128, seq=64, vocab=500, batch=2)
+    prob = build_problem(g, profile(), microbatch_size=2, dtype=dtype)
+    P, M = 4, 8
+    model = StageMemoryModel(prob, Config(schedule, P, 1, M, chunks, recompute), optimizer=optimizer, dtype=dtype)
+    rng = random.Random(0)
+    n = prob.n
+    for _ in range(40):
+        a = rng.randrange(n)
+        b = rng.randrange(a + 1, n + 1)
+        s = rng.randrange(P * chunks)
+        want = stage_memory(param_bytes=sum(prob.param_bytes[a:b]) * chunks,
+                            saved_bytes_per_mb=sum(prob.saved_bytes[a:b]) * chunks,
+                            input_bytes_per_mb=prob.input_bytes if a == 0 else prob.cut_bytes[a - 1],
+                            output_bytes_per_mb=prob.cut_bytes[b - 1] if b < n else 0, schedule=schedule, stages=P,
+                            stage=s % P, microbatches=max(M, P), optimizer=optimizer, dtype=dtype,
+                            recompute=recompute, chunks=chunks).total_bytes
+        assert model(s, a, b) == want
+
+
+def test_min_bottleneck_brute_force():
+    rng = random.Random(3)
+    for _ in range(30):
+        n = rng.randint(1, 9)
+        comp = [rng.uniform(0.1, 5) for _ in range(n)]
+        K = rng.randint(1, n)
+        best = min(
+            max(sum(comp[a:b]) for a, b in zip((0, *cuts), (*cuts, n)))
+            for cuts in itertools.combinations(range(1, n), K - 1)
+        )
+        got = min_bottleneck(comp, K)
+        assert got <= best + 1e-12 and got >= best * (1 - 1e-8)
+
+
+# ---------------------------------------------------------------------------- search
+
+
+def test_search_plan_equals_evaluate_of_its_partition():
+    g = gpt_like(blocks=12, hidden=768, seq=1024, batch=8)
+    prof = profile(16)
+    res = search(g, prof, 8, 64)
+    best = res.best
+    again = evaluate(g, prof, assignment_of(best, g), layout=best.solver["layout"], **plan_config(best))
+    assert again.predicted == best.predicted
+    assert [s.predicted for s in again.stages] == [s.predicted for s in best.stages]
+    assert best.predicted.fits and best.predicted.peak_memory_bytes <= prof.usable_memory_bytes
+    assert best.devices <= 8
+    # Runners-up are real, distinct, slower-or-equal plans.
+    assert res.alternatives and all(a.predicted.samples_per_s <= best.predicted.samples_per_s for a in res.alternatives)
+    assert len(best.alternatives) == len(res.alternatives)
+    # The baseline has the same configuration, equal layer counts.
+    base = res.baseline
+    assert (base.schedule, base.microbatches, base.data_parallel, len(base.stages)) == (
+        best.schedule, best.microbatches, best.data_parallel, len(best.stages))
+    counts = [len(s.layers) for s in base.stages]
+    assert max(counts) - min(counts) <= 1
+    if base.predicted.fits:
+        assert best.predicted.samples_per_s >= base.predicted.samples_per_s * (1 - 1e-12)
+
+
+def test_pruning_does_not_change_the_best():
+    """Exhaustive reference: every configuration partitioned by the DP and evaluated, no bounds."""
+    g = gpt_like(blocks=6, hidden=512, seq=256, vocab=8000, batch=4)
+    prof = profile(1.2)
+    N, B = 4, 16
+    res = search(g, prof, N, B, schedule="1f1b", recompute="off")
+    best_ref = None
+    for K in range(1, N + 1):
+        for d in range(1, N // K + 1):
+            if B % d:
+                continue
+            for M in [m for m in range(1, B // d + 1) if (B // d) % m == 0]:
+                prob = build_problem(g, prof, microbatch_size=B // (d * M))
+                from pipeplan.planner.search import _Searcher
+
+                sr = _Searcher(g, prof, B, dtype="fp32", optimizer="adam", times="model", top=1)
+                cfg = Config("1f1b", K, d, M, 1, False)
+                layouts = ["stage-major"] + (["pipeline-major"] if d > 1 and K > 1 and K * d > prof.devices_per_node else [])
+                for layout in layouts:
+                    part = partition_dp(prob, K, link=sr.link_fn(cfg, layout), memory_bytes=sr.memory_fn(cfg, prob),
+                                        capacity_bytes=sr.cap)
+                    if not part.assignment:
+                        continue
+                    plan = evaluate(g, prof, part.assignment, replicas=d, schedule="1f1b", microbatches=M,
+                                    batch_size=B, layout=layout)
+                    if plan.predicted.fits and (best_ref is None or plan.predicted.samples_per_s > best_ref):
+                        best_ref = plan.predicted.samples_per_s
+    assert best_ref is not None
+    assert res.best.predicted.samples_per_s == pytest.approx(best_ref, rel=1e-12)
+    assert res.pruned > 0  # the bounds did skip work
+
+
+def test_search_near_brute_force_over_partitions():
+    """Over ALL contiguous partitions (not just the DP's), the search's choice is within 5% of the best."""
+    g = gpt_like(blocks=5, hidden=512, seq=256, vocab=8000, batch=4)
+    prof = profile(40)
+    n, B = len(g.layers), 8
+    res = search(g, prof, 3, B, schedule="1f1b", recompute="off", data_parallel=1)
+    best = 0.0
+    for K in (1, 2, 3):
+        for cuts in itertools.combinations(range(1, n), K - 1):
+            assign = [sum(i >= c for c in cuts) for i in range(n)]
+            for M in (1, 2, 4, 8):
+                p = evaluate(g, prof, assign, schedule="1f1b", microbatches=M, batch_size=B)
+                if p.predicted.fits:
+                    best = max(best, p.predicted.samples_per_s)
+    assert res.best.predicted.samples_per_s >= 0.95 * best
+    assert res.best.predicted.samples_per_s <= best * (1 + 1e-12)
+
+
+def test_fixed_options_restrict_the_enumeration():
+    g = gpt_like(blocks=8, hidden=512, seq=256, vocab=8000, batch=4)
+    prof = profile(40)
+    res = search(g, prof, 8, 32, schedule="gpipe", stages=4, microbatches=8, recompute="on")
+    for p in [res.best, *res.alternatives]:
+        assert p.schedule == "gpipe" and len(p.stages) == 4 and p.microbatches == 8 and p.recompute
+    res = search(g, prof, 8, 32, schedule="interleaved", stages=2, chunks=2, data_parallel=1)
+    assert res.best.schedule == "interleaved" and res.best.chunks == 2 and len(res.best.stages) == 4
+    assert [s.devices for s in res.best.stages] == [[0], [1], [0], [1]]
+    res = search(g, prof, 4, 32, schedule="pipedream", stages=4)
+    assert res.best.schedule == "pipedream" and res.best.microbatches >= 4
+    res = search(g, prof, 4, 32, schedule="all")
+    assert res.best.schedule in ("gpipe", "1f1b", "interleaved", "pipedream")
+
+
+def test_bad_options_are_user_errors():
+    g = gpt_like(blocks=2, hidden=64, seq=16, vocab=50, batch=2)
+    with pytest.raises(UserError, match="schedule"):
+        search(g, profile(), 2, 8, schedule="zb-h1")
+    with pytest.raises(UserError, match="does not divide"):
+        search(g, profile(), 2, 8, microbatches=3)
+    with pytest.raises(UserError, match="layers"):
+        search(g, profile(), 8, 8, stages=8)
+
+
+def test_infeasible_says_by_how_much_and_is_true():
+    g = gpt_like(blocks=24, hidden=1024, seq=1024, batch=4)  # ~355M parameters: ~5.7 GB of Adam state
+    prof = profile(5.0, name="small-gpu")
+    with pytest.raises(InfeasibleError) as ei:
+        search(g, prof, 2, 16, recompute="off")
+    msg = str(ei.value)
+    m = re.search(r"needs ([0-9.]+) GiB on stage \d+ but small-gpu has 5.0 GiB usable "
+                  r"\(([0-9.]+) GiB, (\d+)% over\)", msg)
+    assert m, msg
+    need, over, pct = float(m.group(1)), float(m.group(2)), int(m.group(3))
+    assert over == pytest.approx(need - 5.0, abs=0.06) and pct == pytest.approx(100 * (need - 5) / 5, abs=3)
+    assert "more devices" in msg and "recomputation" in msg
+    # The number is real: with that much memory something fits, with clearly less nothing does.
+    search(g, profile(need + 0.06), 2, 16, recompute="off")
+    with pytest.raises(InfeasibleError):
+        search(g, profile(need * 0.97), 2, 16, recompute="off")
+
+
+def test_infeasible_model_state_alone():
+    g = gpt_like(blocks=48, hidden=1600, batch=1)  # ~1.5B parameters
+    with pytest.raises(InfeasibleError, match=r"model state alone.*more devices \(about \d+\)"):
+        search(g, profile(16), 1, 8)
+
+
+def test_progress_and_speed():
+    import time
+
+    g = gpt_like()  # GPT-2 small shape
+    calls = []
+    t0 = time.perf_counter()
+    res = search(g, profile(40, name="a100-40gb-like"), 8, 64, progress=lambda d, i, n: calls.append((d, i, n)))
+    elapsed = time.perf_counter() - t0
+    assert calls[-1][1] == calls[-1][2] and len(calls) > 2
+    assert res.evaluated >= 1 and res.best.solver["search"]["evaluated"] == res.evaluated
+    assert elapsed < 10  # a few seconds on a busy 2-core machine; timed properly in benchmarks/
+
+
+def test_graph_without_times_is_a_user_error():
+    g = uniform_graph(f=0.0, b=0.0)
+    with pytest.raises(UserError, match="no layer times"):
+        search(g, profile(), 2, 8, times="measured")
+
+
+def test_tied_parameter_is_copied_and_synchronised():
+    """GPT-2's embedding/LM-head tie across stages: the head's stage holds a copy, the copies are all-reduced."""
+    from pipeplan.costmodels.graph import SharedParam
+
+    g = gpt_like(blocks=2, hidden=256, seq=128, vocab=1000, batch=4)
+    tied = 1000 * 256 * 4
+    g.layers[-1].param_bytes = 0  # owned by the embedding, its first user
+    g.shared_params = [SharedParam("wte.weight", tied, ["embed", "head"])]
+    prof = profile(40)
+    untied = gpt_like(blocks=2, hidden=256, seq=128, vocab=1000, batch=4)
+    untied.layers[-1].param_bytes = 0
+    a = evaluate(g, prof, [0, 0, 1, 1], schedule="1f1b", microbatches=4, batch_size=16)
+    b = evaluate(untied, prof, [0, 0, 1, 1], schedule="1f1b", microbatches=4, batch_size=16)
+    copy = model_state_bytes(tied, optimizer="adam", dtype="fp32")
+    assert a.stages[1].predicted.memory_bytes - b.stages[1].predicted.memory_bytes == copy.total_bytes
+    assert a.stages[0].predicted.memory_bytes == b.stages[0].predicted.memory_bytes
+    expect = allreduce_time_s(copy.grad_bytes, 2, group_link(prof, [0, 1]))
+    assert a.stages[0].predicted.allreduce_s == pytest.approx(expect) and b.stages[0].predicted.allreduce_s == 0
+    assert a.predicted.iteration_s == pytest.approx(b.predicted.iteration_s + expect)
+    assert any("wte.weight" in note for note in a.notes)
+    # On one stage nothing changes.
+    one = evaluate(g, prof, [0, 0, 0, 0], schedule="1f1b", microbatches=4, batch_size=16)
+    assert one.stages[0].predicted.allreduce_s == 0 and not one.notes
+
+
+def test_ilp_refinement_on_a_dag():
+    """solver="ilp" re-partitions the best configuration; the result is still a consistent, feasible plan."""
+    pytest.importorskip("pulp")
+    layers = [Layer("in", kind="matmul", param_bytes=4096, output_bytes=4096, saved_bytes=4096, fwd_s=1e-3, bwd_s=2e-3)]
+    for i in range(3):
+        for side in "ab":
+            layers.append(Layer(f"{side}{i}", kind="matmul", param_bytes=4096, output_bytes=4096, saved_bytes=4096,
+                                fwd_s=(1 + i) * 1e-3, bwd_s=(2 + i) * 1e-3))
+    layers.append(Layer("out", kind="matmul", param_bytes=4096, output_bytes=4, saved_bytes=4096, fwd_s=1e-3, bwd_s=2e-3))
+    edges = [Edge("in", "a0", 4096), Edge("in", "b0", 4096)]
+    for side in "ab":
+        edges += [Edge(f"{side}0", f"{side}1", 4096), Edge(f"{side}1", f"{side}2", 4096), Edge(f"{side}2", "out", 4096)]
+    order = ["in", "a0", "b0", "a1", "b1", "a2", "b2", "out"]
+    layers.sort(key=lambda l: order.index(l.name))
+    g = Graph(name="diamond", layers=layers, edges=edges, batch_size=4, source={"device": "cpu"})
+    prof = profile(40)
+    res = search(g, prof, 2, 8, schedule="1f1b", stages=2, data_parallel=1, solver="ilp", times="measured")
+    best = res.best
+    assert best.predicted.fits
+    again = evaluate(g, prof, assignment_of(best, g), layout=best.solver["layout"], **plan_config(best))
+    assert again.predicted == best.predicted
+    assert "ilp" in best.solver or best.solver["name"] == "ilp"
