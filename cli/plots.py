@@ -56,12 +56,15 @@ def _time_unit(total_s: float) -> tuple[float, str]:
     return 1e6, "µs"
 
 
-def draw_gantt(ax, events: Sequence[Any], *, devices: int | None = None, chunks: int = 1, iteration_s: float | None = None) -> None:
-    """One row per device (device 0 on top): compute blocks labelled with the microbatch, sends as thin bars."""
+def draw_gantt(ax, events: Sequence[Any], *, devices: int | None = None, chunks: int = 1, iteration_s: float | None = None) -> list:
+    """One row per device (device 0 on top): compute blocks labelled with the microbatch, sends as thin bars.
+
+    Returns the legend handles (the caller places the legend where it has room).
+    """
     devs = sorted({e.device for e in events}) if devices is None else list(range(devices))
     if not devs:
         ax.text(0.5, 0.5, "no events", ha="center", va="center", transform=ax.transAxes)
-        return
+        return []
     end_s = max([e.end_s for e in events] + [iteration_s or 0.0])
     scale, unit = _time_unit(end_s)
     width = end_s * scale
@@ -98,6 +101,8 @@ def draw_gantt(ax, events: Sequence[Any], *, devices: int | None = None, chunks:
         ax.spines[side].set_visible(False)
     kinds = {e.kind for e in events}
     handles = [Patch(facecolor=KIND_COLOURS["fwd"], label="forward (microbatch #)"), Patch(facecolor=KIND_COLOURS["bwd"], label="backward")]
+    if chunks > 1:
+        handles.append(Patch(facecolor=_shade(KIND_COLOURS["fwd"], chunks - 1, chunks), label=f"lighter: later chunks (of {chunks})"))
     if "recompute" in kinds:
         handles.append(Patch(facecolor=KIND_COLOURS["recompute"], label="recompute"))
     if "allreduce" in kinds:
@@ -105,8 +110,7 @@ def draw_gantt(ax, events: Sequence[Any], *, devices: int | None = None, chunks:
     if "send" in kinds:
         handles.append(Patch(facecolor=KIND_COLOURS["send"], label="send"))
     handles.append(Patch(facecolor=IDLE_COLOUR, label="idle (bubble)"))
-    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=min(3, len(handles)),
-              frameon=False, fontsize=8)
+    return handles
 
 
 def draw_memory(ax, plan, capacity_bytes: int | None) -> None:
@@ -140,7 +144,12 @@ def draw_memory(ax, plan, capacity_bytes: int | None) -> None:
     ax.set_ylim(0, top * 1.18 if top > 0 else 1)
     ax.set_xlim(-0.6, max(len(xs), 4) - 0.4)  # a lone stage keeps a bar's width, not the panel's
     ax.set_xticks(xs)
-    ax.set_xticklabels([f"S{s.index}" for s in stages], fontsize=8 if len(xs) <= 16 else 6)
+    if plan.chunks > 1:
+        pipe = max(1, len(stages) // plan.chunks)
+        labels = [f"S{s.index}\ndev {s.index % pipe}" for s in stages]
+    else:
+        labels = [f"S{s.index}" for s in stages]
+    ax.set_xticklabels(labels, fontsize=8 if len(xs) <= 16 else 6)
     ax.set_ylabel(f"{unit} per device")
     if not ax.get_title(loc="left"):
         ax.set_title("peak memory per stage (% of usable)", fontsize=10, loc="left")
@@ -149,13 +158,14 @@ def draw_memory(ax, plan, capacity_bytes: int | None) -> None:
 
 
 def schedule_png(plan, sim, *, capacity_bytes: int | None = None, title: str = "") -> bytes:
-    """Gantt of the simulated iteration plus memory bars; PNG bytes."""
+    """Gantt of the simulated iteration, its legend, then memory bars and the plan's settings; PNG bytes."""
     devices = sorted({e.device for e in sim.events})
     n = max(1, len(devices))
-    fig = Figure(figsize=(13, 2.2 + 0.42 * n + 2.6))
-    gs = fig.add_gridspec(2, 2, height_ratios=[max(1.6, 0.42 * n + 0.8), 2.3], width_ratios=[3, 1.6], hspace=0.45, wspace=0.35)
+    gantt_h = max(1.4, 0.45 * n + 0.6)
+    fig = Figure(figsize=(13, gantt_h + 0.5 + 2.6 + 0.9))
+    gs = fig.add_gridspec(3, 2, height_ratios=[gantt_h, 0.5, 2.6], width_ratios=[3, 1.6], hspace=0.35, wspace=0.3)
     gantt = fig.add_subplot(gs[0, :])
-    draw_gantt(gantt, sim.events, chunks=max(1, plan.chunks), iteration_s=sim.iteration_s)
+    handles = draw_gantt(gantt, sim.events, chunks=max(1, plan.chunks), iteration_s=sim.iteration_s)
     pred = plan.predicted
     gantt.set_title(
         f"{title}\niteration {fmt_seconds(pred.iteration_s)} · {pred.samples_per_s:,.1f} samples/s · "
@@ -163,18 +173,21 @@ def schedule_png(plan, sim, *, capacity_bytes: int | None = None, title: str = "
         fontsize=10,
         loc="left",
     )
-    draw_memory(fig.add_subplot(gs[1, 0]), plan, capacity_bytes)
-    mem = fig.axes[-1]
-    info = fig.add_subplot(gs[1, 1])
+    key = fig.add_subplot(gs[1, :])
+    key.axis("off")
+    key.legend(handles=handles, loc="center", ncol=len(handles), frameon=False, fontsize=8)
+    mem = fig.add_subplot(gs[2, 0])
+    draw_memory(mem, plan, capacity_bytes)
+    info = fig.add_subplot(gs[2, 1])
     info.axis("off")
-    handles, labels = mem.get_legend_handles_labels()
-    info.legend(handles, labels, loc="upper left", fontsize=8, frameon=False, title="memory", title_fontsize=8)
+    mh, ml = mem.get_legend_handles_labels()
+    info.legend(mh, ml, loc="upper left", fontsize=8, frameon=False, title="memory", title_fontsize=8)
     lines = [f"schedule: {plan.schedule}" + (f" (v={plan.chunks})" if plan.chunks > 1 else ""),
              f"microbatches: {plan.microbatches} × {plan.microbatch_size}",
              f"data-parallel replicas: {getattr(plan, 'data_parallel', 1)}",
              f"dtype: {plan.dtype}, optimizer: {plan.optimizer}",
              f"recomputation: {'on' if plan.recompute else 'off'}"]
-    info.text(0.0, 0.05, "\n".join(lines), va="bottom", ha="left", fontsize=9, family="monospace", transform=info.transAxes)
+    info.text(0.0, 0.0, "\n".join(lines), va="bottom", ha="left", fontsize=9, family="monospace", transform=info.transAxes)
     return _png(fig)
 
 

@@ -99,24 +99,29 @@ def _devices(devices: list[int]) -> str:
 
 
 def stage_table(plan, graph=None, capacity_bytes: int | None = None) -> Table:
-    """Per-stage table: layers, parameters, per-microbatch times, sends, peak memory against capacity."""
+    """Per-stage table: layers, parameters, per-microbatch times, sends, peak memory against capacity.
+
+    Times share one unit (in the title) so the columns stay narrow enough for an
+    ordinary terminal; the all-reduce column appears only when stages are replicated.
+    """
     scale, unit = table_time_unit([x for s in plan.stages for x in (s.predicted.fwd_s, s.predicted.bwd_s, s.predicted.send_s)])
-    t = Table(title="Stages (times per microbatch)", title_justify="left", header_style="bold")
+    allreduce = any(s.predicted.allreduce_s for s in plan.stages)
+    title = f"Stages ({unit} per microbatch" + ("; all-reduce once per iteration)" if allreduce else ")")
+    t = Table(title=title, title_justify="left", header_style="bold")
     t.add_column("stage", justify="right")
-    t.add_column("devices")
+    t.add_column("devices", no_wrap=True)
     t.add_column("layers (from → to)", no_wrap=True)
     t.add_column("#", justify="right")
     params = stage_params(plan, graph)
     show_params = any(p is not None for p in params)
     if show_params:
         t.add_column("params", justify="right")
-    t.add_column(f"fwd {unit}", justify="right")
-    t.add_column(f"bwd {unit}", justify="right")
-    t.add_column("send", justify="right")
-    t.add_column(f"send {unit}", justify="right")
-    if any(s.predicted.allreduce_s for s in plan.stages):
-        t.add_column(f"allreduce {unit}", justify="right")
-    t.add_column(f"peak memory (of {fmt_bytes(capacity_bytes)})" if capacity_bytes else "peak memory", justify="right", no_wrap=True)
+    t.add_column("fwd", justify="right")
+    t.add_column("bwd", justify="right")
+    t.add_column("send", justify="right", no_wrap=True)
+    if allreduce:
+        t.add_column("all-reduce", justify="right")
+    t.add_column(f"memory (of {fmt_bytes(capacity_bytes)})" if capacity_bytes else "memory", justify="right", no_wrap=True)
     last = max((s.index for s in plan.stages), default=0)
     for s, p in zip(plan.stages, params):
         pred = s.predicted
@@ -124,10 +129,11 @@ def stage_table(plan, graph=None, capacity_bytes: int | None = None) -> Table:
         if show_params:
             row.append(fmt_count(p))
         row += [fmt_in(pred.fwd_s, scale), fmt_in(pred.bwd_s, scale)]
-        is_last = s.index == last
-        row += ["—" if is_last and not pred.send_bytes else fmt_bytes(pred.send_bytes),
-                "—" if is_last and not pred.send_s else fmt_in(pred.send_s, scale)]
-        if any(x.predicted.allreduce_s for x in plan.stages):
+        if s.index == last and not pred.send_bytes:
+            row.append("—")
+        else:
+            row.append(f"{fmt_bytes(pred.send_bytes)}, {fmt_in(pred.send_s, scale)}")
+        if allreduce:
             row.append(fmt_in(pred.allreduce_s, scale))
         if capacity_bytes:
             frac = pred.memory_bytes / capacity_bytes

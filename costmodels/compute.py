@@ -29,8 +29,8 @@ DEFAULT_EFFICIENCY: dict[str, float] = {
     # cuDNN convolutions run as implicit GEMMs but with lower utilisation on small
     # channel counts; MLPerf ResNet-50 submissions sit well below GEMM efficiency. Judgement.
     "conv": 0.60,
-    # FlashAttention-2 (Dao 2023, §4.1): 50-73% of A100 peak forward, less backward;
-    # unfused attention is lower still. Judgement: 0.50.
+    # FlashAttention-2 (Dao 2023, abstract): "50-73% of the theoretical maximum FLOPs/s
+    # on A100"; unfused attention is lower still. Judgement: 0.50, the low end.
     "attention": 0.50,
     # The kinds below are memory-bound: their time is set by `DEFAULT_MEMORY_EFFICIENCY`
     # and the compute figure only matters for unusually FLOP-heavy instances. They run
@@ -41,9 +41,10 @@ DEFAULT_EFFICIENCY: dict[str, float] = {
     "other": 0.50,
 }
 
-# Achieved / peak memory bandwidth for streaming kernels. STREAM-like copies reach
-# ~85-90% of HBM peak on A100/H100 (e.g. the jax-ml scaling book's and NVIDIA's
-# bandwidthTest figures); framework elementwise/norm kernels somewhat less. Judgement: 0.80.
+# Achieved / peak memory bandwidth for streaming kernels. Commonly reported STREAM /
+# bandwidthTest copies on A100/H100 reach roughly 80-90% of HBM peak (not re-verified
+# against a primary source here); framework elementwise/norm kernels somewhat less.
+# Judgement: 0.80.
 DEFAULT_MEMORY_EFFICIENCY = 0.80
 
 # A calibrated local profile stores ACHIEVED rates as its peaks, so unless it says

@@ -36,6 +36,7 @@ import os
 import platform
 import socket
 import time
+from pathlib import Path
 from typing import Callable
 
 from pipeplan.errors import UserError
@@ -244,13 +245,24 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+def _cgroup_limit_bytes() -> int | None:
+    """The container's memory limit (cgroup v2 memory.max), when there is one."""
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
 def memory_total_bytes() -> int:
-    """MemTotal from /proc/meminfo (no psutil); falls back to sysconf."""
+    """MemTotal from /proc/meminfo (no psutil), capped by a container's cgroup limit; falls back to sysconf."""
+    limit = _cgroup_limit_bytes()
     try:
         with open("/proc/meminfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
+                    total = int(line.split()[1]) * 1024
+                    return min(total, limit) if limit else total
     except OSError:
         pass
     try:
@@ -281,13 +293,11 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
     # the timing loops (4+4+3+1 loops, and the memory loop counted 3 times = 15).
     cap = max(0.1, (budget_s - 5.0) / 15 * 0.8)
 
-    results: dict[str, object] = {}
-
-    def step(label: str, fn: Callable[[], object]) -> object:
+    def step(label: str, fn: Callable[[], object]):
         report(label, 0, 1)
-        results[label] = fn()
+        value = fn()
         report(label, 1, 1)
-        return results[label]
+        return value
 
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -15,6 +15,7 @@ users can correct a number without editing the installed package.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import math
@@ -339,7 +340,9 @@ def _catalog() -> tuple[HardwareProfile, ...]:
 
 
 def catalog_profiles() -> list[HardwareProfile]:
-    return list(_catalog())
+    """Fresh copies: the parsed catalogue is cached, and a caller mutating a profile's
+    dicts (peak_flops, efficiency) must not change what the next caller sees."""
+    return copy.deepcopy(list(_catalog()))
 
 
 def user_profiles() -> list[HardwareProfile]:
@@ -362,7 +365,7 @@ def list_profiles() -> list[HardwareProfile]:
     """Catalogue then user profiles; a user profile shadows a catalogue one of the same name."""
     users = user_profiles()
     user_names = {n for p in users for n in (p.name, *p.aliases)}
-    return [p for p in _catalog() if p.name not in user_names] + users
+    return [p for p in catalog_profiles() if p.name not in user_names] + users
 
 
 def _looks_like_path(s: str) -> bool:
@@ -379,7 +382,7 @@ def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
     key = s.strip().lower()
     for prof in [*user_profiles(), *_catalog()]:  # user first: it shadows the catalogue
         if key == prof.name or key in prof.aliases:
-            return prof
+            return copy.deepcopy(prof)
     names = [n for p in list_profiles() for n in (p.name, *p.aliases)]
     close = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""

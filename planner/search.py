@@ -187,8 +187,12 @@ class StageMemoryModel:
     activations add up over chunks; receive buffers are shared).
     """
 
-    def __init__(self, prob: Problem, cfg: Config, *, optimizer: str, dtype: str):
+    def __init__(self, prob: Problem, cfg: Config, *, optimizer: str, dtype: str,
+                 shared: list[tuple[int, list[int]]] = ()):
         P, n = cfg.stages, prob.n
+        # Tied parameters: (bytes, sorted layer indices using it). A range holding a user
+        # but not the owner (first user) keeps a copy, as `evaluate` charges it.
+        self.shared = [(nbytes, users) for nbytes, users in shared if len(users) > 1]
         self.n, self.P = n, P
         self.ch = cfg.chunks if cfg.schedule == "interleaved" else 1
         self.recompute = cfg.recompute
@@ -216,7 +220,11 @@ class StageMemoryModel:
 
     def __call__(self, s: int, a: int, b: int) -> int:
         ch = self.ch
-        return self.device_total(s % self.P, (self.pp[b] - self.pp[a]) * ch, (self.sp[b] - self.sp[a]) * ch,
+        params = self.pp[b] - self.pp[a]
+        for nbytes, users in self.shared:
+            if users[0] < a and any(a <= u < b for u in users):
+                params += nbytes
+        return self.device_total(s % self.P, params * ch, (self.sp[b] - self.sp[a]) * ch,
                                  self.input if a == 0 else self.cut[a - 1], self.cut[b - 1] if b < self.n else 0)
 
     def greedy_fits(self, stages: int, capacity: int) -> bool:
@@ -264,6 +272,9 @@ class _Searcher:
         self.cap = int(profile.usable_memory_bytes)
         self.n = len(graph.layers)
         self.summary = graph_summary(graph)
+        index = {layer.name: i for i, layer in enumerate(graph.layers)}
+        self.shared = [(int(sp.bytes), sorted(index[name] for name in sp.layers if name in index))
+                       for sp in graph.shared_params]
         self._problems: dict[tuple[int, bool], Problem] = {}
         self.top_plans: list[tuple[float, int, Plan, Config, Partition]] = []
         self.evaluated = self.pruned = self.infeasible = 0
@@ -320,7 +331,8 @@ class _Searcher:
     def memory_fn(self, cfg: Config, prob: Problem):
         key = (id(prob), cfg.schedule, cfg.stages, cfg.chunks, cfg.recompute, self.memory_signature(cfg))
         if key not in self._memfns:
-            self._memfns[key] = StageMemoryModel(prob, cfg, optimizer=self.optimizer, dtype=self.dtype)
+            self._memfns[key] = StageMemoryModel(prob, cfg, optimizer=self.optimizer, dtype=self.dtype,
+                                                 shared=self.shared)
         return self._memfns[key]
 
     def memory_signature(self, cfg: Config) -> tuple[int, ...]:
@@ -451,6 +463,7 @@ def _summary(plan: Plan) -> dict:
         "microbatch_size": plan.microbatch_size,
         "recompute": plan.recompute,
         "layer_counts": [len(s.layers) for s in plan.stages],
+        "layout": plan.solver.get("layout", "stage-major"),
         "iteration_s": plan.predicted.iteration_s,
         "samples_per_s": plan.predicted.samples_per_s,
         "bubble_fraction": plan.predicted.bubble_fraction,

@@ -198,30 +198,6 @@ def build_stage_module(gm: fx.GraphModule, info: StageInfo, num_stages: int, *, 
     return module
 
 
-def example_values(gm: fx.GraphModule, info: StageInfo, num_stages: int, device) -> tuple[tuple, tuple]:
-    """Empty tensors shaped like a stage's inputs and outputs (at the export's batch size).
-
-    Given to PipelineStage up front, they spare it the shape-inference forward it
-    would otherwise run on real data, which would update BatchNorm statistics
-    once more than the training steps do.
-    """
-    nodes = {n.name: n for n in gm.graph.nodes}
-
-    def empty(node):
-        val = node.meta.get("val") if isinstance(node, fx.Node) else None
-        if not isinstance(val, torch.Tensor):
-            raise UserError(f"stage {info.index}: no shape recorded for value {getattr(node, 'name', node)!r}")
-        return torch.empty(tuple(int(d) for d in val.shape), dtype=val.dtype, device=device)
-
-    inputs = tuple(empty(nodes[v]) for v in info.inputs)
-    if info.index == num_stages - 1:
-        out_node = next(n for n in gm.graph.nodes if n.op == "output")
-        outputs = tuple(empty(x) for x in pytree.tree_leaves(out_node.args[0]) if isinstance(x, fx.Node))
-    else:
-        outputs = tuple(empty(nodes[v]) for v in info.outputs)
-    return inputs, outputs
-
-
 def _contiguous_input_grads(module, args):
     """Gradients of received tensors are sent back upstream, and gloo sends only contiguous tensors."""
     for a in args:

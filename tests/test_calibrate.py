@@ -90,6 +90,8 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
     q = load_profile(str(tmp_path / "local.yaml"))
     assert q.local and q.peak_flops == p.peak_flops and q.efficiency == pytest.approx(p.efficiency)
     assert q.calibration["matmul_fp32_gflops"] == [80.0, 100.0, 64.0, 100.0]
+    r = CliRunner().invoke(cli, ["profiles", "show", str(tmp_path / "local.yaml")])
+    assert r.exit_code == 0 and "loopback" in r.stdout and "cpu_share" in r.stdout and "(local)" in r.stdout
 
 
 def test_slow_bf16_is_left_out_and_planned_at_the_fp32_rate(fake_measurements):

@@ -242,3 +242,12 @@ def test_profiles_list_does_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_callers_get_independent_copies():
+    a = load_profile("a100-80gb-sxm")
+    a.peak_flops["bf16"] = 1.0
+    a.efficiency["matmul"] = 0.1
+    fresh = load_profile("a100-80gb-sxm")
+    assert fresh.peak_flops["bf16"] == 312e12 and "matmul" not in fresh.efficiency
+    assert [p.peak_flops["bf16"] for p in list_profiles() if p.name == "a100-80gb-sxm"] == [312e12]

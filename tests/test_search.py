@@ -348,3 +348,18 @@ def test_ilp_refinement_on_a_dag():
     again = evaluate(g, prof, assignment_of(best, g), layout=best.solver["layout"], **plan_config(best))
     assert again.predicted == best.predicted
     assert "ilp" in best.solver or best.solver["name"] == "ilp"
+
+
+def test_memory_model_charges_tied_copies_like_evaluate():
+    from pipeplan.costmodels.graph import SharedParam
+
+    g = gpt_like(blocks=4, hidden=256, seq=128, vocab=1000, batch=4)
+    g.layers[-1].param_bytes = 0
+    g.shared_params = [SharedParam("wte.weight", 1000 * 256 * 4, ["embed", "head"])]
+    prof = profile(40)
+    prob = build_problem(g, prof, microbatch_size=4)
+    model = StageMemoryModel(prob, Config("1f1b", 2, 1, 4, 1, False), optimizer="adam", dtype="fp32",
+                             shared=[(1000 * 256 * 4, [0, 5])])
+    for cut in range(1, 6):
+        plan = evaluate(g, prof, [0] * cut + [1] * (6 - cut), schedule="1f1b", microbatches=4, batch_size=16)
+        assert [model(0, 0, cut), model(1, cut, 6)] == [s.predicted.memory_bytes for s in plan.stages]

@@ -1,0 +1,168 @@
+"""Runtime benchmark: does a planned pipeline really run faster, and as fast as predicted?
+
+One command (prints a table; --write-results also rewrites the "Runtime" section of
+benchmarks/RESULTS.md):
+
+    /work/venv/bin/python benchmarks/runtime_bench.py --write-results
+
+1. A local hardware profile from `profiles calibrate` (or --profile NAME|PATH).
+2. Speed-up: a 2-stage, M=8 1F1B plan of examples/wide_mlp.py (balanced, big
+   microbatches) run by `pipeplan run` (2 processes, one thread each) against
+   single-process single-thread training of the same model on the same batch.
+   Target >= 1.6x (ideal 2 x 8 / (8 + 1) = 1.78x).
+3. Prediction: measured vs predicted iteration time for GPipe and 1F1B on three
+   examples (target within 10%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+SECTION = "## Runtime (`benchmarks/runtime_bench.py`)"
+# (example, batch size, microbatches); each a 2-stage plan on 2 devices
+CASES = [("wide_mlp", 1024, 8), ("mlp", 512, 8), ("gpt", 32, 8)]
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def single_process_step_s(model_file: str, batch: int, steps: int, warmup: int) -> float:
+    """Median step time of plain single-thread training (the speed-up's baseline)."""
+    import torch
+
+    from pipeplan.costmodels.model_file import load_model_file
+
+    torch.set_num_threads(1)
+    spec = load_model_file(model_file)
+    torch.manual_seed(0)
+    model = spec.build()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = spec.example_inputs(batch), spec.example_target(batch)
+    times = []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        spec.loss(model(*x), y).backward()
+        opt.step()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def make_plan(model_file: str, profile, batch: int, m: int, schedule: str, out: Path):
+    from pipeplan.costmodels.trace import trace
+    from pipeplan.planner.search import search
+
+    graph = trace(model_file, batch // m)
+    result = search(graph, profile, 2, batch, schedule=schedule, stages=2, microbatches=m, optimizer="sgd",
+                    recompute="off", times="model")
+    result.best.save(out)
+    return result.best
+
+
+def run_plan(plan_path: Path, steps: int, warmup: int) -> dict:
+    from pipeplan.planner.plan import load_plan
+    from pipeplan.runtime.launch import LaunchOptions, launch
+    from pipeplan.runtime.report import summarize
+
+    result = launch(str(plan_path), LaunchOptions(steps=steps, warmup=warmup, optimizer="sgd"))
+    return summarize(result, load_plan(plan_path))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default=None, help="profile name or YAML path (default: calibrate now)")
+    ap.add_argument("--calibrate-budget-s", type=float, default=45.0)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--write-results", action="store_true", help="rewrite the Runtime section of benchmarks/RESULTS.md")
+    args = ap.parse_args(argv)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if args.profile:
+        from pipeplan.hardware_profiles import load_profile
+
+        profile = load_profile(args.profile)
+        profile_desc = args.profile
+    else:
+        from pipeplan.hardware_profiles.calibrate import calibrate
+
+        console.print(f"calibrating a local profile ({args.calibrate_budget_s:.0f} s budget) ...")
+        profile = calibrate(budget_s=args.calibrate_budget_s)
+        profile_desc = f"calibrated now (`calibrate(budget_s={args.calibrate_budget_s:g})`)"
+
+    rows = []
+    speedup = None
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, batch, m in CASES:
+            model_file = str(EXAMPLES / f"{name}.py")
+            for schedule in SCHEDULES:
+                console.print(f"{name} {schedule}: planning and running {args.steps} steps ...")
+                plan_path = Path(tmp) / f"{name}-{schedule}.json"
+                plan = make_plan(model_file, profile, batch, m, schedule, plan_path)
+                doc = run_plan(plan_path, args.steps, args.warmup)
+                meas, pred = doc["measured"]["iteration_s"], plan.predicted.iteration_s
+                rows.append({"example": name, "schedule": schedule, "batch": batch, "M": m,
+                             "cut": len(plan.stages[0].layers), "measured_s": meas, "predicted_s": pred,
+                             "error": (meas - pred) / pred if pred else float("nan"),
+                             "samples_per_s": doc["measured"]["samples_per_s"]})
+            if name == "wide_mlp":
+                single = single_process_step_s(model_file, batch, args.steps - args.warmup, args.warmup)
+                pipe = next(r for r in rows if r["example"] == name and r["schedule"] == "1f1b")
+                speedup = {"single_s": single, "single_sps": batch / single, "pipe_sps": pipe["samples_per_s"],
+                           "ratio": pipe["samples_per_s"] / (batch / single)}
+
+    table = Table(title="pipeplan run: measured vs predicted (2 stages, 2 processes x 1 thread)")
+    for col in ("example", "schedule", "batch", "M", "measured ms", "predicted ms", "error", "within 10%"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["example"], r["schedule"], str(r["batch"]), str(r["M"]), f"{r['measured_s'] * 1e3:.1f}",
+                      f"{r['predicted_s'] * 1e3:.1f}", f"{r['error'] * 100:+.1f}%", "yes" if abs(r["error"]) <= 0.10 else "NO")
+    console.print(table)
+    if speedup:
+        console.print(f"wide_mlp speed-up (1F1B, M=8, 2 processes vs 1 process, 1 thread each): "
+                      f"{speedup['pipe_sps']:.1f} vs {speedup['single_sps']:.1f} samples/s = {speedup['ratio']:.2f}x "
+                      f"(target >= 1.6x, ideal 1.78x)")
+    if args.write_results:
+        write_results(rows, speedup, profile_desc, args)
+    return 0
+
+
+def write_results(rows, speedup, profile_desc, args) -> None:
+    lines = [SECTION, "",
+             f"Command: `/work/venv/bin/python benchmarks/runtime_bench.py --write-results` (steps {args.steps}, warm-up "
+             f"{args.warmup}; profile: {profile_desc}). Machine load at the time is not controlled.", ""]
+    if speedup:
+        ok = "meets" if speedup["ratio"] >= 1.6 else "MISSES"
+        lines += [f"Speed-up, examples/wide_mlp.py batch 1024, 1F1B M=8 on 2 processes x 1 thread vs single-process "
+                  f"single-thread: {speedup['pipe_sps']:.1f} / {speedup['single_sps']:.1f} samples/s = "
+                  f"**{speedup['ratio']:.2f}x** ({ok} the >= 1.6x target; ideal 1.78x).", ""]
+    lines += ["| example | schedule | batch | M | measured ms/iter | predicted ms/iter | error | within 10% |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['example']} | {r['schedule']} | {r['batch']} | {r['M']} | {r['measured_s'] * 1e3:.1f} | "
+                     f"{r['predicted_s'] * 1e3:.1f} | {r['error'] * 100:+.1f}% | {'yes' if abs(r['error']) <= 0.10 else 'no'} |")
+    section = "\n".join(lines) + "\n"
+    path = REPO / "benchmarks" / "RESULTS.md"
+    text = path.read_text()
+    start = text.index(SECTION)
+    nxt = text.find("\n## ", start + len(SECTION))
+    end = len(text) if nxt < 0 else nxt + 1
+    from pipeplan._io import atomic_write_text
+
+    atomic_write_text(path, text[:start] + section + ("\n" if nxt >= 0 else "") + text[end:])
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
