@@ -117,12 +117,21 @@ def simulate_from_plan(plan):
 
     stages = sorted(plan.stages, key=lambda s: s.index)
     p = [s.predicted for s in stages]
+    fwd = [x.fwd_s for x in p]
+    bwd = [x.bwd_s for x in p]
     recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) for x in p]
     allreduce = [x.allreduce_s for x in p]
+    if plan.schedule == "pipedream":
+        # A stage with r replicas takes every r-th microbatch and folds its weight
+        # all-reduce into the backward (PipeDream SOSP'19 §3.1), as planner/evaluate.py does.
+        r = [max(1, s.replicas) for s in stages]
+        fwd = [f / k for f, k in zip(fwd, r)]
+        bwd = [(b + a) / k for b, a, k in zip(bwd, allreduce, r)]
+        recompute = [x / k for x, k in zip(recompute, r)]
     return simulate(
         plan.schedule,
-        [x.fwd_s for x in p],
-        [x.bwd_s for x in p],
+        fwd,
+        bwd,
         [x.send_s for x in p],
         plan.microbatches,
         chunks=plan.chunks if plan.schedule == "interleaved" else 1,

@@ -216,7 +216,7 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     optimizer_bytes = state.grad_bytes + state.optimizer_bytes
     acts = activation_bytes(saved_bytes_per_mb=saved_bytes_per_mb, input_bytes_per_mb=input_bytes_per_mb,
                             inflight=inflight, recompute=recompute, chunks=chunks)
-    receives_grad = schedule == "interleaved" or stage < stages - 1
+    receives_grad = (schedule == "interleaved" and chunks > 1) or stage < stages - 1
     buffers = int(input_bytes_per_mb) + (int(output_bytes_per_mb) if receives_grad else 0)
     total = weights + optimizer_bytes + acts + buffers
     return MemoryBreakdown(weights, optimizer_bytes, acts, buffers, total, inflight, versions)

@@ -217,3 +217,47 @@ def test_plan_reads_a_pipedream_profile():
     doc = run_json(["plan", path, "--profile", "v100-16gb-sxm2", "--gpus", "4", "--batch-size", "64", "--dtype", "fp32"])
     assert doc["plan"]["graph"]["model_file"] is None
     assert doc["plan"]["predicted"]["samples_per_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--schedule", "interleaved", "--stages", "2", "--microbatches", "4"],
+        ["--schedule", "pipedream", "--gpus", "4"],
+        ["--schedule", "1f1b", "--recompute", "on", "--stages", "2", "--gpus", "4"],  # recompute + 2 data-parallel replicas
+    ],
+)
+def test_show_retraces_the_same_timeline_from_the_plan_alone(graph_file, graph, tmp_path, flags):
+    args = ["plan", graph_file, "--profile", "a100-80gb-sxm", "--gpus", "2", "--batch-size", "16"] + flags
+    doc = run_json(args + ["-o", tmp_path / "p.json", "--chrome-trace", tmp_path / "a.json"])
+    plan = doc["plan"]
+    if "interleaved" in flags:
+        assert plan["schedule"] == "interleaved" and plan["chunks"] >= 2 and len(plan["stages"]) == 2 * plan["chunks"]
+        direct = search_mod.search(graph, load_profile("a100-80gb-sxm"), 2, 16, dtype="bf16", schedule="interleaved",
+                                   stages=2, microbatches=4)
+        assert plan["predicted"] == direct.best.to_dict()["predicted"]
+    run(["show", tmp_path / "p.json", "--chrome-trace", tmp_path / "b.json"])
+    a, b = ([e for e in json.loads((tmp_path / n).read_text())["traceEvents"] if e["ph"] == "X"] for n in ("a.json", "b.json"))
+    if "interleaved" in flags:  # chunk-suffixed names ("F3.1") on both devices
+        assert any(e["name"].endswith(".1") for e in a) and {e["pid"] for e in a} == {0, 1}
+    if "on" in flags:
+        assert any(e["cat"] == "recompute" for e in a)
+    key = lambda e: (e["pid"], e["name"], e["cat"], round(e["ts"], 3), round(e["dur"], 3))  # noqa: E731
+    assert sorted(map(key, a)) == sorted(map(key, b))
+
+
+def test_analyze_accepts_a_saved_graph_like_plan(graph_file):
+    args = [graph_file, "--profile", "h100-sxm", "--gpus", "2", "--batch-size", "8"]
+    a, p = run_json(["analyze"] + args)["plan"], run_json(["plan"] + args)["plan"]
+    a.pop("solver"), p.pop("solver")  # holds the solve's wall time
+    assert a == p
+
+
+def test_compare_row_for_a_precision_the_device_lacks(graph_file):
+    doc = run_json(["compare", graph_file, "--profiles", "tpu-v5p,a100-80gb-sxm", "--gpus", "2", "--batch-size", "8", "--dtype", "fp32"])
+    tpu, a100 = doc["profiles"]
+    assert tpu["feasible"] is False and "fp32" in tpu["error"] and "--dtype bf16" in tpu["error"]
+    assert a100["feasible"] is True and a100["dtype"] == "fp32"
+    # with a single profile the same problem is the command's error (exit 2)
+    result = CliRunner().invoke(cli, ["compare", str(graph_file), "--profiles", "tpu-v5p", "--gpus", "2", "--dtype", "fp32"])
+    assert result.exit_code == 2 and "fp32" in result.stderr

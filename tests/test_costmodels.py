@@ -216,6 +216,10 @@ def test_stage_memory_interleaved_counts_chunks():
     assert m.inflight == 11
     assert m.activation_bytes == 11 * 1000  # 11 chunk-microbatches of half the device's layers
     assert m.buffer_bytes == 20
+    one = memory.stage_memory(param_bytes=0, saved_bytes_per_mb=2000, input_bytes_per_mb=10, output_bytes_per_mb=10,
+                              schedule="interleaved", stages=4, stage=3, microbatches=16, optimizer="sgd",
+                              dtype="fp32", recompute=False, chunks=1)
+    assert (one.inflight, one.buffer_bytes) == (1, 10)  # one chunk is plain 1F1B: the last device gets no gradient
 
 
 def test_recompute_never_costs_more_than_storing():

@@ -235,3 +235,24 @@ def test_fvcore_agrees_or_the_disagreement_is_reported():
     notes = traced("gpt").notes
     assert any("fvcore does not count attention" in n for n in notes)
     assert not any("disagree" in n for n in notes)  # all matmuls agree
+
+
+def test_fvcore_disagreement_names_the_layer():
+    from pipeplan.costmodels import fvcheck
+    from pipeplan.costmodels.export import node_kind
+
+    g = traced("mlp")
+    spec, model = fresh("mlp")
+    ep, _ = export_structure(spec, BATCH, model=model)
+    family = {n.name: node_kind(n) for n in ep.graph.nodes if n.op == "call_function"}
+    node_flops = {n: l.fwd_flops for l in g.layers for n in l.nodes if family[n] == "matmul"}
+    assert fvcheck.compare(spec, g, BATCH, node_flops, family, model) == []
+    # layer "4" is the third Linear (512 -> 4096): pretend FlopCounterMode saw 1.5x its FLOPs
+    node_flops[g.layer("4").nodes[0]] = int(1.5 * node_flops[g.layer("4").nodes[0]])
+    g.layer("4").fwd_flops = node_flops[g.layer("4").nodes[0]]
+    notes = fvcheck.compare(spec, g, BATCH, node_flops, family, model)
+    assert len(notes) == 2
+    assert notes[0].startswith("FLOPs disagree with fvcore on 1 layer(s)") and "4 " in notes[0]
+    assert f"fvcore {2 * BATCH * 512 * 4096:.4g}" in notes[0]
+    assert notes[1].startswith("total matmul/conv forward FLOPs disagree")
+    _cache.pop("mlp")  # the cached graph was modified
