@@ -23,7 +23,6 @@ levels, and S explodes on wide DAGs - that is what pipeplan avoids.
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -283,6 +282,11 @@ if __name__ == "__main__":
     ap.add_argument("-n", type=int, nargs="+", required=True)
     ap.add_argument("-b", type=float, nargs="+", required=True)
     ap.add_argument("--exact-machines", action="store_true", help="PipeDream's default (no --use_fewer_machines)")
+    ap.add_argument("--max-states", type=int, default=None, help="give up past this many antichain states")
     args = ap.parse_args()
-    print(reference_optimum(args.graph, list(zip(args.n, args.b)), use_fewer_machines=not args.exact_machines))
-    _ = math
+    try:
+        print(reference_optimum(args.graph, list(zip(args.n, args.b)), use_fewer_machines=not args.exact_machines,
+                                max_states=args.max_states))
+    except TooManyStates as e:
+        print(f"too many antichain states (> {args.max_states}, stopped at {e.args[0]})", file=sys.stderr)
+        sys.exit(3)

@@ -18,8 +18,12 @@ def stdout_console():
     """A console for the report; wide enough for the stage table when stdout is not a terminal."""
     from rich.console import Console
 
+    import os
+
     console = Console()
-    return console if console.is_terminal else Console(width=max(console.width, 140))
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console
+    return Console(width=140)  # piped without COLUMNS: rich would assume 80 and wrap the tables
 
 
 def run_analysis(

@@ -6,6 +6,7 @@ Listing and showing only read YAML (no torch import), so they stay instant;
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from rich.table import Table
 
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles import list_profiles, load_profile, profile_to_dict, save_profile, user_profile_dir
-from pipeplan.hardware_profiles.loader import _NAME_RE, CATALOG_DIR
+from pipeplan.hardware_profiles.loader import NAME_RE, CATALOG_DIR
 from pipeplan.hardware_profiles.profile import DTYPES, HardwareProfile, Link
 
 
@@ -127,13 +128,14 @@ def calibrate_cmd(output: Path, name: str, budget_s: float, as_json: bool, quiet
     from pipeplan.cli.progress import progress_display
     from pipeplan.hardware_profiles.calibrate import calibrate
 
-    if not _NAME_RE.match(name):
+    if not NAME_RE.match(name):
         raise UserError(f"--name {name!r}: use lower-case letters, digits, '.', '_' or '-'", "e.g. --name my-workstation")
     if not output.parent.exists() and str(output.parent) not in ("", "."):
         raise UserError(f"{output}: folder {output.parent} does not exist", "create it or pick another output path")
     with progress_display(enabled=not quiet) as phases:
         prof = calibrate(budget_s=budget_s, progress=phases("calibrate: "), name=name)
     save_profile(prof, output)
+    prof = dataclasses.replace(prof, path=str(output))
     if as_json:
         _print_json(_as_json(prof))
     else:

@@ -106,22 +106,23 @@ def stage_table(plan, graph=None, capacity_bytes: int | None = None) -> Table:
     """
     scale, unit = table_time_unit([x for s in plan.stages for x in (s.predicted.fwd_s, s.predicted.bwd_s, s.predicted.send_s)])
     allreduce = any(s.predicted.allreduce_s for s in plan.stages)
-    title = f"Stages ({unit} per microbatch" + ("; all-reduce once per iteration)" if allreduce else ")")
+    title = f"Stages ({unit} per microbatch" + ("; all-reduce once per iteration" if allreduce else "")
+    title += f"; memory peak per device, % of {fmt_bytes(capacity_bytes)} usable)" if capacity_bytes else ")"
     t = Table(title=title, title_justify="left", header_style="bold")
-    t.add_column("stage", justify="right")
+    t.add_column("stage", justify="right", no_wrap=True)
     t.add_column("devices", no_wrap=True)
-    t.add_column("layers (from → to)", no_wrap=True)
-    t.add_column("#", justify="right")
+    t.add_column("layers (from → to)", ratio=1, min_width=12)  # the one column that wraps in a narrow terminal
+    t.add_column("#", justify="right", no_wrap=True)
     params = stage_params(plan, graph)
     show_params = any(p is not None for p in params)
     if show_params:
-        t.add_column("params", justify="right")
-    t.add_column("fwd", justify="right")
-    t.add_column("bwd", justify="right")
+        t.add_column("params", justify="right", no_wrap=True)
+    t.add_column("fwd", justify="right", no_wrap=True)
+    t.add_column("bwd", justify="right", no_wrap=True)
     t.add_column("send", justify="right", no_wrap=True)
     if allreduce:
-        t.add_column("all-reduce", justify="right")
-    t.add_column(f"memory (of {fmt_bytes(capacity_bytes)})" if capacity_bytes else "memory", justify="right", no_wrap=True)
+        t.add_column("all-reduce", justify="right", no_wrap=True)
+    t.add_column("memory", justify="right", no_wrap=True)
     last = max((s.index for s in plan.stages), default=0)
     for s, p in zip(plan.stages, params):
         pred = s.predicted

@@ -7,7 +7,9 @@ succeeded, so a failed trace never leaves a graph behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -40,7 +42,9 @@ def trace(model_file, batch_size, output, entry, depth, repeats, no_fvcore_check
     folder = Path(output).parent
     if str(folder) and not folder.is_dir():
         raise UserError(f"-o {output}: folder {folder} does not exist", "create it or pick another output path")
-    with progress_display(enabled=True) as phases:
+    # With --json, stdout carries the document only: whatever the user's code prints goes to stderr.
+    quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+    with quiet, progress_display(enabled=True) as phases:
         graph = run_trace(model_file, batch_size, entry=entry, depth=depth, repeats=repeats,
                           progress=phases("trace: "), fvcore_check=not no_fvcore_check)
     graph.save(output)

@@ -55,10 +55,8 @@ def load_saved_graph(path: str):
     """graph.json (pipeplan.graph/v1) or a PipeDream graph.txt; a model.py is refused with a pointer to `analyze`."""
     if is_model_file(path):
         raise UserError(f"{path} is a model file; `pipeplan plan` reads a saved graph", "use `pipeplan analyze` for a model.py, or `pipeplan trace` it first")
-    try:
-        from pipeplan.costmodels.load import load_any_graph
-    except ModuleNotFoundError:  # solver helper's loader not installed: graph.json only
-        from pipeplan.costmodels.graph import load_graph as load_any_graph
+    from pipeplan.costmodels.load import load_any_graph
+
     return load_any_graph(path)
 
 
@@ -96,10 +94,7 @@ def write_outputs(plan, graph, profile, *, output: str | None, plot: str | None,
 def simulate_for(plan, graph, profile):
     """The simulated timeline of a plan: exact from the graph when we have it, else from the plan's own numbers."""
     if graph is not None and profile is not None:
-        try:
-            from pipeplan.planner.search import simulate_plan
-        except ImportError:
-            from pipeplan.planner.evaluate import simulate_plan
+        from pipeplan.planner.evaluate import simulate_plan
 
         return simulate_plan(plan, graph, profile)
     return simulate_from_plan(plan)

@@ -7,7 +7,9 @@ names and a plan's cuts map one-to-one onto the program. Grouping follows
 container's own forward (residual adds, reshapes, concats, getitem) is folded into
 the neighbouring layer, so layers are the modules a user recognises.
 Everything here is derived from the graph alone, so the same model file and depth
-give the same structure (and `Graph.fingerprint()`) at any batch size.
+give the same structure (and `Graph.fingerprint()`) at any batch size, unless the
+model's own Python branches on the batch size (Hugging Face's mask code skips an
+`expand` at batch 1): export is static, so such a model is a different program there.
 """
 
 from __future__ import annotations
@@ -304,17 +306,14 @@ def build_structure(ep: torch.export.ExportedProgram, model: torch.nn.Module, *,
     for fqn, p in named.items():
         by_id.setdefault(id(p), (fqn, p))
     unused = [(fqn, p) for pid, (fqn, p) in by_id.items() if pid not in owner_of_tensor]
-    for fqn, p in unused:
-        best = max(range(len(layers)), key=lambda j: (fqn.startswith(layers[j].module + ".") if layers[j].module
-                                                       else False, len(layers[j].module), -j)) if layers else None
-        if best is None:
-            continue
+    for fqn, p in unused:  # the innermost layer whose module contains it, else the first layer
+        holders = [j for j, l in enumerate(layers) if l.module and fqn.startswith(l.module + ".")]
+        best = max(holders, key=lambda j: len(layers[j].module)) if holders else 0
         layers[best].param_bytes += p.numel() * p.element_size()
-        layers[best].params.append(fqn)
         owner_of_tensor[id(p)] = best
     if unused:
         notes.append(f"{len(unused)} parameter(s) are not used by forward() (e.g. {unused[0][0]}); "
-                     "their bytes are assigned to the layer of their module")
+                     "their bytes are charged to the layer of their module, or to the first layer")
 
     shared: list[SharedParam] = []
     for pid, (fqn, p) in by_id.items():
@@ -329,6 +328,3 @@ def build_structure(ep: torch.export.ExportedProgram, model: torch.nn.Module, *,
     return Graph(name=name, layers=layers, edges=edge_list, batch_size=batch_size, input_bytes=input_bytes,
                  inputs=inputs, shared_params=shared, notes=notes)
 
-
-def flatten_inputs(inputs: tuple) -> list[torch.Tensor]:
-    return [t for t in torch.utils._pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]

@@ -14,6 +14,7 @@ Only the timing runs are real.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
@@ -27,6 +28,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from pipeplan.costmodels.model_file import ModelSpec
+from pipeplan.errors import UserError
 
 aten = torch.ops.aten
 
@@ -128,7 +130,10 @@ class _BackwardAttribution:
             self.current = layer
         return hook
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, spec: ModelSpec) -> None:
+        if not loss.requires_grad:
+            raise UserError(f"{spec.path}: the loss does not depend on any parameter that requires a gradient",
+                            "pipeplan plans training: unfreeze parameters or check loss_fn")
         self.last = self.clock()
         loss.backward()
         self.acc[self.current] += self.clock() - self.last
@@ -145,16 +150,20 @@ class Counts:
 
 
 def count_pass(ep, model: torch.nn.Module, spec: ModelSpec, inputs: tuple, target: Any,
-               layer_of: dict[str, int], nlayers: int) -> Counts:
-    """One forward+backward on fake tensors: FLOPs per layer (fwd and bwd) and bytes saved for backward."""
+               layer_of: dict[str, int], nlayers: int, *, fake_tensors: bool = True) -> Counts:
+    """One forward+backward, on fake tensors by default: FLOPs per layer (fwd and bwd) and bytes saved for backward.
+
+    fake_tensors=False runs on the real tensors instead (a real step's compute), for
+    the rare model whose ops have no fake-tensor implementation.
+    """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake_tensors else contextlib.nullcontext()
     real_args = program_args(ep, model, [t for t in pytree.tree_leaves(inputs)])
     converted: dict[int, Any] = {}
 
     def fake(t):
-        if not isinstance(t, torch.Tensor):
+        if not isinstance(t, torch.Tensor) or not fake_tensors:
             return t
         if id(t) not in converted:  # a tied parameter stays one tensor
             f = fake_mode.from_tensor(t.detach())
@@ -190,11 +199,14 @@ def count_pass(ep, model: torch.nn.Module, spec: ModelSpec, inputs: tuple, targe
         attribution.claim(out, layer)
 
     def pack(t):
-        st = t.untyped_storage()
-        key = st._cdata
+        try:
+            st = t.untyped_storage()
+            key, nbytes = st._cdata, st.nbytes()
+        except Exception:  # tensors without a plain storage (nested, sparse): count their elements
+            key, nbytes = id(t), t.numel() * t.element_size()
         if key not in state_storages and key not in seen_storage:
             seen_storage.add(key)
-            saved[cur["layer"]] += st.nbytes()
+            saved[cur["layer"]] += nbytes
         return t
 
     with fake_mode, counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -202,7 +214,12 @@ def count_pass(ep, model: torch.nn.Module, spec: ModelSpec, inputs: tuple, targe
         total_fwd = counter.get_total_flops()
         cur["layer"] = last_layer
         loss = spec.loss(user_output(ep, out), fake_target)
-        attribution.backward(loss)
+        attribution.backward(loss, spec)
+    for h in attribution.handles:
+        h.remove()
+    if not fake_tensors:
+        for p in model.parameters():
+            p.grad = None
     return Counts(fwd_flops=fwd, bwd_flops=[int(x) for x in attribution.acc], saved_bytes=saved,
                   peak_saved_bytes=sum(saved), node_flops=node_flops, total_fwd_flops=total_fwd)
 
@@ -253,7 +270,7 @@ def _timed_step(ep, spec, args, target, layer_of, nlayers, fwd, attribution, bef
     loss = spec.loss(user_output(ep, out), target)
     fwd[last_layer] += clock() - t1  # the loss runs on the last stage
     del out
-    attribution.backward(loss)
+    attribution.backward(loss, spec)
     step = clock() - t0
     for h in attribution.handles:
         h.remove()

@@ -90,10 +90,10 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
         counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n)
     except UserError:
         raise
-    except Exception as e:  # a model fake tensors cannot run: count on the real timing run instead
-        counts = None
-        graph.notes.append(f"shape-only counting failed ({type(e).__name__}: {str(e)[:120]}); "
-                           "FLOPs and saved bytes are 0")
+    except Exception as e:  # an op without a fake-tensor implementation: count on real tensors instead
+        graph.notes.append(f"FLOPs and saved bytes were counted on a real step (fake tensors failed: "
+                           f"{type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e).strip() else ''})")
+        counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n, fake_tensors=False)
     report("counting FLOPs and saved bytes", 1, 1)
 
     timing = measure.time_pass(ep, model, spec, inputs, target, layer_of, n, repeats=repeats,
@@ -101,16 +101,14 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
     for i, layer in enumerate(graph.layers):
         layer.fwd_s = timing.fwd_s[i]
         layer.bwd_s = timing.bwd_s[i]
-        if counts is not None:
-            layer.fwd_flops = int(counts.fwd_flops[i])
-            layer.bwd_flops = int(counts.bwd_flops[i])
-            layer.saved_bytes = int(counts.saved_bytes[i])
-            layer.kind = _refine_kind(layer, counts.node_flops, family)
-    if counts is not None:
-        graph.peak_activation_bytes = int(counts.peak_saved_bytes)
+        layer.fwd_flops = int(counts.fwd_flops[i])
+        layer.bwd_flops = int(counts.bwd_flops[i])
+        layer.saved_bytes = int(counts.saved_bytes[i])
+        layer.kind = _refine_kind(layer, counts.node_flops, family)
+    graph.peak_activation_bytes = int(counts.peak_saved_bytes)
     graph.source["repeats"] = timing.repeats
 
-    if fvcore_check and counts is not None:
+    if fvcore_check:
         report("cross-checking FLOPs with fvcore", 0, 1)
         graph.notes.extend(fvcheck.compare(spec, graph, batch_size, counts.node_flops, family, model))
         report("cross-checking FLOPs with fvcore", 1, 1)

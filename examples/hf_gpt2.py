@@ -16,7 +16,7 @@ def build_model():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(**CONFIG, use_cache=False, attn_implementation="sdpa")
+    config = GPT2Config(**CONFIG, bos_token_id=0, eos_token_id=0, use_cache=False, attn_implementation="sdpa")
     return GPT2LMHeadModel(config)
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 WIDTHS = (16, 32, 64, 128)  # channels per stage
 BLOCKS = (2, 2, 2, 2)  # basic blocks per stage (ResNet-18 layout)
-IMAGE = 64
+IMAGE = 32
 CLASSES = 100
 
 

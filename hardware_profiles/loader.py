@@ -37,7 +37,7 @@ CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
 EFFICIENCY_KINDS = ("matmul", "conv", "attention", "embedding", "norm", "elementwise", "other", "memory")
 
 GIB = 2**30
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _UNIT_RE = re.compile(r"^\s*[-+]?[0-9.]+(e[-+]?[0-9]+)?\s*[a-zA-Zµ/%]+")
 
 # field -> (unit shown in messages, largest plausible value). The upper bounds catch
@@ -177,11 +177,11 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     c.keys(doc, _TOP_KEYS)
 
     name = c.string(doc["name"], "name")
-    if not _NAME_RE.match(name):
+    if not NAME_RE.match(name):
         raise c.fail("name", f"must be lower-case letters, digits, '.', '_' or '-' (got {name!r})", "e.g. name: my-a100")
     aliases = c.string_list(doc.get("aliases", []), "aliases")
     for a in aliases:
-        if not _NAME_RE.match(a):
+        if not NAME_RE.match(a):
             raise c.fail("aliases", f"entry {a!r} must be lower-case letters, digits, '.', '_' or '-'")
     device = c.string(doc["device"], "device")
 

@@ -18,7 +18,7 @@ from pipeplan.planner.pipedream import allreduce_pipedream_s
 from pipeplan.planner.problem import Problem
 
 
-def brute_chain(problem: Problem, stages: int, *, link: LinkArg, memory_bytes=None, capacity_bytes=None):
+def brute_chain(problem: Problem, stages: int, *, link: LinkArg, memory_bytes=None, capacity_bytes=None, comm="sum"):
     """(best bottleneck, bounds) over all contiguous partitions into `stages` non-empty stages."""
     n = problem.n
     best, best_bounds = math.inf, None
@@ -28,7 +28,7 @@ def brute_chain(problem: Problem, stages: int, *, link: LinkArg, memory_bytes=No
         if memory_bytes is not None and capacity_bytes is not None:
             if any(memory_bytes(s, a, b) > capacity_bytes for s, (a, b) in enumerate(bounds)):
                 continue
-        value = max(stage_costs(problem, bounds, link))
+        value = max(stage_costs(problem, bounds, link, comm))
         if value < best:
             best, best_bounds = value, bounds
     return best, best_bounds
@@ -56,7 +56,7 @@ def dag_assignments(problem: Problem, stages: int):
 
 
 def brute_dag(problem: Problem, stages: int, *, link: LinkArg, device_speed=None, capacity_bytes=None,
-              memory_bytes_per_layer=None):
+              memory_bytes_per_layer=None, comm="sum"):
     """(best bottleneck, assignment) of the ILP's objective over all valid assignments."""
     best, best_a = math.inf, None
     caps = None
@@ -70,7 +70,7 @@ def brute_dag(problem: Problem, stages: int, *, link: LinkArg, device_speed=None
                 used[s] += mem[v]
             if any(u > c for u, c in zip(used, caps)):
                 continue
-        value = max(dag_stage_times(problem, a, stages, link=link, device_speed=device_speed))
+        value = max(dag_stage_times(problem, a, stages, link=link, device_speed=device_speed, comm=comm))
         if value < best:
             best, best_a = value, a
     return best, best_a

@@ -94,19 +94,25 @@ def boundary_links(profile: HardwareProfile, replicas: list[int] | int = 1) -> C
     return fn
 
 
-def stage_costs(problem: Problem, bounds: list[tuple[int, int]], link: LinkArg) -> list[float]:
-    """The DP objective's per-stage time for given [start, end) ranges (reference for tests)."""
+COMM_MODES = ("sum", "overlap")
+
+
+def stage_costs(problem: Problem, bounds: list[tuple[int, int]], link: LinkArg, comm: str = "sum") -> list[float]:
+    """The DP objective's per-stage time for given [start, end) ranges (reference for tests).
+
+    comm="sum": compute + the sends (blocking p2p). comm="overlap": max(compute,
+    each send) - sends run on their own link/stream while the device computes, as
+    the schedule simulator assumes.
+    """
     fn = link_fn(link)
     comp = problem.compute_s
     n = problem.n
     out = []
     for s, (a, b) in enumerate(bounds):
         t = math.fsum(comp[a:b])
-        if a > 0:
-            t += p2p_time_s(problem.cut_bytes[a - 1], fn(s - 1))
-        if b < n:
-            t += p2p_time_s(problem.cut_bytes[b - 1], fn(s))
-        out.append(t)
+        left = p2p_time_s(problem.cut_bytes[a - 1], fn(s - 1)) if a > 0 else 0.0
+        right = p2p_time_s(problem.cut_bytes[b - 1], fn(s)) if b < n else 0.0
+        out.append(t + left + right if comm == "sum" else max(t, left, right))
     return out
 
 
@@ -118,7 +124,10 @@ class _Chain:
     """Precomputed arrays for one (problem, K, link, memory) instance."""
 
     def __init__(self, problem: Problem, stages: int, link: LinkArg, memory_bytes: MemoryFn | None,
-                 capacity_bytes: int | None):
+                 capacity_bytes: int | None, comm: str = "sum"):
+        if comm not in COMM_MODES:
+            raise ValueError(f"comm must be one of {COMM_MODES}, got {comm!r}")
+        self.overlap = comm == "overlap"
         self.n, self.K = problem.n, stages
         self.C = np.concatenate([[0.0], np.cumsum(np.asarray(problem.compute_s, dtype=np.float64))])
         fn = link_fn(link)
@@ -170,14 +179,20 @@ class _Chain:
         history = [reach]
         idx = np.arange(n + 1)
         for s in range(K):
-            g = np.where(reach, C - self.sendL[s], -np.inf)
+            if self.overlap:  # max(compute, sends) <= T: sends are admissibility masks
+                g = np.where(reach & (self.sendL[s] <= T), C, -np.inf)
+            else:
+                g = np.where(reach, C - self.sendL[s], -np.inf)
             best = np.full(n + 1, -np.inf)
             L = self.L[s]
             if L is None:
                 best[1:] = np.maximum.accumulate(g)[:-1]
             else:
                 best = _range_max(g, L, idx)
-            new = (best > -np.inf) & (best >= C + self.sendR[s] - T)
+            if self.overlap:
+                new = (best > -np.inf) & (best >= C - T) & (self.sendR[s] <= T)
+            else:
+                new = (best > -np.inf) & (best >= C + self.sendR[s] - T)
             new[0] = False
             new[n - (K - 1 - s) + 1:] = False  # leave a layer for every later stage
             if not new.any():
@@ -193,7 +208,12 @@ class _Chain:
         for s in range(self.K - 1, -1, -1):
             lo = 0 if self.L[s] is None else int(self.L[s][b])
             a_range = np.arange(lo, b)
-            ok = history[s][lo:b] & (T == math.inf) | history[s][lo:b] & ((C[lo:b] - self.sendL[s][lo:b]) >= C[b] + self.sendR[s][b] - T)
+            if T == math.inf:
+                ok = history[s][lo:b].copy()
+            elif self.overlap:
+                ok = history[s][lo:b] & (C[lo:b] >= C[b] - T) & (self.sendL[s][lo:b] <= T) & (self.sendR[s][b] <= T)
+            else:
+                ok = history[s][lo:b] & ((C[lo:b] - self.sendL[s][lo:b]) >= C[b] + self.sendR[s][b] - T)
             cands = a_range[ok]
             if self.memory_bytes is not None:
                 cands = [a for a in cands[::-1] if self.memory_bytes(s, int(a), b) <= self.capacity]
@@ -207,6 +227,8 @@ class _Chain:
         return bounds
 
     def costs(self, bounds: list[tuple[int, int]]) -> list[float]:
+        if self.overlap:
+            return [float(max(self.C[b] - self.C[a], self.sendL[s][a], self.sendR[s][b])) for s, (a, b) in enumerate(bounds)]
         return [float(self.C[b] - self.C[a] + self.sendL[s][a] + self.sendR[s][b]) for s, (a, b) in enumerate(bounds)]
 
 
@@ -234,8 +256,12 @@ def _range_max(g: np.ndarray, L: np.ndarray, idx: np.ndarray) -> np.ndarray:
 
 
 def partition_dp(problem: Problem, stages: int, *, link: LinkArg, memory_bytes: MemoryFn | None = None,
-                 capacity_bytes: int | None = None) -> Partition:
+                 capacity_bytes: int | None = None, comm: str = "sum") -> Partition:
     """Optimal contiguous K-stage partition minimising the slowest stage (compute + boundary sends).
+
+    comm="sum" (default, the agreed objective): a stage's time is its compute plus
+    the p2p sends at its boundaries. comm="overlap": max(compute, each send), for
+    runtimes that overlap p2p with compute (the schedule simulator's model).
 
     Infeasible (memory, or fewer layers than stages) -> Partition with
     solver["status"] == "infeasible"; for memory, solver["overflow_bytes"] is how
@@ -247,7 +273,7 @@ def partition_dp(problem: Problem, stages: int, *, link: LinkArg, memory_bytes: 
         raise ValueError(f"stages must be >= 1, got {stages}")
     if n < stages:
         return _infeasible(stages, t0, reason=f"{n} layers cannot fill {stages} stages")
-    chain = _Chain(problem, stages, link, memory_bytes, capacity_bytes)
+    chain = _Chain(problem, stages, link, memory_bytes, capacity_bytes, comm)
     hist = chain.reach(math.inf)
     bounds = chain.backtrack(hist, math.inf) if hist is not None else None
     if bounds is None:
@@ -271,7 +297,7 @@ def partition_dp(problem: Problem, stages: int, *, link: LinkArg, memory_bytes: 
         else:
             best = got
             hi = min(mid, max(chain.costs(got)))
-    stage_s = stage_costs(problem, best, link)
+    stage_s = stage_costs(problem, best, link, comm)
     bottleneck = max(stage_s)
     return Partition(
         assignment=bounds_to_assignment(best),
@@ -286,6 +312,7 @@ def partition_dp(problem: Problem, stages: int, *, link: LinkArg, memory_bytes: 
             "gap": (bottleneck - lo) / bottleneck if bottleneck > 0 else 0.0,
             "time_s": time.perf_counter() - t0,
             "iterations": iterations,
+            "comm": comm,
         },
     )
 

@@ -51,8 +51,11 @@ def _consumers(problem: Problem) -> dict[int, tuple[list[int], int]]:
 
 
 def dag_stage_times(problem: Problem, assignment: list[int], stages: int, *, link: LinkArg,
-                    device_speed: list[float] | None = None) -> list[float]:
-    """The ILP's objective terms for a given assignment (reference for brute force and tests)."""
+                    device_speed: list[float] | None = None, comm: str = "sum") -> list[float]:
+    """The ILP's objective terms for a given assignment (reference for brute force and tests).
+
+    comm="sum": compute + boundary sends; "overlap": max(compute, each boundary's send).
+    """
     fn = link_fn(link)
     speed = device_speed or [1.0] * stages
     comp = problem.compute_s
@@ -66,8 +69,12 @@ def dag_stage_times(problem: Problem, assignment: list[int], stages: int, *, lin
             crossing[b] += nbytes
     for b, nbytes in enumerate(crossing):
         cost = p2p_time_s(nbytes, fn(b))
-        t[b] += cost
-        t[b + 1] += cost
+        if comm == "sum":
+            t[b] += cost
+            t[b + 1] += cost
+        else:
+            t[b] = max(t[b], cost)
+            t[b + 1] = max(t[b + 1], cost)
     return t
 
 
@@ -121,13 +128,15 @@ def _memory_table(problem, stages, memory_bytes_per_layer):
 
 def partition_ilp(problem: Problem, stages: int, *, link: LinkArg, device_speed: list[float] | None = None,
                   capacity_bytes: list[int] | int | None = None, memory_bytes_per_layer=None,
-                  time_limit_s: float = 30.0, warm_start: Partition | None = None, threads: int = 1) -> Partition:
+                  time_limit_s: float = 30.0, warm_start: Partition | None = None, threads: int = 1,
+                  comm: str = "sum") -> Partition:
     """Min-bottleneck assignment of DAG nodes to `stages` stages (see module docstring).
 
     memory_bytes_per_layer: per-layer bytes (one list) or per stage x per layer
     (lists; the in-flight count differs by stage); default param + saved bytes.
-    Returns status "optimal", "feasible" (time limit hit: best plan, with bound
-    and gap) or "infeasible".
+    comm: "sum" (compute + sends, the DP's default) or "overlap" (max of compute
+    and each boundary's send). Returns status "optimal", "feasible" (time limit
+    hit: best plan, with bound and gap) or "infeasible".
     """
     import warnings
 
@@ -139,11 +148,11 @@ def partition_ilp(problem: Problem, stages: int, *, link: LinkArg, device_speed:
         warnings.simplefilter("ignore", DeprecationWarning)
         return _partition_ilp(pulp, problem, stages, link=link, device_speed=device_speed,
                               capacity_bytes=capacity_bytes, memory_bytes_per_layer=memory_bytes_per_layer,
-                              time_limit_s=time_limit_s, warm_start=warm_start, threads=threads)
+                              time_limit_s=time_limit_s, warm_start=warm_start, threads=threads, comm=comm)
 
 
 def _partition_ilp(pulp, problem, stages, *, link, device_speed, capacity_bytes, memory_bytes_per_layer,
-                   time_limit_s, warm_start, threads) -> Partition:
+                   time_limit_s, warm_start, threads, comm) -> Partition:
     t0 = time.perf_counter()
     n, K = problem.n, stages
     if K < 1:
@@ -162,10 +171,10 @@ def _partition_ilp(pulp, problem, stages, *, link, device_speed, capacity_bytes,
     # fit only in stages 0..stage(v), its descendants only in stage(v)..K-1.
     ub_part = warm_start if warm_start is not None and warm_start.assignment else None
     if ub_part is None and capacity_bytes is None:
-        ub_part = partition_dp(problem, K, link=link)
+        ub_part = partition_dp(problem, K, link=link, comm=comm)
         if ub_part.solver["status"] == "infeasible":
             ub_part = None
-    ub = max(dag_stage_times(problem, ub_part.assignment, K, link=link, device_speed=speed)) if ub_part else None
+    ub = max(dag_stage_times(problem, ub_part.assignment, K, link=link, device_speed=speed, comm=comm)) if ub_part else None
     lo_st, hi_st = _stage_windows(problem, K, speed, ub)
 
     prob = pulp.LpProblem("pipeplan_partition", pulp.LpMinimize)
@@ -215,18 +224,21 @@ def _partition_ilp(pulp, problem, stages, *, link, device_speed, capacity_bytes,
     for (u, s), var in c.items():
         by_boundary[s].append((u, var))
         prob += lat[s] >= var
-    comm = {}
+    comm_s = {}
     for s in range(K - 1):
         lk = fn(s)
-        comm[s] = pulp.lpSum((cons[u][1] / lk.bandwidth_bytes_per_s) * var for u, var in by_boundary[s]) \
+        comm_s[s] = pulp.lpSum((cons[u][1] / lk.bandwidth_bytes_per_s) * var for u, var in by_boundary[s]) \
             + lk.latency_s * lat[s]
     total = sum(comp)
     for s in range(K):
         expr = pulp.lpSum((comp[v] / speed[s]) * X(v, s) for v in range(n))
-        if s > 0:
-            expr += comm[s - 1]
-        if s < K - 1:
-            expr += comm[s]
+        if comm == "sum":
+            if s > 0:
+                expr += comm_s[s - 1]
+            if s < K - 1:
+                expr += comm_s[s]
+        elif s < K - 1:
+            prob += T >= comm_s[s]
         prob += T >= expr
     prob += T >= max(comp) / max(speed)  # valid cuts that tighten the LP bound
     prob += T >= total / sum(speed)
@@ -267,7 +279,7 @@ def _partition_ilp(pulp, problem, stages, *, link, device_speed, capacity_bytes,
                 st = s
                 break
         assignment.append(st)
-    times = dag_stage_times(problem, assignment, K, link=link, device_speed=speed)
+    times = dag_stage_times(problem, assignment, K, link=link, device_speed=speed, comm=comm)
     objective = max(times)
     optimal = prob.sol_status == pulp.LpSolutionOptimal and "Stopped on time" not in log_text
     bound = objective if optimal else _parse_bound(log_text, objective)

@@ -224,7 +224,7 @@ def partition_pipedream(problem: Problem, levels: list[tuple[int, Link]], *, mem
     hi = sol.evaluate(top, best)
     lo = min(float(sol.C[-1]) / sol.total, hi)
     iterations = 0
-    while hi - lo > RTOL * max(hi, 1e-300):
+    while hi - lo > RTOL * max(hi, 1e-300) and iterations < 200:
         mid = lo + (hi - lo) / 2
         if not lo < mid < hi:
             break
@@ -267,26 +267,35 @@ def _block_dict(b: Block) -> dict:
 
 
 def enumerate_ideals(problem: Problem, limit: int) -> list[int] | None:
-    """All ideals (downward-closed node sets) as bitsets, smallest first; None past `limit`."""
+    """All ideals (downward-closed node sets) as bitsets, smallest first; None past `limit`.
+
+    Breadth-first by size; each ideal carries the nodes that may join it next, so
+    a step costs O(that frontier), and a wide DAG stops at `limit` quickly.
+    """
     n = problem.n
     preds = [0] * n
+    children: list[list[int]] = [[] for _ in range(n)]
     for a, b, _ in problem.edges:
         preds[b] |= 1 << a
+        children[a].append(b)
+    start = tuple(v for v in range(n) if preds[v] == 0)
     seen = {0}
-    frontier = [0]
+    frontier = [(0, start)]
     out = [0]
     while frontier:
         nxt = []
-        for ideal in frontier:
-            for v in range(n):
-                if not (ideal >> v) & 1 and preds[v] & ~ideal == 0:
-                    grown = ideal | (1 << v)
-                    if grown not in seen:
-                        seen.add(grown)
-                        nxt.append(grown)
-                        out.append(grown)
-                        if len(out) > limit:
-                            return None
+        for ideal, avail in frontier:
+            for v in avail:
+                grown = ideal | (1 << v)
+                if grown in seen:
+                    continue
+                seen.add(grown)
+                out.append(grown)
+                if len(out) > limit:
+                    return None
+                new_avail = [u for u in avail if u != v]
+                new_avail += [c for c in children[v] if preds[c] & ~grown == 0]
+                nxt.append((grown, tuple(new_avail)))
         frontier = nxt
     return out  # BFS by size: every subset comes before its supersets
 
@@ -309,6 +318,9 @@ def _partition_ideals(problem: Problem, level: tuple[int, Link], ideals: list[in
     coef = 4.0 * (vs - 1) / (bw * vs)
     f = np.full((S, N + 1), np.inf)
     f[0, :] = 0.0
+    ms = np.arange(1, N + 1)
+    prev_m = np.clip(ms[:, None] - ms[None, :], 0, N)  # (m, v) -> m - v
+    valid = (ms[None, :] <= ms[:, None])[:, :, None]  # v <= m
     choice: dict[tuple[int, int], tuple[int, int]] = {}
     for j in range(1, S):
         anc = np.nonzero(subset[:, j])[0]
@@ -319,18 +331,22 @@ def _partition_ideals(problem: Problem, level: tuple[int, Link], ideals: list[in
             dA = A[j] - A[anc]
             need = param_factor * dP[None, :] + np.ceil(N / vs)[:, None] * dA[None, :]
             t = np.where(need <= cap, t, np.inf)
-        F = f[anc]  # (len, N+1)
-        for m in range(1, N + 1):
-            cand = np.maximum(F[:, m - 1::-1][:, :m].T, t[:m])  # row v-1: max(f[k][m-v], t[v])
-            flat = int(np.argmin(cand))
-            best = float(cand.flat[flat])
-            if best < f[j, m]:
-                f[j, m] = best
-                v, k = divmod(flat, len(anc))
+        F = f[anc]  # (len, N+1): best time of ideal k with at most m units
+        # cand[m-1, v-1, k] = max(f[k][m-v], t[v][k]) for v <= m, else inf
+        cand = np.maximum(F[:, prev_m].transpose(1, 2, 0), t[None, :, :])
+        cand = np.where(valid, cand, np.inf)
+        flat = cand.reshape(N, -1)
+        arg = np.argmin(flat, axis=1)
+        vals = flat[np.arange(N), arg]
+        for m in range(1, N + 1):  # "at most m units": keep m-1's answer unless strictly better
+            if vals[m - 1] < f[j, m - 1]:
+                v, k = divmod(int(arg[m - 1]), len(anc))
+                f[j, m] = vals[m - 1]
                 choice[j, m] = (int(anc[k]), v + 1)
-            if f[j, m - 1] <= f[j, m]:
+            else:
                 f[j, m] = f[j, m - 1]
-                choice[j, m] = choice.get((j, m - 1), (-1, 0))
+                if (j, m - 1) in choice:
+                    choice[j, m] = choice[j, m - 1]
     full = S - 1
     objective = float(f[full, N])
     if not math.isfinite(objective):

@@ -159,7 +159,7 @@ def launch(plan_path: str, opts: LaunchOptions, *, progress=None) -> dict[str, A
             raise RankFailed(f"the run failed (torchrun exit {proc.returncode}); log: {log_path}")
         stages = sorted(s for s, r in stage_ranks(plan).items() if r == rank)
         names = ", ".join(f"stage {s}" for s in stages) or "no stage"
-        tail = _last_error_line(log_text)
+        tail = _last_error_line(log_text, rank)
         raise RankFailed(
             f"rank {rank} ({names}) failed ({cause}){': ' + tail if tail else ''}; all ranks were stopped (log: {log_path})"
         )
@@ -172,9 +172,11 @@ def launch(plan_path: str, opts: LaunchOptions, *, progress=None) -> dict[str, A
     return result
 
 
-def _last_error_line(log: str) -> str:
+def _last_error_line(log: str, rank: int | None = None) -> str:
+    """The failed rank's own last exception line (torchrun prefixes worker output with [rankR]:)."""
+    pattern = re.compile(r"^\[rank(\d+)\]:\s*(\w*(Error|Exception)\b.*)")
     for line in reversed(log.splitlines()):
-        line = line.strip()
-        if re.match(r"^(\[rank\d+\]:)?\s*\w*(Error|Exception)\b.*:", line) and "ChildFailedError" not in line:
-            return line[:200]
+        m = pattern.match(line.strip())
+        if m and (rank is None or int(m.group(1)) == rank):
+            return m.group(2)[:200]
     return ""

@@ -42,7 +42,7 @@ TIMEOUT_S = 45  # gloo/NCCL collective timeout: a rank whose neighbour vanished 
 
 @dataclass
 class Options:
-    plan: str
+    plan: list[str]
     steps: int
     warmup: int
     lr: float | None
@@ -56,7 +56,8 @@ class Options:
 
 def parse(argv: list[str]) -> Options:
     p = argparse.ArgumentParser(prog="pipeplan-worker")
-    p.add_argument("plan")
+    p.add_argument("plan", nargs="+", help="several plans run one after the other in the same processes "
+                   "(results in RUN_DIR/<i>/, parameter dumps in DUMP_PARAMS/<i>/): the tests' way to save start-up time")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--lr", type=float, default=None)
@@ -143,7 +144,21 @@ def batches(spec, batch_size: int):
 
 
 # ---------------------------------------------------------------- the run
-def run(opts: Options) -> None:
+def run_all(opts: Options) -> None:
+    if len(opts.plan) == 1:
+        run(opts, opts.plan[0], Path(opts.run_dir), opts.dump_params and Path(opts.dump_params))
+        return
+    for i, plan in enumerate(opts.plan):
+        out = Path(opts.run_dir) / str(i)
+        out.mkdir(exist_ok=True)
+        dump = None
+        if opts.dump_params:
+            dump = Path(opts.dump_params) / str(i)
+            dump.mkdir(parents=True, exist_ok=True)
+        run(opts, plan, out, dump)
+
+
+def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> None:
     from torch.distributed.pipelining import PipelineStage
 
     from pipeplan.costmodels.model_file import load_model_file
@@ -153,7 +168,7 @@ def run(opts: Options) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    plan = load_plan(opts.plan)
+    plan = load_plan(plan_path)
     ranks = stage_ranks(plan)
     used = len(set(ranks.values()))
     if used > world:
@@ -283,38 +298,54 @@ def run(opts: Options) -> None:
         "stages": [stage_record(s, stats[s], modules[s], optimizers[s], meter, device, len(mine)) for s in mine],
         "events": {s: stats[s].events[-4 * plan.microbatches:] for s in mine},
     }
-    if opts.dump_params:
+    if dump_dir:
         for s in mine:
             buf = io.BytesIO()
             torch.save({k: v.detach().cpu() for k, v in modules[s].state_dict().items()}, buf)
-            atomic_write_bytes(Path(opts.dump_params) / f"stage-{s}.pt", buf.getvalue())
+            atomic_write_bytes(Path(dump_dir) / f"stage-{s}.pt", buf.getvalue())
     records: list[Any] = [None] * world if rank == 0 else None
     dist.gather_object(record, records, dst=0)
     if rank == 0:
-        atomic_write_json(Path(opts.run_dir) / "result.json", {"first_step": first_step, "ranks": records})
+        atomic_write_json(Path(out_dir) / "result.json", {"first_step": first_step, "ranks": records})
 
 
 def keep_buffers_through_shape_inference(stage) -> None:
-    """Undo buffer updates (BatchNorm statistics) made by the stage's shape-inference forward.
+    """Undo buffer updates (BatchNorm statistics) made by the stage's shape-inference pass.
 
-    torch.distributed.pipelining runs each stage once on the first microbatch to learn
-    its output shapes; for BatchNorm that is one more statistics update than the
-    training steps make, so the run would drift from single-process training.
+    torch.distributed.pipelining runs each stage once on the first microbatch (forward,
+    then backward) to learn its shapes; for BatchNorm that is one more statistics
+    update than the training steps make, so the run would drift from single-process
+    training. The buffers are restored after the inference backward (restoring them
+    earlier would bump their version under autograd's feet).
     """
-    infer = getattr(stage, "_forward_metadata_inference", None)
-    if infer is None:
+    fwd_infer = getattr(stage, "_forward_metadata_inference", None)
+    bwd_infer = getattr(stage, "_backward_metadata_inference", None)
+    if fwd_infer is None or bwd_infer is None:
         return
+    saved: dict[str, torch.Tensor] = {}
 
-    def wrapped(*args, **kwargs):
-        saved = {k: v.detach().clone() for k, v in stage.submod.named_buffers()}
-        try:
-            return infer(*args, **kwargs)
-        finally:
-            with torch.no_grad():
-                for k, v in stage.submod.named_buffers():
+    def restore():
+        with torch.no_grad():
+            for k, v in stage.submod.named_buffers():
+                if k in saved:
                     v.copy_(saved[k])
+        saved.clear()
 
-    stage._forward_metadata_inference = wrapped
+    def forward_inference(*args, **kwargs):
+        saved.update({k: v.detach().clone() for k, v in stage.submod.named_buffers()})
+        out = fwd_infer(*args, **kwargs)
+        if not kwargs.get("has_backward", args[2] if len(args) > 2 else False):
+            restore()
+        return out
+
+    def backward_inference(*args, **kwargs):
+        try:
+            return bwd_infer(*args, **kwargs)
+        finally:
+            restore()
+
+    stage._forward_metadata_inference = forward_inference
+    stage._backward_metadata_inference = backward_inference
 
 
 def gather_losses(losses: list[float], has_last: bool) -> list[float]:
@@ -379,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)  # a CPU "device" is one core with one thread
     try:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=TIMEOUT_S))
-        run(opts)
+        run_all(opts)
     except UserError as e:
         atomic_write_json(run_dir / f"error-rank{rank}.json", {"rank": rank, "message": str(e)})
         (run_dir / f"status-rank{rank}").write_text("error\n")

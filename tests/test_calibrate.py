@@ -108,6 +108,12 @@ def test_cli_into_missing_folder_exits_2_before_measuring(tmp_path, monkeypatch)
     assert r.exit_code == 2 and "does not exist" in r.stderr
 
 
+def test_cli_rejects_a_bad_profile_name_before_measuring(tmp_path, monkeypatch):
+    monkeypatch.setattr(calibrate_mod, "calibrate", lambda **_: pytest.fail("should not measure"))
+    r = CliRunner().invoke(cli, ["profiles", "calibrate", "-o", str(tmp_path / "x.yaml"), "--name", "My Box"])
+    assert r.exit_code == 2 and "--name 'My Box'" in r.stderr
+
+
 def test_failed_link_measurement_writes_nothing(fake_measurements, tmp_path, monkeypatch):
     def broken():
         raise UserError("could not measure process-to-process bandwidth over torch.distributed (gloo): refused")
@@ -137,6 +143,7 @@ def test_real_calibration_writes_a_loadable_local_profile(real_run):
     doc = json.loads(r.stdout)  # --json: exactly one JSON document on stdout
     prof = load_profile(str(out))
     assert doc["name"] == prof.name == "local" and prof.local
+    assert doc["origin"] == "local" and doc["path"] == str(out)
     assert 1e9 < prof.peak_flops["fp32"] < 1e13  # one core: GFLOP/s to a few TFLOP/s
     assert 0.5e9 < prof.mem_bw_bytes_per_s < 1e12
     assert 1e-7 < prof.intra_node.latency_s < 0.05

@@ -147,7 +147,7 @@ def test_human_report_on_stdout_progress_elsewhere(graph_file):
     assert "per microbatch" in out and "samples/s" in out and "equal-layers split" in out
     from pipeplan.cli.fmt import fmt_bytes
 
-    assert "layers.0" in out and f"(of {fmt_bytes(load_profile('a100-80gb-sxm').usable_memory_bytes)})" in out
+    assert "layers.0" in out and f"% of {fmt_bytes(load_profile('a100-80gb-sxm').usable_memory_bytes)} usable" in out
     assert "plan: " not in out  # progress lines go to stderr
 
 
@@ -261,3 +261,16 @@ def test_compare_row_for_a_precision_the_device_lacks(graph_file):
     # with a single profile the same problem is the command's error (exit 2)
     result = CliRunner().invoke(cli, ["compare", str(graph_file), "--profiles", "tpu-v5p", "--gpus", "2", "--dtype", "fp32"])
     assert result.exit_code == 2 and "fp32" in result.stderr
+
+
+def test_show_a_plan_whose_profile_file_moved(tmp_path):
+    from cli_fixtures import hand_plan
+
+    plan = hand_plan()
+    plan.profile = str(tmp_path / "gone.yaml")
+    plan.save(tmp_path / "p.json")
+    doc = run_json(["show", tmp_path / "p.json"])
+    assert doc["profile"] is None and "gone.yaml" in doc["notes"][0]
+    result = run(["show", tmp_path / "p.json", "--plot", tmp_path / "p.png"])
+    assert "memory capacity not shown" in result.stdout
+    assert png_size(tmp_path / "p.png")[0] > 900

@@ -118,3 +118,11 @@ def test_compare_profile_list_errors(graph_file):
     assert code == 2 and "lists a profile twice" in one_error_line(err)
     code, _, err = run(["compare", graph_file, "--profiles", " , ", "--gpus", "8"])
     assert code == 2 and "--profiles is empty" in one_error_line(err)
+
+
+def test_plan_bad_pipedream_file(tmp_path):
+    bad = tmp_path / "graph.txt"
+    bad.write_text("node1 -- this is not a PipeDream profile\n")
+    code, out, err = run(["plan", bad, "--profile", "a100-80gb-sxm", "--gpus", "8"])
+    assert code == 2 and out == ""
+    assert "graph.txt" in one_error_line(err)

@@ -64,11 +64,11 @@ def test_stage_table_shows_each_stage_with_memory_against_capacity():
     for i in range(4):
         assert f"layers.{3 * i} → layers.{3 * i + 2}" in text
         assert f"{10 + i}.00 GiB ({round(100 * (10 + i) / 80)}%)" in text
-    assert "memory (of 80.00 GiB)" in text
+    assert "% of 80.00 GiB usable" in text
     # parameters per stage come from the graph's layers
     params = stage_params(plan, g)
     assert params[0] == parameter_count(sum(g.layers[j].param_bytes for j in range(3)))
-    assert "4.00 MiB, 0.25" in text and "Stages (ms per microbatch)" in text  # send bytes and time
+    assert "4.00 MiB, 0.25" in text and "Stages (ms per microbatch;" in text  # send bytes and time
     # the last stage sends nothing
     last = [line for line in text.splitlines() if "layers.9 → layers.11" in line][0]
     assert "—" in last

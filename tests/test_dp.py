@@ -137,3 +137,24 @@ def test_build_problem_scales_bytes_with_the_microbatch():
     assert p.cut_bytes == (200, 300)  # a's output is live across both cuts
     assert p.input_bytes == 40 and sorted(p.edges) == [(0, 1, 200), (0, 2, 200), (1, 2, 100)]
     assert not p.is_chain()
+
+
+@settings(max_examples=100, deadline=None)
+@given(chains(), st.booleans())
+def test_dp_overlap_objective_matches_brute_force(case, hetero):
+    problem, k = case
+    link = (lambda b: SLOW if b % 2 else FAST) if hetero else Link("slow", 1e7, 1e-4)
+    best, _ = brute_chain(problem, k, link=link, comm="overlap")
+    got = partition_dp(problem, k, link=link, comm="overlap")
+    assert got.bottleneck_s == pytest.approx(best, rel=1e-9)
+    assert max(stage_costs(problem, got.bounds(), link, "overlap")) == pytest.approx(got.bottleneck_s, rel=1e-12)
+
+
+def test_overlap_hand_value():
+    # sends overlap compute: 8 x 1 s into 4 stages, sends of 0.5 s hide behind 2 s of compute
+    p = chain_problem([1.0] * 8, cut_bytes=[500_000_000] * 7)
+    got = partition_dp(p, 4, link=SLOW, comm="overlap")
+    assert got.bottleneck_s == pytest.approx(2.0)
+    # a 3 s send cannot hide: every boundary costs 3 s + latency
+    p2 = chain_problem([1.0] * 8, cut_bytes=[3_000_000_000] * 7)
+    assert partition_dp(p2, 4, link=SLOW, comm="overlap").bottleneck_s == pytest.approx(3.0 + 1e-5)

@@ -142,3 +142,14 @@ def test_choose_solver():
     assert choose_solver(branchy) == "ilp"
     got = solve(branchy, 2, link=LINK)
     assert got.solver["name"] in ("ilp", "dp") and got.bottleneck_s == pytest.approx(brute_dag(branchy, 2, link=LINK)[0])
+
+
+@settings(max_examples=15, deadline=None)
+@given(dags(max_n=6))
+def test_ilp_overlap_objective_matches_brute_force(case):
+    problem, k = case
+    slow = Link("slow", 1e7, 1e-4)  # sends comparable to compute
+    best, _ = brute_dag(problem, k, link=slow, comm="overlap")
+    got = partition_ilp(problem, k, link=slow, comm="overlap")
+    assert got.solver["status"] == "optimal"
+    assert got.bottleneck_s == pytest.approx(best, rel=1e-6)

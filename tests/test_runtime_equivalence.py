@@ -9,6 +9,8 @@ per case (~5-10 s on 2 cores).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +26,7 @@ CASES = {  # name -> (model file, batch size, microbatches)
     "gpt": (EXAMPLES / "gpt.py", 4, 4),
     "unet": (EXAMPLES / "unet.py", 4, 4),
     "resnet": (EXAMPLES / "resnet.py", 4, 4),
-    "hf_gpt2": (EXAMPLES / "hf_gpt2.py", 4, 4),
+    "hf_gpt2": (TESTS / "runtime_model_hf_gpt2.py", 4, 4),  # the example with dropout off
     "t-unet": (TESTS / "runtime_model_unet.py", 8, 4),
     "t-gpt-tied": (TESTS / "runtime_model_gpt.py", 8, 4),
 }
@@ -32,26 +34,59 @@ SCHEDULES = {"gpipe": (2, 2), "1f1b": (2, 2), "interleaved": (4, 2)}  # schedule
 STEPS = 2
 
 
+CASE_IDS = [(c, s) for c in sorted(CASES) for s in sorted(SCHEDULES)]
+
+
+def _available(case: str) -> bool:
+    if case == "hf_gpt2":
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            return False
+        return (EXAMPLES / "hf_gpt2.py").exists()
+    return CASES[case][0].exists()
+
+
+@pytest.fixture(scope="module")
+def pipelined(tmp_path_factory):
+    """All cases in ONE torchrun (the worker runs several plans in turn): start-up paid once."""
+    tmp = tmp_path_factory.mktemp("equivalence")
+    plans, index = [], {}
+    for case, schedule in CASE_IDS:
+        if not _available(case):
+            continue
+        model_file, batch, m = CASES[case]
+        stages, devices = SCHEDULES[schedule]
+        path = tmp / f"{case}-{schedule}.json"
+        hand_plan(str(model_file), stages=stages, devices=devices, schedule=schedule, microbatches=m, batch_size=batch).save(path)
+        index[(case, schedule)] = len(plans)
+        plans.append(str(path))
+    run_dir, dump = tmp / "run", tmp / "params"
+    run_dir.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0",
+           "-m", "pipeplan.runtime.worker", *plans, "--steps", str(STEPS), "--warmup", "0", "--optimizer", "sgd",
+           "--lr", "0.01", "--run-dir", str(run_dir), "--dump-params", str(dump)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return index, run_dir, dump
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_pipelined_steps_equal_single_process(case, schedule, tmp_path):
+@pytest.mark.parametrize("case,schedule", CASE_IDS, ids=[f"{c}-{s}" for c, s in CASE_IDS])
+def test_pipelined_steps_equal_single_process(case, schedule, pipelined):
+    if not _available(case):
+        pytest.skip(f"{case}: model file or transformers missing")
+    index, run_dir, dump = pipelined
+    i = index[(case, schedule)]
     model_file, batch, m = CASES[case]
-    if not model_file.exists():
-        pytest.skip(f"{model_file.name} not written yet")
-    stages, devices = SCHEDULES[schedule]
-    plan = hand_plan(str(model_file), stages=stages, devices=devices, schedule=schedule, microbatches=m, batch_size=batch)
-    plan_path = tmp_path / "plan.json"
-    plan.save(plan_path)
-    dump = tmp_path / "params"
-    r = _run(plan_path, dump)
-    assert r.returncode == 0, r.stderr[-2000:]
-    doc = json.loads(r.stdout)
+    result = json.loads((run_dir / str(i) / "result.json").read_text())
+    losses = next(r["losses"] for r in result["ranks"] if r["losses"] is not None)
 
     ref_losses, ref_state, aliases = reference_steps(str(model_file), batch, STEPS, microbatches=m)
-    assert len(doc["losses"]) == STEPS
-    torch.testing.assert_close(torch.tensor(doc["losses"]), torch.tensor(ref_losses), rtol=1e-4, atol=1e-6)
-    dumped = load_dumped(dump)
+    assert len(losses) == STEPS
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-6)
+    dumped = load_dumped(dump / str(i))
+    assert len(list((dump / str(i)).glob("stage-*.pt"))) == SCHEDULES[schedule][0]
     for fqn, copies in dumped.items():
         for t in copies:  # a tied weight's copies on different stages must all equal the reference
             torch.testing.assert_close(t, ref_state[fqn], rtol=1e-4, atol=1e-6, msg=lambda s: f"{fqn}: {s}")
@@ -62,6 +97,15 @@ def test_pipelined_steps_equal_single_process(case, schedule, tmp_path):
     assert max(float((v[0] - initial[k]).abs().max()) for k, v in dumped.items() if v[0].is_floating_point()) > 1e-5
 
 
-def _run(plan_path, dump):
-    return run_cli("run", str(plan_path), "--steps", str(STEPS), "--warmup", "0", "--optimizer", "sgd", "--json",
-                   "--dump-params", str(dump), timeout=180)
+def test_cli_run_json_matches_reference(tmp_path):
+    """The same through `pipeplan run --json` (launcher, torchrun, summary): one small case."""
+    model_file, batch, m = CASES["t-gpt-tied"]
+    plan = hand_plan(str(model_file), stages=2, devices=2, schedule="1f1b", microbatches=m, batch_size=batch)
+    plan.save(tmp_path / "plan.json")
+    r = run_cli("run", str(tmp_path / "plan.json"), "--steps", "2", "--warmup", "0", "--optimizer", "sgd", "--lr", "0.01",
+                "--json", timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    ref_losses, _, _ = reference_steps(str(model_file), batch, 2, microbatches=m)
+    torch.testing.assert_close(torch.tensor(doc["losses"]), torch.tensor(ref_losses), rtol=1e-4, atol=1e-6)
+    assert set(doc) >= {"measured", "predicted", "losses"}

@@ -64,9 +64,6 @@ def test_resume_reproduces_uninterrupted_losses(killed_run, plan_path, tmp_path)
     assert doc["first_step"] == 2
     ref, _, _ = reference_steps(str(MODEL), BATCH, STEPS, microbatches=M, optimizer="adam", lr=LR)
     torch.testing.assert_close(torch.tensor(doc["losses"]), torch.tensor(ref[2:]), rtol=1e-4, atol=1e-6)
-    # adam without its restored moments would take a different step 3: make sure that differs
-    fresh, _, _ = reference_steps(str(MODEL), BATCH, 1, microbatches=M, optimizer="adam", lr=LR)
-    assert abs(fresh[0] - ref[2]) > 1e-4
     # the --json document and the chrome trace (measured devices 0-1, simulated 100-101)
     m = doc["measured"]
     assert m["iteration_s"] > 0 and m["samples_per_s"] == pytest.approx(BATCH / m["iteration_s"])

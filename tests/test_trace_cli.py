@@ -34,7 +34,9 @@ def test_trace_writes_graph_and_prints_summary(tmp_path):
 
 def test_json_prints_one_document(tmp_path):
     out = tmp_path / "g.json"
-    result = CliRunner().invoke(cli, ["trace", str(EXAMPLES / "mlp.py"), "-o", str(out), "--json", *FAST])
+    chatty = tmp_path / "chatty.py"  # a model file that prints must not spoil stdout
+    chatty.write_text("print('building!')\n" + (EXAMPLES / "mlp.py").read_text())
+    result = CliRunner().invoke(cli, ["trace", str(chatty), "-o", str(out), "--json", *FAST])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)  # stdout holds the document and nothing else
     assert doc["format"] == "pipeplan.graph/v1"
@@ -112,3 +114,23 @@ def test_debug_shows_the_traceback(tmp_path):
     result = run("--debug", "trace", str(model), "-o", str(tmp_path / "g.json"), *FAST)
     assert result.exit_code != 0
     assert result.exc_info is not None and "weights missing" in str(result.exc_info[1])
+
+
+def test_frozen_model_is_a_user_error(tmp_path):
+    model = tmp_path / "model.py"
+    model.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        def build_model():
+            m = nn.Linear(2, 2)
+            m.requires_grad_(False)
+            return m
+        def example_inputs(b):
+            return (torch.ones(b, 2),)
+        def example_target(b):
+            return torch.zeros(b, 2)
+        def loss_fn(out, target):
+            return ((out - target) ** 2).mean()
+    """))
+    result = run("trace", str(model), "-o", str(tmp_path / "g.json"), *FAST)
+    assert result.exit_code == 2, result.output
+    assert "does not depend on any parameter that requires a gradient" in error_lines(result)[0]
