@@ -157,7 +157,7 @@ def launch(plan_path: str, opts: LaunchOptions, *, progress=None) -> dict[str, A
 
         if rank is None:
             raise RankFailed(f"the run failed (torchrun exit {proc.returncode}); log: {log_path}")
-        stages = sorted(s for s, r in stage_ranks(plan).items() if r == rank)
+        stages = sorted(s for s, rs in stage_ranks(plan).items() if rank in rs)
         names = ", ".join(f"stage {s}" for s in stages) or "no stage"
         tail = _last_error_line(log_text, rank)
         raise RankFailed(

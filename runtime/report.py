@@ -20,7 +20,7 @@ def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
     steps = min(len(r["step_s"]) for r in ranks)
     per_step = [max(r["step_s"][i] for r in ranks) for i in range(steps)]
     iteration_s = median(per_step)
-    stage_to_rank = {st["index"]: r["rank"] for r in ranks for st in r["stages"]}
+    stage_to_rank = {(st["index"], r.get("replica", 0)): r["rank"] for r in ranks for st in r["stages"]}
     stages = []
     for r in ranks:
         for st in r["stages"]:
@@ -29,6 +29,7 @@ def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
             stages.append({
                 "index": st["index"],
                 "rank": r["rank"],
+                "replica": r.get("replica", 0),
                 "fwd_s": st["fwd_s"],  # one microbatch, median
                 "bwd_s": st["bwd_s"],
                 "compute_s": compute_s,  # all microbatches of one step
@@ -39,8 +40,11 @@ def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
                 "optimizer_bytes": st["optimizer_bytes"],
                 "activation_bytes": st["activation_bytes"],
             })
-    stages.sort(key=lambda s: s["index"])
-    losses = next((r["losses"] for r in ranks if r.get("losses") is not None), [])
+    stages.sort(key=lambda s: (s["index"], s["replica"]))
+    from pipeplan.runtime.worker import combine_losses
+
+    losses = combine_losses([r["losses"] for r in ranks if r.get("losses") is not None],
+                            mean=all(r.get("loss_reduction", "mean") == "mean" for r in ranks))
     predicted = asdict(plan.predicted)
     predicted["stages"] = [{"index": s.index, **asdict(s.predicted)} for s in plan.stages]
     return {

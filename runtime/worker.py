@@ -72,22 +72,45 @@ def parse(argv: list[str]) -> Options:
 
 
 # ---------------------------------------------------------------- placement
-def stage_ranks(plan) -> dict[int, int]:
-    """stage index -> rank. The torch schedules place stage i on pipeline rank i mod P."""
-    if any(s.replicas != 1 or len(s.devices) != 1 for s in plan.stages):
+def stage_ranks(plan) -> dict[int, list[int]]:
+    """stage index -> its ranks, one per data-parallel replica of the whole pipeline.
+
+    torch's schedules run stage i on rank i mod P of a pipeline's process group,
+    whose ranks are in increasing order, so each replica's pipeline devices must
+    increase with the stage index (both of planner.evaluate.place's layouts do).
+    """
+    if plan.schedule == "pipedream" or any(len(s.devices) != s.replicas for s in plan.stages):
         raise UserError(
-            "this plan replicates stages (data-parallel replicas, d > 1); the runtime does not run replicated stages yet",
-            "plan with one device per stage (e.g. --schedule 1f1b or gpipe)",
+            "this plan replicates stages individually (PipeDream); the runtime runs only whole-pipeline replicas",
+            "plan with --schedule 1f1b or gpipe",
         )
-    ranks = {s.index: s.devices[0] for s in plan.stages}
-    p = len(set(ranks.values()))
-    for s, r in ranks.items():
-        if r != s % p:
-            raise UserError(
-                f"stage {s} is placed on device {r}, but torch.distributed.pipelining runs stage {s} on rank {s % p}",
-                "re-plan: stages must be placed round-robin over the devices",
-            )
+    reps = {s.replicas for s in plan.stages}
+    d = getattr(plan, "data_parallel", 1) or 1
+    if reps != {d}:
+        raise UserError(f"stages have {sorted(reps)} replicas but the plan's data_parallel is {d}",
+                        "re-plan: every stage must have data_parallel replicas")
+    ranks = {s.index: list(s.devices) for s in plan.stages}
+    n = len(plan.stages)
+    p = len({ranks[s][0] for s in ranks})
+    for r in range(d):
+        pipe = [ranks[s][r] for s in range(min(p, n))]
+        for s in range(n):
+            if ranks[s][r] != pipe[s % p] or (s < p and s and pipe[s] <= pipe[s - 1]):
+                raise UserError(
+                    f"stage {s} is placed on device {ranks[s][r]}, but torch.distributed.pipelining runs stage {s} "
+                    f"on pipeline rank {s % p} (stages go round-robin over increasing device ranks)",
+                    "re-plan with the default placement",
+                )
     return ranks
+
+
+def rank_stages(ranks: dict[int, list[int]], rank: int) -> tuple[int, list[int]]:
+    """(replica index, stages) of a rank."""
+    for s in sorted(ranks):
+        if rank in ranks[s]:
+            r = ranks[s].index(rank)
+            return r, sorted(t for t in ranks if ranks[t][r] == rank)
+    return -1, []
 
 
 def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
@@ -170,7 +193,8 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     plan = load_plan(plan_path)
     ranks = stage_ranks(plan)
-    used = len(set(ranks.values()))
+    used = len({r for rs in ranks.values() for r in rs})
+    dp = len(ranks[0])
     if used > world:
         raise UserError(f"the plan uses {used} devices but only {world} processes were launched",
                         f"launch {used} processes (e.g. more --nnodes or a larger --nproc-per-node)")
@@ -197,7 +221,10 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
     if missing:
         raise UserError(f"the plan assigns no stage to layer {missing[0]!r}", "re-plan")
     split = split_program(gm, layer_nodes, layer_stage, len(plan.stages))
-    mine = sorted(s for s, r in ranks.items() if r == rank)
+    replica, mine = rank_stages(ranks, rank)
+    # process groups, created in the same order on every rank (a collective requirement)
+    pp_groups = [dist.new_group(sorted({ranks[s][r] for s in ranks})) for r in range(dp)] if dp > 1 else [None]
+    dp_groups = {s: dist.new_group(ranks[s]) for s in sorted(ranks) if s < len({ranks[t][0] for t in ranks})} if dp > 1 else {}
 
     modules = {s: split.module(s).to(device) for s in mine}
     opt_name = opts.optimizer or plan.optimizer or "adam"
@@ -206,10 +233,12 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
     # tied parameters: one process group per set of holder ranks, created in the same order on every rank
     shared = split.shared_attrs()
     groups: dict[tuple[int, ...], Any] = {}
-    for fqn in sorted(shared):
-        holder_ranks = tuple(sorted({ranks[s] for s in shared[fqn]}))
-        if len(holder_ranks) > 1 and holder_ranks not in groups:
-            groups[holder_ranks] = dist.new_group(list(holder_ranks))
+    for r in range(dp):
+        for fqn in sorted(shared):
+            holder_ranks = tuple(sorted({ranks[s][r] for s in shared[fqn]}))
+            if len(holder_ranks) > 1 and holder_ranks not in groups:
+                groups[holder_ranks] = dist.new_group(list(holder_ranks))
+    my_ranks = {s: ranks[s][replica] for s in ranks}  # this replica's pipeline
 
     first_step = 0
     if opts.resume and opts.checkpoint_dir:
@@ -225,7 +254,7 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
     stats = {s: StageStats(index=s) for s in mine}
     pipe_stages = []
     for s in mine:
-        st = PipelineStage(modules[s], s, len(plan.stages), device)
+        st = PipelineStage(modules[s], s, len(plan.stages), device, group=pp_groups[replica])
         keep_buffers_through_shape_inference(st)
         instrument(st, stats[s], clock, meter)
         pipe_stages.append(st)
@@ -244,6 +273,7 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
     kill_rank = os.environ.get("PIPEPLAN_TEST_KILL_RANK")
     kill_step = int(os.environ.get("PIPEPLAN_TEST_KILL_STEP", "-1"))
     data = batches(spec, plan.batch_size)
+    rows = plan.batch_size // dp  # this replica's share of every global batch
     for _ in range(first_step):  # resume: skip the batches already trained on
         next(data)
     losses: list[float] = []
@@ -254,6 +284,9 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
         if kill_rank is not None and int(kill_rank) == rank and step == kill_step:
             os._exit(9)  # test hook: die like a crashed process (no cleanup, no message)
         inputs, target = next(data)
+        if dp > 1:
+            inputs = tuple(t.tensor_split(dp)[replica] if isinstance(t, torch.Tensor) else t for t in inputs)
+            target = target.tensor_split(dp)[replica] if isinstance(target, torch.Tensor) else target
         for opt in optimizers.values():
             opt.zero_grad(set_to_none=True)
         measured = step - first_step >= opts.warmup
@@ -264,11 +297,13 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
         mb_losses: list[torch.Tensor] = []
         if has_last:
             if not mean_loss or target is None:  # the schedule splits a target per microbatch even when unused
-                target = torch.zeros(plan.batch_size)
+                target = torch.zeros(rows)
             kwargs["target"] = target.to(device) if isinstance(target, torch.Tensor) else target
             kwargs["losses"] = mb_losses
         schedule.step(*args, **kwargs)
-        sum_shared_grads(shared, modules, ranks, groups)
+        sum_shared_grads(shared, modules, my_ranks, groups)
+        if dp > 1:
+            average_replica_grads(modules, dp_groups, dp, mean_loss)
         for opt in optimizers.values():
             opt.step()
         if device.type == "cuda":
@@ -280,9 +315,9 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
             per_mb = torch.stack([l.detach().float() for l in mb_losses])
             losses.append(float(per_mb.mean() if mean_loss else per_mb.sum()))
         if opts.checkpoint_dir and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
-            for s in mine:
+            for s in mine if replica == 0 else ():  # replicas are identical: replica 0 writes
                 ckpt.save_shard(opts.checkpoint_dir, step + 1, s, modules[s], optimizers[s])
-            all_losses = gather_losses(losses, has_last)
+            all_losses = gather_losses(losses, has_last, mean_loss)
             dist.barrier()
             if rank == 0:
                 ckpt.save_manifest(opts.checkpoint_dir, step + 1, stages=len(plan.stages),
@@ -293,16 +328,19 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
     # ---- results, gathered on rank 0
     record = {
         "rank": rank,
+        "replica": replica,
+        "loss_reduction": "mean" if mean_loss else "sum",
         "step_s": step_s,
         "losses": losses if has_last else None,
         "stages": [stage_record(s, stats[s], modules[s], optimizers[s], meter, device, len(mine)) for s in mine],
-        "events": {s: stats[s].events[-4 * plan.microbatches:] for s in mine},
+        "events": {s: stats[s].events[-2 * plan.microbatches:] for s in mine},
     }
     if dump_dir:
         for s in mine:
             buf = io.BytesIO()
             torch.save({k: v.detach().cpu() for k, v in modules[s].state_dict().items()}, buf)
-            atomic_write_bytes(Path(dump_dir) / f"stage-{s}.pt", buf.getvalue())
+            name = f"stage-{s}.pt" if replica == 0 else f"stage-{s}-replica{replica}.pt"
+            atomic_write_bytes(Path(dump_dir) / name, buf.getvalue())
     records: list[Any] = [None] * world if rank == 0 else None
     dist.gather_object(record, records, dst=0)
     if rank == 0:
@@ -348,11 +386,39 @@ def keep_buffers_through_shape_inference(stage) -> None:
     stage._backward_metadata_inference = backward_inference
 
 
-def gather_losses(losses: list[float], has_last: bool) -> list[float]:
-    """Every rank learns the last stage's losses so rank 0 can put them in the manifest."""
+def gather_losses(losses: list[float], has_last: bool, mean: bool = True) -> list[float]:
+    """Every rank learns the global losses (combined over replicas) so rank 0 can put them in the manifest."""
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, losses if has_last else None)
-    return next(x for x in out if x is not None)
+    return combine_losses([x for x in out if x is not None], mean)
+
+
+def combine_losses(per_replica: list[list[float]], mean: bool) -> list[float]:
+    """Global loss per step from each replica's: the mean for batch-mean losses, else the sum."""
+    if not per_replica:
+        return []
+    steps = zip(*per_replica)
+    return [sum(xs) / len(xs) if mean else sum(xs) for xs in steps]
+
+
+def average_replica_grads(modules: dict, dp_groups: dict, dp: int, mean: bool) -> None:
+    """Data parallelism: each stage's replicas all-reduce their gradients (one flat buffer per stage).
+
+    Each replica saw 1/dp of the batch; a batch-mean loss wants the mean of their
+    gradients, a summed loss the sum.
+    """
+    for s, module in modules.items():
+        params = [p for p in module.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=dp_groups[s % len(dp_groups)])
+        if mean:
+            flat /= dp
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p).clone()
+            offset += n
 
 
 def sum_shared_grads(shared: dict[str, list[int]], modules: dict, ranks: dict[int, int], groups: dict) -> None:

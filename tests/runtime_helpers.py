@@ -20,22 +20,30 @@ SEED = 1234  # pipeplan.runtime.worker.SEED (kept literal so a change there is n
 
 
 def hand_plan(model_file: str, *, stages: int, devices: int, schedule: str, microbatches: int, batch_size: int,
-              optimizer: str = "sgd", cuts: list[int] | None = None, entry: str = "build_model") -> Plan:
-    """A plan with layers split evenly (or at `cuts`) and stage i on device i mod devices."""
+              optimizer: str = "sgd", cuts: list[int] | None = None, entry: str = "build_model",
+              data_parallel: int = 1) -> Plan:
+    """A plan with layers split evenly (or at `cuts`) and stage i on pipeline device i mod devices.
+
+    With data_parallel d the whole pipeline is replicated d times, stage-major
+    (pipeline device p's replicas are ranks p*d .. p*d+d-1, as planner.evaluate.place).
+    """
     spec = load_model_file(model_file, entry)
     torch.manual_seed(0)
-    _, graph = export_structure(spec, batch_size // microbatches)
+    _, graph = export_structure(spec, batch_size // (microbatches * data_parallel))
     names = [l.name for l in graph.layers]
     n = len(names)
     if cuts is None:
         cuts = [round(n * k / stages) for k in range(1, stages)]
     bounds = [0, *cuts, n]
-    plan_stages = [Stage(index=s, layers=names[bounds[s]:bounds[s + 1]], devices=[s % devices]) for s in range(stages)]
+    d = data_parallel
+    plan_stages = [Stage(index=s, layers=names[bounds[s]:bounds[s + 1]], devices=[(s % devices) * d + r for r in range(d)],
+                         replicas=d) for s in range(stages)]
     return Plan(
         graph={"fingerprint": graph.fingerprint(), "name": graph.name, "model_file": spec.path, "entry": entry,
-               "depth": None, "trace_batch_size": batch_size // microbatches, "layers": n},
+               "depth": None, "trace_batch_size": batch_size // (microbatches * d), "layers": n},
         profile="local", schedule=schedule, microbatches=microbatches, batch_size=batch_size,
-        stages=plan_stages, predicted=Prediction(), devices=devices, chunks=stages // devices, optimizer=optimizer,
+        stages=plan_stages, predicted=Prediction(), devices=devices * d, chunks=stages // devices, optimizer=optimizer,
+        data_parallel=d,
     )
 
 

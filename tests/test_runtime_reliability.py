@@ -71,7 +71,8 @@ def test_resume_reproduces_uninterrupted_losses(killed_run, plan_path, tmp_path)
     for s in m["stages"]:
         assert s["fwd_s"] > 0 and s["bwd_s"] > 0 and s["compute_s"] <= m["iteration_s"] * 1.05
         assert s["peak_memory_bytes"] >= s["weights_bytes"] + s["grad_bytes"] + s["optimizer_bytes"] > 0
-        assert s["optimizer_bytes"] == 2 * s["grad_bytes"]  # adam: exp_avg + exp_avg_sq (+ tiny step counters)
+        # adam: exp_avg + exp_avg_sq, plus a 4-byte step counter per parameter tensor (< 16 tensors per stage here)
+        assert 2 * s["grad_bytes"] < s["optimizer_bytes"] <= 2 * s["grad_bytes"] + 4 * 16
     events = json.loads(trace.read_text())["traceEvents"]
     pids = {e["pid"] for e in events if e["ph"] == "X"}
     assert {0, 1} <= pids and {100, 101} <= pids
