@@ -41,6 +41,7 @@ def run() -> tuple[float, dict, list[tuple[str, str]]]:
     # Progress lines end with the elapsed time of their phase (h:mm:ss).
     phases = []
     for line in proc.stderr.splitlines():
+        line = re.sub("[━╸╺╾╼]", " ", line)  # the bar; names are padded only to the longest one
         m = re.match(r"\s*\S?\s*(trace: .+?|plan: .+?)\s{2,}.*?(\d+:\d\d:\d\d)\s*$", line)
         if m:
             phases.append((m.group(1).strip(), m.group(2)))

@@ -120,6 +120,13 @@ def draw_memory(ax, plan, capacity_bytes: int | None) -> None:
     the capacity is written in the corner instead of flattening the bars to nothing.
     """
     stages = sorted(plan.stages, key=lambda s: s.index)
+    labels = [f"S{s.index}" for s in stages]
+    if plan.chunks > 1:
+        # Interleaved: a device holds several virtual stages and the prediction is per
+        # device, so draw one bar per device rather than the same bar once per chunk.
+        pipe = max(1, len(stages) // plan.chunks)
+        labels = [f"dev {d}\n" + ",".join(f"S{s.index}" for s in stages[d::pipe]) for d in range(pipe)]
+        stages = stages[:pipe]
     xs = list(range(len(stages)))
     peak = max([s.predicted.memory_bytes for s in stages] + [1])
     unit, scale = ("GiB", GIB) if max(peak, capacity_bytes if capacity_bytes and capacity_bytes < 1.5 * peak else 0) >= GIB else ("MiB", 2**20)
@@ -137,22 +144,17 @@ def draw_memory(ax, plan, capacity_bytes: int | None) -> None:
             ax.axhline(cap, color="#C44E52", linestyle="--", linewidth=1.2, label=f"usable {capacity_bytes / GIB:.1f} GiB")
             top = max(top, cap)
         else:
-            ax.set_title(f"peak memory per stage (% of {capacity_bytes / GIB:.1f} GiB usable, off scale)", fontsize=10, loc="left")
+            ax.set_title(f"peak memory per {'device' if plan.chunks > 1 else 'stage'} (% of {capacity_bytes / GIB:.1f} GiB usable, off scale)", fontsize=10, loc="left")
         for x, t in zip(xs, total):
             pct = 100 * t / cap
             ax.text(x, t + top * 0.02, f"{pct:.0f}%" if pct >= 1 else f"{pct:.2g}%", ha="center", va="bottom", fontsize=7)
     ax.set_ylim(0, top * 1.18 if top > 0 else 1)
     ax.set_xlim(-0.6, max(len(xs), 4) - 0.4)  # a lone stage keeps a bar's width, not the panel's
     ax.set_xticks(xs)
-    if plan.chunks > 1:
-        pipe = max(1, len(stages) // plan.chunks)
-        labels = [f"S{s.index}\ndev {s.index % pipe}" for s in stages]
-    else:
-        labels = [f"S{s.index}" for s in stages]
     ax.set_xticklabels(labels, fontsize=8 if len(xs) <= 16 else 6)
     ax.set_ylabel(f"{unit} per device")
     if not ax.get_title(loc="left"):
-        ax.set_title("peak memory per stage (% of usable)", fontsize=10, loc="left")
+        ax.set_title(f"peak memory per {'device' if plan.chunks > 1 else 'stage'} (% of usable)", fontsize=10, loc="left")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
 
@@ -205,7 +207,7 @@ def compare_png(rows: list[dict[str, Any]], *, title: str = "") -> bytes:
         if r["feasible"]:
             reps = r["replicas"] if isinstance(r["replicas"], int) else max(r["replicas"])
             used = 100 * (1 - (r["memory_headroom_fraction"] or 0))
-            label = (f" {fmt_count(v)}/s   {r['stages']} stage{'s' if r['stages'] != 1 else ''} × {reps}, "
+            label = (f" {fmt_count(v)}/s   {r['stages']} stage{'s' if r['stages'] != 1 else ''} × {reps} replica{'s' if reps != 1 else ''}, "
                      f"M={r['microbatches']}, {r['schedule']}, {used:.0f}% memory")
         else:
             label = " no feasible plan"

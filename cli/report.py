@@ -195,7 +195,7 @@ def alternatives_table(plan, limit: int = 5) -> Table | None:
         chunks = a.get("chunks") or 1
         sched = str(a.get("schedule")) + (f" (v={chunks})" if chunks > 1 else "")
         d = a.get("data_parallel")
-        if d is None:
+        if d is None or a.get("schedule") == "pipedream":  # per-stage replicas there
             reps = a.get("replicas") or [1]
             d = reps if isinstance(reps, int) else ("/".join(map(str, reps)) if len(set(reps)) > 1 else reps[0])
         sps = a.get("samples_per_s")

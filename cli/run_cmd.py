@@ -7,7 +7,6 @@ import sys
 
 import click
 
-from pipeplan.errors import UserError
 
 
 @click.command("run")

@@ -80,8 +80,8 @@ def brute_pipedream(problem: Problem, levels: list[tuple[int, Link]], *, dag: bo
     """PipeDream objective's optimum, at most `count` units per level.
 
     dag=False: nested contiguous ranges of the topological order (what
-    partition_pipedream optimises for chains and hierarchies). dag=True (one level
-    only): stages are any precedence-respecting node sets (the ideal lattice).
+    partition_pipedream optimises for chains and wide DAGs). dag=True: stages at
+    every level are any precedence-respecting node sets (the ideal lattice).
     """
     comp = problem.compute_s
     params = problem.param_bytes
@@ -93,20 +93,43 @@ def brute_pipedream(problem: Problem, levels: list[tuple[int, Link]], *, dag: bo
         return (x + allreduce_pipedream_s(p, r, levels[level][1].bandwidth_bytes_per_s) / D[level]) / r
 
     if dag:
-        if len(levels) != 1:
-            raise ValueError("dag=True supports one level")
-        N = levels[0][0]
-        best = math.inf
-        for k in range(1, min(N, problem.n) + 1):
-            for a in dag_assignments(problem, k):
-                C = [0.0] * k
-                P = [0.0] * k
-                for v, s in enumerate(a):
-                    C[s] += comp[v]
-                    P[s] += params[v]
-                for reps in _replica_vectors(k, N):
-                    best = min(best, max(stage_time(0, C[s], P[s], reps[s]) for s in range(k)))
-        return best
+        parents: list[list[int]] = [[] for _ in range(problem.n)]
+        for src, dst, _ in problem.edges:
+            parents[dst].append(src)
+
+        def assignments(nodes: tuple[int, ...], k: int):
+            """Precedence-respecting assignments of `nodes` (in index order) to k non-empty stages."""
+            inside = set(nodes)
+            cur: dict[int, int] = {}
+
+            def rec(pos):
+                if pos == len(nodes):
+                    if len(set(cur.values())) == k:
+                        yield dict(cur)
+                    return
+                v = nodes[pos]
+                low = max((cur[p] for p in parents[v] if p in inside), default=0)
+                for st in range(low, k):
+                    cur[v] = st
+                    yield from rec(pos + 1)
+                del cur[v]
+
+            yield from rec(0)
+
+        @lru_cache(maxsize=None)
+        def best_set(level: int, nodes: tuple[int, ...]) -> float:
+            N = levels[level][0]
+            best = math.inf
+            for k in range(1, min(N, len(nodes)) + 1):
+                for a in assignments(nodes, k):
+                    groups = [tuple(v for v in nodes if a[v] == s) for s in range(k)]
+                    xs = [sum(comp[v] for v in g) if level == 0 else best_set(level - 1, g) for g in groups]
+                    ps = [sum(params[v] for v in g) for g in groups]
+                    for reps in _replica_vectors(k, N):
+                        best = min(best, max(stage_time(level, xs[i], ps[i], reps[i]) for i in range(k)))
+            return best
+
+        return best_set(len(levels) - 1, tuple(range(problem.n)))
 
     @lru_cache(maxsize=None)
     def best_range(level: int, a: int, b: int) -> float:

@@ -16,9 +16,12 @@ time is the slowest stage; activation transfers are not in the objective
 number of units (PipeDream's --use_fewer_machines).
 
 Algorithm. PipeDream's DP is O(S^3 m^2) over the antichain DAG's S states (S
-explodes on wide DAGs). Here states are prefixes of the topological order, and
-we search the objective value T: for a threshold, every stage cost is monotone
-in its layer range, so the furthest prefix coverable with at most m units is
+explodes on wide DAGs). Branching DAGs with few ideals (downward-closed node
+sets; ResNets, DenseNet, GNMT) get an exact vectorised DP over all ideals, for
+one level or two (`_partition_ideals*`). Otherwise states are prefixes of the
+topological order, and we search the objective value T: for a threshold, every
+stage cost is monotone in its layer range, so the furthest prefix coverable
+with at most m units is
 
     reach[m] = max(reach[m-1], max_v R_v(reach[m - v])),
 
@@ -186,7 +189,8 @@ def flatten(blocks: list[Block], outer_replicas: int = 1) -> list[tuple[int, int
 
 
 def partition_pipedream(problem: Problem, levels: list[tuple[int, Link]], *, memory_capacity_bytes: int | None = None,
-                        param_factor: float = 4.0, max_ideals: int = 2000) -> Partition:
+                        param_factor: float = 4.0, max_ideals: int = 2000,
+                        max_ideals_two_level: int = 300) -> Partition:
     """Best PipeDream configuration (stages and replication) for `levels`, innermost first.
 
     levels=[(8, nvlink)] is one 8-device node; [(4, nvlink), (2, infiniband)] is
@@ -201,8 +205,11 @@ def partition_pipedream(problem: Problem, levels: list[tuple[int, Link]], *, mem
     Branching DAGs on one level: stages are differences of ideals (downward-closed
     node sets, PipeDream's antichain states), so a stage may end inside a residual
     block's branches, when the DAG has at most `max_ideals` ideals; a DP over the
-    ideal lattice then gives the optimum over every valid split. Otherwise (wide
-    DAGs, chains, hierarchies) stages are ranges of the topological order.
+    ideal lattice then gives the optimum over every valid split. Two levels: the
+    same over pairs of ideals when there are at most `max_ideals_two_level` and
+    S^3 N1 (N1+1) / 4 <= 1e8 (the inner level is solved for every pair, vectorised). Otherwise (wide
+    DAGs, chains, deeper hierarchies, memory caps on two levels) stages are ranges
+    of the topological order.
     """
     t0 = time.perf_counter()
     if not levels or any(c < 1 for c, _ in levels):
@@ -214,6 +221,12 @@ def partition_pipedream(problem: Problem, levels: list[tuple[int, Link]], *, mem
         ideals = enumerate_ideals(problem, max_ideals)
         if ideals is not None:
             return _partition_ideals(problem, levels[0], ideals, memory_capacity_bytes, param_factor, t0)
+    if len(levels) == 2 and not problem.is_chain() and memory_capacity_bytes is None:
+        ideals = enumerate_ideals(problem, max_ideals_two_level)
+        # the inner level costs ~S^3 N1 (N1 + 1) / 4 element operations: keep it under ~1 s
+        n1 = levels[0][0]
+        if ideals is not None and len(ideals) ** 3 * n1 * (n1 + 1) / 4 <= 1e8:
+            return _partition_ideals_two_level(problem, levels, ideals, t0)
     sol = _Solver(problem, levels, memory_capacity_bytes, param_factor)
     top = len(levels) - 1
     if sol.cover(top, 0, n, math.inf) is None:
@@ -376,4 +389,116 @@ def _partition_ideals(problem: Problem, level: tuple[int, Link], ideals: list[in
         assignment=assignment, bottleneck_s=max(stage_s), stage_s=stage_s, replicas=replicas,
         solver={"name": "pipedream", "status": "optimal", "objective": max(stage_s), "bound": objective, "gap": 0.0,
                 "time_s": time.perf_counter() - t0, "ideals": S, "devices": sum(replicas), "blocks": blocks},
+    )
+
+
+def _ideal_arrays(problem: Problem, ideals: list[int]):
+    n = problem.n
+    bits = np.array([[(I >> v) & 1 for v in range(n)] for I in ideals], dtype=np.float32)
+    b64 = bits.astype(np.float64)
+    C = b64 @ np.asarray(problem.compute_s, dtype=np.float64)
+    P = b64 @ np.asarray(problem.param_bytes, dtype=np.float64)
+    size = bits.sum(axis=1)
+    subset = ((bits @ (1.0 - bits).T) == 0) & (size[:, None] < size[None, :])
+    return C, P, subset
+
+
+def _partition_ideals_two_level(problem: Problem, levels, ideals: list[int], t0) -> Partition:
+    """Two levels over the ideal lattice, as PipeDream's hierarchical optimizer does over its states.
+
+    Inner: F1[k, j, m] = best pipeline of ideal j minus ideal k on at most m devices of a node,
+    for every pair at once (vectorised over k). Outer: the single-level DP with the inner
+    optimum T1(k, j) = F1[k, j, N1] as a stage's compute, all-reduce shards over N1 devices.
+    """
+    (N1, link1), (N2, link2) = levels
+    bw1, bw2 = float(link1.bandwidth_bytes_per_s), float(link2.bandwidth_bytes_per_s)
+    S = len(ideals)
+    C, P, subset = _ideal_arrays(problem, ideals)
+    F1 = np.full((S, S, N1 + 1), np.inf)
+    idx = np.arange(S)
+    F1[idx, idx, :] = 0.0
+    ch_i = np.full((S, S, N1 + 1), -1, dtype=np.int32)
+    ch_v = np.zeros((S, S, N1 + 1), dtype=np.int32)
+    for j in range(1, S):
+        anc = np.nonzero(subset[:, j])[0]  # ideals strictly inside j: the only starts k (rows) and splits i (columns)
+        rows = np.arange(len(anc))
+        Fk = F1[np.ix_(anc, anc)]  # (len k, len i, N1+1)
+        for m in range(1, N1 + 1):
+            best = F1[anc, j, m - 1].copy()  # at most m-1 devices
+            bi = ch_i[anc, j, m - 1].copy()
+            bv = ch_v[anc, j, m - 1].copy()
+            for v in range(1, m + 1):
+                t = (C[j] - C[anc] + 4.0 * (v - 1) * (P[j] - P[anc]) / (bw1 * v)) / v  # (len i,)
+                cand = np.maximum(Fk[:, :, m - v], t[None, :])
+                arg = np.argmin(cand, axis=1)
+                val = cand[rows, arg]
+                better = val < best
+                best = np.where(better, val, best)
+                bi = np.where(better, anc[arg], bi)
+                bv = np.where(better, v, bv)
+            F1[anc, j, m] = best
+            ch_i[anc, j, m] = bi
+            ch_v[anc, j, m] = bv
+    T1 = F1[:, :, N1]
+    f = np.full((S, N2 + 1), np.inf)
+    f[0, :] = 0.0
+    choice: dict[tuple[int, int], tuple[int, int]] = {}
+    for j in range(1, S):
+        anc = np.nonzero(subset[:, j])[0]
+        for m in range(1, N2 + 1):
+            f[j, m] = f[j, m - 1]
+            if (j, m - 1) in choice:
+                choice[j, m] = choice[j, m - 1]
+            for v in range(1, m + 1):
+                t = (T1[anc, j] + 4.0 * (v - 1) * (P[j] - P[anc]) / (bw2 * v) / N1) / v
+                cand = np.maximum(f[anc, m - v], t)
+                a = int(np.argmin(cand))
+                if cand[a] < f[j, m]:
+                    f[j, m] = float(cand[a])
+                    choice[j, m] = (int(anc[a]), v)
+    full = S - 1
+    if not math.isfinite(f[full, N2]):
+        raise RuntimeError("internal: two-level ideal DP found no configuration")
+    outer = []
+    j, m = full, N2
+    while j != 0:
+        k, v2 = choice[j, m]
+        outer.append((k, j, v2))
+        j, m = k, m - v2
+    outer.reverse()
+    n = problem.n
+    comp = problem.compute_s
+    assignment = [0] * n
+    stage_s, replicas, blocks = [], [], []
+    worst = 0.0
+    for k, j, v2 in outer:
+        inner = []
+        jj, mm = j, N1
+        while jj != k:
+            ii, v1 = int(ch_i[k, jj, mm]), int(ch_v[k, jj, mm])
+            inner.append((ideals[jj] & ~ideals[ii], v1))
+            jj, mm = ii, mm - v1
+        inner.reverse()
+        inner_times = []
+        for members, v1 in inner:
+            nodes = [i for i in range(n) if (members >> i) & 1]
+            c = math.fsum(comp[i] for i in nodes)
+            p = float(sum(problem.param_bytes[i] for i in nodes))
+            ts = (c + allreduce_pipedream_s(p, v1, bw1)) / v1
+            for i in nodes:
+                assignment[i] = len(stage_s)
+            stage_s.append(ts)
+            replicas.append(v1 * v2)
+            inner_times.append(ts)
+        p_outer = float(P[j] - P[k])
+        t_outer = (max(inner_times) + allreduce_pipedream_s(p_outer, v2, bw2) / N1) / v2
+        worst = max(worst, t_outer)
+        blocks.append({"replicas": v2, "time_s": t_outer,
+                       "inner": [{"layers": [i for i in range(n) if (mem >> i) & 1], "replicas": v1}
+                                 for mem, v1 in inner]})
+    return Partition(
+        assignment=assignment, bottleneck_s=worst, stage_s=stage_s, replicas=replicas,
+        solver={"name": "pipedream", "status": "optimal", "objective": worst, "bound": float(f[full, N2]),
+                "gap": 0.0, "time_s": time.perf_counter() - t0, "ideals": S, "devices": sum(replicas),
+                "blocks": blocks},
     )

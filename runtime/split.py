@@ -231,11 +231,6 @@ def flat_inputs(args: tuple, gm: fx.GraphModule) -> tuple[torch.Tensor, ...]:
     return tuple(leaves)
 
 
-def layer_assignment(plan_stages_: list, chunks: int = 1) -> dict[str, int]:
-    """layer name -> stage index from a Plan's stages."""
-    return {layer: s.index for s in plan_stages_ for layer in s.layers}
-
-
 @dataclass
 class Split:
     """Everything about the cut, computed identically on every rank."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import sys
 import time
@@ -37,7 +36,10 @@ from pipeplan.runtime.measure import SavedTensorMeter, StageStats, StepClock, in
 from pipeplan.runtime.split import flat_inputs, split_program, unflatten_output
 
 SEED = 1234  # every rank builds the model with this seed, so replicas of a tensor start identical
-TIMEOUT_S = 45  # gloo/NCCL collective timeout: a rank whose neighbour vanished gives up well within 60 s
+# gloo/NCCL timeout of every collective and send/receive: a rank whose neighbour vanished (on another
+# machine; on the same machine torchrun stops it at once) gives up well within 60 s. Raise it with
+# PIPEPLAN_TIMEOUT_S when one step of a stage can take longer than that.
+TIMEOUT_S = float(os.environ.get("PIPEPLAN_TIMEOUT_S", 45))
 
 
 @dataclass
@@ -472,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", 0))
     run_dir = Path(opts.run_dir)
     cuda = torch.cuda.is_available()
-    if not cuda:
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))  # NCCL needs each rank on its own GPU
+    else:
         torch.set_num_threads(1)  # a CPU "device" is one core with one thread
     try:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=TIMEOUT_S))

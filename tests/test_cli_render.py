@@ -202,3 +202,15 @@ def test_dtype_auto():
     assert resolve_dtype("auto", tpu) == "bf16"
     assert resolve_dtype("auto", replace(a100, local=True)) == "fp32"
     assert resolve_dtype("tf32", a100) == "tf32"
+
+
+def test_memory_bars_per_device_for_interleaved_plans():
+    plan = hand_plan(stages=4)
+    plan.schedule, plan.chunks, plan.microbatches, plan.batch_size = "interleaved", 2, 4, 16
+    for s in plan.stages:  # per-device predictions: virtual stages s and s+2 share device s % 2
+        s.predicted.memory_bytes = (20 + s.index % 2) << 30
+    ax = Figure().add_subplot()
+    draw_memory(ax, plan, 30 << 30)
+    heights = _bar_heights(ax)
+    assert sorted(heights) == [0, 1] and [round(heights[i], 6) for i in (0, 1)] == [20, 21]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["dev 0\nS0,S2", "dev 1\nS1,S3"]

@@ -77,6 +77,16 @@ def test_dag_stages_are_ideals_and_match_brute_force(problem, workers):
     _check_structure(problem, levels, got)
 
 
+@settings(max_examples=25, deadline=None)
+@given(dags(max_n=5), st.integers(1, 2), st.integers(1, 2))
+def test_two_level_dag_matches_brute_force(problem, inner, outer):
+    levels = [(inner, INTRA), (outer, INTER)]
+    got = partition_pipedream(problem, levels)
+    expected = brute_pipedream(problem, levels, dag=not problem.is_chain())
+    assert got.bottleneck_s == pytest.approx(expected, rel=1e-9)
+    _check_structure(problem, levels, got)
+
+
 def test_replication_hand_value():
     # one heavy layer without parameters, then a light layer with big weights, 4 workers at 1 GB/s:
     # replicate the first 3x (3 s / 3 = 1 s), keep the second single: max(1, 0.9) = 1 s.

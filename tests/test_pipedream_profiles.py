@@ -45,7 +45,7 @@ TWO_LEVEL = [(4, 10 * GBPS), (2, GBPS)]
 CASES = (
     [("vgg16", lv) for lv in FLAT_1G + [[(16, GBPS)], TWO_LEVEL]]
     + [("alexnet", lv) for lv in FLAT_1G + [[(16, GBPS)], TWO_LEVEL]]
-    + [("resnet18", lv) for lv in FLAT_1G]
+    + [("resnet18", lv) for lv in FLAT_1G + [TWO_LEVEL]]
     + [("squeezenet1_0", [(4, GBPS)]), ("gnmt", [(4, GBPS)]), ("gnmt", [(8, GBPS)]), ("resnet50", [(4, GBPS)])]
 )
 

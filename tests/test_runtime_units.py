@@ -1,0 +1,98 @@
+"""Fast unit tests of the runtime's pure parts: checkpoints, failure parsing, placement, loss
+combination, the saved-tensor memory meter. No processes are started here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pipeplan.errors import UserError
+from pipeplan.planner.plan import Plan, Prediction, Stage
+from pipeplan.runtime import checkpoint as ckpt
+from pipeplan.runtime.launch import failed_rank
+from pipeplan.runtime.measure import SavedTensorMeter
+from pipeplan.runtime.worker import combine_losses, rank_stages, stage_ranks
+
+
+def _plan(devices: list[list[int]], schedule="1f1b", data_parallel=1) -> Plan:
+    stages = [Stage(index=i, layers=[f"l{i}"], devices=d, replicas=len(d)) for i, d in enumerate(devices)]
+    return Plan(graph={"fingerprint": "sha256:x"}, profile="p", schedule=schedule, microbatches=2, batch_size=8,
+                stages=stages, predicted=Prediction(), devices=len({r for d in devices for r in d}),
+                data_parallel=data_parallel)
+
+
+def test_checkpoint_ignores_step_without_manifest(tmp_path):
+    m = torch.nn.Linear(2, 2)
+    opt = torch.optim.Adam(m.parameters())
+    m(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    for stage in (0, 1):
+        ckpt.save_shard(tmp_path, 2, stage, m, opt)
+    ckpt.save_manifest(tmp_path, 2, stages=2, fingerprint="sha256:x", losses=[1.0, 0.5])
+    ckpt.save_shard(tmp_path, 4, 0, m, opt)  # step 4 interrupted: one shard, no manifest
+    latest = ckpt.latest(tmp_path, stages=2, fingerprint="sha256:x")
+    assert latest["step"] == 2 and latest["losses"] == [1.0, 0.5]
+    assert json.loads((tmp_path / "latest.json").read_text())["step"] == 2
+    m2 = torch.nn.Linear(2, 2)
+    opt2 = torch.optim.Adam(m2.parameters())
+    ckpt.load_shard(latest, 1, m2, opt2)
+    assert torch.equal(m2.weight, m.weight)
+    assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    with pytest.raises(UserError, match="another model or plan"):
+        ckpt.latest(tmp_path, stages=2, fingerprint="sha256:other")
+    with pytest.raises(RuntimeError, match="missing"):
+        ckpt.save_manifest(tmp_path, 4, stages=2, fingerprint="sha256:x", losses=[])
+
+
+def test_failed_rank_from_torchrun_report(tmp_path):
+    log = """[rank0]: RuntimeError: Connection closed by peer
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 11)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_02:42:06
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 12)
+"""
+    assert failed_rank(log, tmp_path, 2) == (1, "exit code -9")
+    (tmp_path / "status-rank0").write_text("done\n")
+    assert failed_rank("no report", tmp_path, 2) == (1, "no exit status")
+
+
+def test_combine_losses_over_replicas():
+    assert combine_losses([[1.0, 2.0], [3.0, 4.0]], mean=True) == [2.0, 3.0]
+    assert combine_losses([[1.0, 2.0], [3.0, 4.0]], mean=False) == [4.0, 6.0]
+    assert combine_losses([], mean=True) == []
+
+
+def test_stage_placement():
+    assert stage_ranks(_plan([[0], [1]])) == {0: [0], 1: [1]}
+    inter = _plan([[0], [1], [0], [1]], schedule="interleaved")
+    assert rank_stages(stage_ranks(inter), 1) == (0, [1, 3])
+    dp = _plan([[0, 1], [2, 3]], data_parallel=2)  # stage-major: pipelines (0, 2) and (1, 3)
+    assert rank_stages(stage_ranks(dp), 3) == (1, [1])
+    with pytest.raises(UserError, match="round-robin"):
+        stage_ranks(_plan([[1], [0]]))
+    with pytest.raises(UserError, match="PipeDream"):
+        stage_ranks(_plan([[0], [1]], schedule="pipedream"))
+    with pytest.raises(UserError, match="data_parallel"):
+        stage_ranks(_plan([[0, 1], [2]]))
+
+
+def test_saved_tensor_meter_counts_each_storage_once_and_releases():
+    meter = SavedTensorMeter(param_ids=set())
+    a = torch.randn(1000, requires_grad=True)
+    with meter.hooks():
+        b = a.exp()  # saves its result b (4000 bytes)
+        c = b.sin()  # saves its input: b again, the same storage
+        d = (c * 2).sum()
+    assert meter.peak == 4000 and meter.current == 4000
+    d.backward()
+    del b, c, d
+    assert meter.current == 0 and meter.peak == 4000
