@@ -5,7 +5,17 @@ lowest layers (hardware_profiles), so this module must not import them back.
 The public API lives in `pipeplan.api` and is re-exported lazily.
 """
 
+import os as _os
+
 __version__ = "0.1.0"
+
+# In a source checkout the subpackages (planner/, cli/, ...) sit beside this folder, not in it; setuptools'
+# package-dir mapping only applies to installed copies. When Python imports this folder straight from a
+# checkout (the checkout is the working directory of `python -m ...` or of a torchrun worker), let the
+# subpackages resolve there too, so the source tree never shadows the install with a half package.
+_checkout = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if _os.path.isfile(_os.path.join(_checkout, "pyproject.toml")) and _os.path.isdir(_os.path.join(_checkout, "planner")):
+    __path__.append(_checkout)
 
 _API = {
     "trace": "pipeplan.costmodels.trace",
