@@ -222,8 +222,9 @@ def quality_section(profile_name: str, devices: int, batch: int, microbatches: i
              f"{microbatches} microbatches, fp32, no recomputation; graphs traced at batch 1 on this machine, "
              "times from the roofline model. Ratio = pipeplan / baseline (>1: pipeplan faster). torchgpipe "
              "balances the same per-layer model times it would measure on the device.", "",
-             "| example | layers | pipeplan samples/s | vs equal layers | vs DeepSpeed parameters | vs torchgpipe time |",
-             "|---|---|---|---|---|---|"]
+             "| example | layers | pipeplan samples/s | chosen candidate | vs equal layers | vs DeepSpeed parameters "
+             "| vs torchgpipe time | DP candidates only, vs equal layers |",
+             "|---|---|---|---|---|---|---|---|"]
     for model in sorted((REPO / "examples").glob("*.py")):
         try:
             graph = trace(str(model), 1)
@@ -237,6 +238,8 @@ def quality_section(profile_name: str, devices: int, batch: int, microbatches: i
         try:
             best = search(graph, profile, k, batch, schedule="1f1b", stages=k, microbatches=microbatches,
                           data_parallel=1, recompute=False).best
+            dp_only = search(graph, profile, k, batch, schedule="1f1b", stages=k, microbatches=microbatches,
+                             data_parallel=1, recompute=False, heuristics=False).best
         except UserError as e:
             lines.append(f"| {model.stem} | {n} | infeasible: {e.message} | | | |")
             continue
@@ -251,11 +254,15 @@ def quality_section(profile_name: str, devices: int, batch: int, microbatches: i
             plan = evaluate(graph, profile, assignment, **common)
             fits = plan.predicted.peak_memory_bytes <= profile.usable_memory_bytes
             ratios.append(f"{best.predicted.samples_per_s / plan.predicted.samples_per_s:.2f}x" + ("" if fits else " (OOM)"))
-        lines.append(f"| {model.stem} | {n} | {best.predicted.samples_per_s:.1f} | " + " | ".join(ratios) + " |")
+        dp_ratio = dp_only.predicted.samples_per_s / evaluate(graph, profile, baselines["equal"], **common).predicted.samples_per_s
+        lines.append(f"| {model.stem} | {n} | {best.predicted.samples_per_s:.1f} | {best.solver.get('name')} | "
+                     + " | ".join(ratios) + f" | {dp_ratio:.2f}x |")
         print(lines[-1], flush=True)
-    lines += ["", "pipeplan's partitions minimise the slowest stage (compute + boundary sends); the simulator that "
-              "predicts samples/s also charges pipeline fill/drain and overlaps sends with compute, so a ratio "
-              "below 1x is a case where that proxy picked a worse plan than the baseline.", ""]
+    lines += ["", "The search simulates several candidate partitions per configuration and keeps the fastest: the "
+              "DP's optima for its bottleneck objective (compute + boundary sends, summed or overlapped) and the "
+              "equal-layers and time-balanced splits. The last column restricts it to the DP candidates: the "
+              "DP minimises the slowest stage, while the simulator also charges pipeline fill/drain and link "
+              "latency, so on these microsecond-scale toy stages the bottleneck proxy can lose to a naive split.", ""]
     return lines
 
 

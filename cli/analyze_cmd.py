@@ -26,6 +26,14 @@ def stdout_console():
     return Console(width=140)  # piped without COLUMNS: rich would assume 80 and wrap the tables
 
 
+def quiet_stdout(active: bool):
+    """With --json, anything the user's model.py prints while being traced goes to stderr, not into the document."""
+    import contextlib
+    import sys
+
+    return contextlib.redirect_stdout(sys.stderr) if active else contextlib.nullcontext()
+
+
 def run_analysis(
     load: Callable[[Callable], object],
     *,
@@ -45,7 +53,7 @@ def run_analysis(
     profile = load_profile(profile_name)
     dtype = resolve_dtype(opts.dtype, profile)
     profile.flops_for(dtype)  # an unsupported precision (fp32 on a TPU) fails here, before any work
-    with progress_display() as phases:
+    with quiet_stdout(as_json), progress_display() as phases:
         graph = load(phases)
         result = run_search(graph, profile, opts, dtype, progress=phases("plan: "))
     write_outputs(result.best, graph, profile, output=output, plot=plot, chrome_trace=chrome_trace)

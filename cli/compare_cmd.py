@@ -35,6 +35,7 @@ def _split_profiles(value: str) -> list[str]:
 def compare(model, profiles_arg, opts, entry, trace_batch_size, depth, repeats, as_json, plot):
     """Compare the best pipeline plan for MODEL.py (or a saved graph) across hardware profiles."""
     from pipeplan._io import atomic_write_bytes
+    from pipeplan.cli.analyze_cmd import quiet_stdout
     from pipeplan.cli.options import check_output_paths, resolve_dtype
     from pipeplan.cli.progress import progress_display
     from pipeplan.cli.summary import compare_row, graph_summary
@@ -44,7 +45,7 @@ def compare(model, profiles_arg, opts, entry, trace_batch_size, depth, repeats, 
     check_output_paths(plot=plot)
     profiles = [load_profile(name) for name in _split_profiles(profiles_arg)]  # unknown names fail before tracing
     rows = []
-    with progress_display() as phases:
+    with quiet_stdout(as_json), progress_display() as phases:
         graph = load_input_graph(model, entry=entry, trace_batch_size=trace_batch_size, depth=depth, repeats=repeats,
                                  progress=phases("trace: "))
         for profile in profiles:

@@ -42,7 +42,9 @@ from pipeplan.costmodels.memory import (
 )
 from pipeplan.errors import InfeasibleError, UserError
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
-from pipeplan.planner.dp import Partition, boundary_links, partition_dp
+from pipeplan.planner.baselines import equal_layers, torchgpipe_balance_by_time
+from pipeplan.planner.dp import stage_costs
+from pipeplan.planner.dp import COMM_MODES, Partition, assignment_bounds, boundary_links, partition_dp
 from pipeplan.planner.evaluate import GIB, evaluate, place, predict, simulate_plan  # noqa: F401 (re-exported API)
 from pipeplan.planner.plan import SCHEDULES, Plan
 from pipeplan.planner.problem import Problem, build_problem
@@ -104,15 +106,6 @@ class _Overflow:
 def _divisors(x: int) -> list[int]:
     small = [i for i in range(1, int(math.isqrt(x)) + 1) if x % i == 0]
     return sorted(set(small + [x // i for i in small]))
-
-
-def equal_layers(n: int, stages: int) -> list[int]:
-    """Assignment with layer counts differing by at most one (earlier stages get the extra)."""
-    base, extra = divmod(n, stages)
-    out = []
-    for s in range(stages):
-        out += [s] * (base + (1 if s < extra else 0))
-    return out
 
 
 def _check_options(devices, batch_size, schedule, stages, microbatches, solver, dtype, optimizer, recompute, n_layers):
@@ -264,9 +257,10 @@ class _Searcher:
     """State of one search: cached problems, the top list, counters, the least-overflowing failure."""
 
     def __init__(self, graph: Graph, profile: HardwareProfile, batch_size: int, *, dtype: str, optimizer: str,
-                 times: str, top: int):
+                 times: str, top: int, heuristics: bool = True):
         from pipeplan.planner.evaluate import graph_summary
 
+        self.heuristics = heuristics
         self.graph, self.profile, self.B = graph, profile, batch_size
         self.dtype, self.optimizer, self.times, self.top = dtype, optimizer, times, top
         self.cap = int(profile.usable_memory_bytes)
@@ -378,18 +372,45 @@ class _Searcher:
             return
         for layout in layouts:
             links = self.link_fn(cfg, layout)
+            seen: set[tuple[int, ...]] = set()
+            for part in self.candidates(cfg, prob, mem, links, mb):
+                if part.solver.get("status") == "infeasible":
+                    self.infeasible += 1
+                    over = part.solver.get("overflow_bytes")
+                    if over is not None:
+                        self.failures.append((self.cap + int(over), "exact", cfg, layout))
+                    continue
+                if tuple(part.assignment) not in seen:
+                    seen.add(tuple(part.assignment))
+                    self.consider(cfg, layout, part, mb)
+
+    def candidates(self, cfg: Config, prob: Problem, mem, links, mb: int) -> list[Partition]:
+        """Partitions worth simulating for one configuration.
+
+        The DP is exact for its bottleneck objective, but the simulator also charges
+        pipeline fill and drain and lets sends overlap compute, so the DP's optimum
+        under either communication model (blocking sends, overlapped sends) is not
+        always the simulator's best. Both DP optima are candidates, and (unless
+        `heuristics` is off) so are the equal-layers and torchgpipe time-balanced
+        splits, so a plan is never predicted slower than the naive split it is
+        compared with. The simulator picks; predict() re-checks memory exactly.
+        """
+        S = cfg.stages * cfg.chunks
+        out = []
+        for comm in COMM_MODES:
             key = (mb, cfg.recompute, S, cfg.schedule, cfg.chunks, self.memory_signature(cfg),
-                   tuple(links(b) for b in range(S - 1)))
+                   tuple(links(b) for b in range(S - 1)), comm)
             if key not in self._partitions:
-                self._partitions[key] = partition_dp(prob, S, link=links, memory_bytes=mem, capacity_bytes=self.cap)
-            part = self._partitions[key]
-            if part.solver.get("status") == "infeasible":
-                self.infeasible += 1
-                over = part.solver.get("overflow_bytes")
-                if over is not None:
-                    self.failures.append((self.cap + int(over), "exact", cfg, layout))
-                continue
-            self.consider(cfg, layout, part, mb)
+                self._partitions[key] = partition_dp(prob, S, link=links, memory_bytes=mem, capacity_bytes=self.cap,
+                                                     comm=comm)
+            out.append(self._partitions[key])
+        if self.heuristics and 1 < S <= prob.n and not cfg.stage_replicas:
+            for name, assignment in (("equal-layers", equal_layers(prob.n, S)),
+                                     ("balance-by-time", torchgpipe_balance_by_time(list(prob.compute_s), S))):
+                stage_s = stage_costs(prob, assignment_bounds(assignment), links)
+                out.append(Partition(assignment=assignment, bottleneck_s=max(stage_s), stage_s=stage_s,
+                                     replicas=[1] * S, solver={"name": name, "status": "feasible"}))
+        return out
 
     def consider(self, cfg: Config, layout: str, part: Partition, mb: int) -> Plan | None:
         P, v, d, M = cfg.stages, cfg.chunks, cfg.data_parallel, cfg.microbatches
@@ -475,7 +496,8 @@ def search(graph: Graph, profile: HardwareProfile, devices: int, batch_size: int
            stages: int | None = None, microbatches: int | None = None, solver: str = "auto", dtype: str = "fp32",
            optimizer: str = "adam", recompute: str | bool = "auto", times: str = "model",
            progress: Callable[[str, int, int], None] | None = None, data_parallel: int | None = None,
-           chunks: int | None = None, top: int = TOP, ilp_time_limit_s: float = 10.0) -> SearchResult:
+           chunks: int | None = None, top: int = TOP, ilp_time_limit_s: float = 10.0,
+           heuristics: bool = True) -> SearchResult:
     """Best feasible plan (highest samples/s) over the configuration space; InfeasibleError when nothing fits.
 
     Fixed options (stages, microbatches, schedule, data_parallel, chunks) restrict
@@ -492,7 +514,8 @@ def search(graph: Graph, profile: HardwareProfile, devices: int, batch_size: int
         raise UserError(f"--data-parallel {data_parallel} does not fit on {devices} devices")
     schedules = AUTO_SCHEDULES if schedule == "auto" else SCHEDULES if schedule == "all" else (schedule,)
     rc_opts = {"auto": (False, True), "on": (True,), "off": (False,), True: (True,), False: (False,)}[recompute]
-    sr = _Searcher(graph, profile, batch_size, dtype=dtype, optimizer=optimizer, times=times, top=top)
+    sr = _Searcher(graph, profile, batch_size, dtype=dtype, optimizer=optimizer, times=times, top=top,
+                   heuristics=heuristics)
     if not any(sr.problem(1).compute_s):
         raise UserError(f"graph {graph.name!r} has no layer times under --times {times} (every layer takes 0 s)",
                         "use --times model, or trace the model to measure it")

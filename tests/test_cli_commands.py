@@ -274,3 +274,28 @@ def test_show_a_plan_whose_profile_file_moved(tmp_path):
     result = run(["show", tmp_path / "p.json", "--plot", tmp_path / "p.png"])
     assert "memory capacity not shown" in result.stdout
     assert png_size(tmp_path / "p.png")[0] > 900
+
+
+def test_json_stdout_stays_clean_when_the_model_prints(tmp_path):
+    model = tmp_path / "chatty.py"
+    model.write_text(
+        "import torch\n"
+        "print('building the model!')\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)\n"
+        "    def forward(self, x):\n"
+        "        print('forward!')\n"
+        "        return self.b(torch.relu(self.a(x)))\n"
+        "def build_model():\n"
+        "    return M()\n"
+        "def example_inputs(batch_size):\n"
+        "    return (torch.randn(batch_size, 8),)\n"
+    )
+    result = CliRunner().invoke(cli, ["analyze", str(model), "--profile", "h100-sxm", "--gpus", "2", "--batch-size", "4",
+                                      "--repeats", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["graph"]["parameters"] == 8 * 16 + 16 + 16 * 4 + 4
+    assert "forward!" in result.stderr
