@@ -107,6 +107,8 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
         layer.kind = _refine_kind(layer, counts.node_flops, family)
     graph.peak_activation_bytes = int(counts.peak_saved_bytes)
     graph.source["repeats"] = timing.repeats
+    # Times depend on the thread count; the cost models compare it with a local profile's device (one thread).
+    graph.source["threads"] = torch.get_num_threads()
 
     if fvcore_check:
         report("cross-checking FLOPs with fvcore", 0, 1)
