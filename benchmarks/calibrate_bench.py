@@ -84,7 +84,7 @@ def main() -> None:
         f"| fp32 GEMM per shape {cal['matmul_shapes_mkn']} | {cal['matmul_fp32_gflops']} GFLOP/s |",
         f"| bf16 GEMM per shape | {cal['matmul_bf16_gflops']} GFLOP/s (fast path: {cal['bf16_fast_path']}) |",
         f"| conv3x3 per shape {cal['conv3x3_shapes_nch']} | {cal['conv_fp32_gflops']} GFLOP/s |",
-        f"| efficiency (achieved / peak) | " + ", ".join(f"{k} {v:.2f}" for k, v in prof.efficiency.items()) + " |",
+        "| efficiency (achieved / peak) | " + ", ".join(f"{k} {v:.2f}" for k, v in prof.efficiency.items()) + " |",
         f"| copy bandwidth (read + write) | {prof.mem_bw_bytes_per_s / 1e9:.1f} GB/s |",
         f"| p2p one way, gloo loopback, 4 B .. 16 MiB | {cal['p2p_one_way_us']} µs |",
         f"| link fit | {prof.intra_node.bandwidth_bytes_per_s / 1e9:.2f} GB/s, latency {prof.intra_node.latency_s * 1e6:.0f} µs |",

@@ -154,7 +154,7 @@ def dp_section(repeats: int) -> list[str]:
 
 def block_dag(n_target: int, seed: int):
     """Inception-like DAG: blocks of 1-4 parallel branches of 1-3 nodes joined by a concat."""
-    from pipeplan.planner.problem import Problem
+    from pipeplan.planner.problem import dag_problem
 
     rng = random.Random(seed)
     comp, edges = [rng.uniform(1e-4, 1e-3)], []
@@ -171,18 +171,7 @@ def block_dag(n_target: int, seed: int):
         comp.append(rng.uniform(1e-6, 5e-5))
         edges += [(e, n, rng.randint(100_000, 4_000_000)) for e in ends]
         prev, n = n, n + 1
-    size, last = {}, {}
-    for s, d, b in edges:
-        size[s] = max(size.get(s, 0), b)
-        last[s] = max(last.get(s, 0), d)
-    cut = [0] * (n - 1)
-    for s, d in last.items():
-        for c in range(s, d):
-            cut[c] += size[s]
-    return Problem(names=tuple(f"n{i}" for i in range(n)), fwd_s=tuple(c / 3 for c in comp),
-                   bwd_s=tuple(2 * c / 3 for c in comp), param_bytes=(0,) * n, saved_bytes=(0,) * n,
-                   output_bytes=tuple(size.get(i, 0) for i in range(n)), cut_bytes=tuple(cut), input_bytes=0,
-                   edges=tuple(edges))
+    return dag_problem(comp, edges)
 
 
 def ilp_section() -> list[str]:

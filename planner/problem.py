@@ -67,6 +67,27 @@ def chain_problem(compute_s, *, param_bytes=None, cut_bytes=None, saved_bytes=No
     )
 
 
+def dag_problem(compute_s, edges, *, param_bytes=None) -> Problem:
+    """A DAG problem from plain lists (tests, benchmarks): nodes in topological order,
+    edges (src, dst, bytes); a node's output is one tensor of its largest edge's size,
+    live from the node to its last consumer, which is the rule the ILP prices."""
+    n = len(compute_s)
+    size: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for s, d, b in edges:
+        size[s] = max(size.get(s, 0), b)
+        last[s] = max(last.get(s, 0), d)
+    cut = [0] * (n - 1)
+    for s, d in last.items():
+        for c in range(s, d):
+            cut[c] += size[s]
+    return Problem(names=tuple(f"n{i}" for i in range(n)), fwd_s=tuple(c / 3.0 for c in compute_s),
+                   bwd_s=tuple(c - c / 3.0 for c in compute_s),
+                   param_bytes=tuple(int(p) for p in (param_bytes or [0] * n)), saved_bytes=(0,) * n,
+                   output_bytes=tuple(size.get(i, 0) for i in range(n)), cut_bytes=tuple(cut), input_bytes=0,
+                   edges=tuple(edges))
+
+
 def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_size: int, dtype: str = "fp32",
                   times: str = "model") -> Problem:
     """Per-microbatch layer times and bytes of `graph` on `profile` (None: measured times only).

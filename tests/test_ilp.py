@@ -13,27 +13,15 @@ from pipeplan.hardware_profiles.profile import Link
 from pipeplan.planner.brute import brute_dag
 from pipeplan.planner.dp import partition_dp
 from pipeplan.planner.ilp import choose_solver, dag_stage_times, partition_ilp, solve
-from pipeplan.planner.problem import Problem, chain_problem
+from pipeplan.planner.problem import chain_problem
+from pipeplan.planner.problem import dag_problem as problem_from_lists
 
 LINK = Link("ib", 1e9, 1e-5)
 
 
 def dag_problem(n, edges, compute, params=None):
-    """A Problem whose cut bytes follow the same rule as the ILP (a node's output is one tensor)."""
-    size: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for s, d, b in edges:
-        size[s] = max(size.get(s, 0), b)
-        last[s] = max(last.get(s, 0), d)
-    cut = [0] * (n - 1)
-    for s, d in last.items():
-        for c in range(s, d):
-            cut[c] += size[s]
-    params = params or [0] * n
-    return Problem(names=tuple(f"n{i}" for i in range(n)), fwd_s=tuple(c / 3 for c in compute),
-                   bwd_s=tuple(c - c / 3 for c in compute), param_bytes=tuple(params), saved_bytes=(0,) * n,
-                   output_bytes=tuple(size.get(i, 0) for i in range(n)), cut_bytes=tuple(cut), input_bytes=0,
-                   edges=tuple(edges))
+    assert len(compute) == n
+    return problem_from_lists(compute, edges, param_bytes=params)
 
 
 @st.composite
