@@ -83,11 +83,26 @@ def parallel_capacity() -> float:
     return 2 * one / two
 
 
-def make_plan(model_file: str, profile, batch: int, m: int, schedule: str, out: Path):
+def trace_one_device(model_file: str, microbatch: int):
+    """The layer graph, timed on ONE thread: a local device is one core running one thread.
+
+    The local profile's cost model uses the graph's measured times only when they
+    were taken with the device's thread count (docs/cost-models.md), so tracing
+    with torch's default (all cores) would silently switch the prediction to the
+    roofline. Both schedules of an example share this one trace, so their
+    predictions differ only by the schedule, not by timing noise.
+    """
+    import torch
+
     from pipeplan.costmodels.trace import trace
+
+    torch.set_num_threads(1)
+    return trace(model_file, microbatch)
+
+
+def make_plan(graph, profile, batch: int, m: int, schedule: str, out: Path):
     from pipeplan.planner.search import search
 
-    graph = trace(model_file, batch // m)
     result = search(graph, profile, 2, batch, schedule=schedule, stages=2, microbatches=m, optimizer="sgd",
                     recompute="off", times="model")
     result.best.save(out)
@@ -107,7 +122,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default=None, help="profile name or YAML path (default: calibrate now)")
     ap.add_argument("--calibrate-budget-s", type=float, default=45.0)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--write-results", action="store_true", help="rewrite the Runtime section of benchmarks/RESULTS.md")
     args = ap.parse_args(argv)
@@ -135,10 +150,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, batch, m in CASES:
             model_file = str(EXAMPLES / f"{name}.py")
+            console.print(f"{name}: tracing at the microbatch size {batch // m} (one thread) ...")
+            graph = trace_one_device(model_file, batch // m)
             for schedule in SCHEDULES:
                 console.print(f"{name} {schedule}: planning and running {args.steps} steps ...")
                 plan_path = Path(tmp) / f"{name}-{schedule}.json"
-                plan = make_plan(model_file, profile, batch, m, schedule, plan_path)
+                plan = make_plan(graph, profile, batch, m, schedule, plan_path)
                 doc = run_plan(plan_path, args.steps, args.warmup)
                 meas, pred = doc["measured"]["iteration_s"], plan.predicted.iteration_s
                 rows.append({"example": name, "schedule": schedule, "batch": batch, "M": m,

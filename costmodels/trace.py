@@ -56,6 +56,8 @@ def export_structure(spec: ModelSpec, batch_size: int, *, depth: int | None = No
         "torch": torch.__version__,
         "device": "cpu",
         "repeats": None,
+        # Measured times depend on the thread count; the cost models compare it with a local profile's device.
+        "threads": torch.get_num_threads(),
     }
     return ep, graph
 
@@ -107,8 +109,6 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
         layer.kind = _refine_kind(layer, counts.node_flops, family)
     graph.peak_activation_bytes = int(counts.peak_saved_bytes)
     graph.source["repeats"] = timing.repeats
-    # Times depend on the thread count; the cost models compare it with a local profile's device (one thread).
-    graph.source["threads"] = torch.get_num_threads()
 
     if fvcore_check:
         report("cross-checking FLOPs with fvcore", 0, 1)

@@ -72,14 +72,24 @@ def torchgpipe_balance_by_time(times: list[float], stages: int, *, max_moves: in
     def size(i: int) -> float:
         return sum(seq[(splits[i - 1] if i > 0 else 0):splits[i]])
 
-    moves = 0
+    moves, seen = 0, set()
     while True:
         max_size, p = max((size(i), i) for i in range(k))
         while True:
+            if (p, *splits) in seen:  # back at an earlier state: torchgpipe's moves cycle forever here
+                raise ValueError(f"balance_by_time cycles on this input after {moves} moves")
+            seen.add((p, *splits))
             min_size, q = min((size(i), i) for i in range(k))
-            if max_size <= min_size + 1 or moves >= max_moves:
+            if max_size <= min_size + 1:
                 starts = [0] + splits[:-1]
-                return _from_sizes([b - a for a, b in zip(starts, splits)])
+                sizes = [b - a for a, b in zip(starts, splits)]
+                if min(sizes) < 1:  # torchgpipe's moves can empty a block; its result is then unusable
+                    raise ValueError(f"balance_by_time left an empty stage ({sizes})")
+                return _from_sizes(sizes)
+            if any(a > b for a, b in zip([0, *splits], [*splits, n])):
+                raise ValueError(f"balance_by_time emptied a stage after {moves} moves (torchgpipe's moves can)")
+            if moves >= max_moves:
+                raise ValueError(f"balance_by_time did not converge in {moves} moves")
             moves += 1
             if p < q:
                 h = q - 1

@@ -405,8 +405,12 @@ class _Searcher:
                                                      comm=comm)
             out.append(self._partitions[key])
         if self.heuristics and 1 < S <= prob.n and not cfg.stage_replicas:
-            for name, assignment in (("equal-layers", equal_layers(prob.n, S)),
-                                     ("balance-by-time", torchgpipe_balance_by_time(list(prob.compute_s), S))):
+            heuristic = [("equal-layers", equal_layers(prob.n, S))]
+            try:
+                heuristic.append(("balance-by-time", torchgpipe_balance_by_time(list(prob.compute_s), S)))
+            except ValueError:  # torchgpipe's heuristic can cycle or empty a stage; then it is no candidate
+                pass
+            for name, assignment in heuristic:
                 stage_s = stage_costs(prob, assignment_bounds(assignment), links)
                 out.append(Partition(assignment=assignment, bottleneck_s=max(stage_s), stage_s=stage_s,
                                      replicas=[1] * S, solver={"name": name, "status": "feasible"}))

@@ -292,6 +292,8 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
         for opt in optimizers.values():
             opt.zero_grad(set_to_none=True)
         measured = step - first_step >= opts.warmup
+        if meter is not None:  # saved-tensor hooks slow the forward: meter untimed steps (and the first) only
+            meter.enabled = not measured or step == first_step
         dist.barrier()
         clock.start(measured)
         args = tuple(t.to(device) for t in flat_inputs(inputs, gm)) if has_first else ()
@@ -478,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))  # NCCL needs each rank on its own GPU
     else:
         torch.set_num_threads(1)  # a CPU "device" is one core with one thread
+        try:
+            torch.set_num_interop_threads(1)  # and no inter-op pool competing for it
+        except RuntimeError:  # already set, or parallel work started (main() called twice in one process)
+            pass
     try:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=TIMEOUT_S))
         run_all(opts)

@@ -148,7 +148,8 @@ def test_structure_is_a_dag_in_execution_order_covering_the_program(name):
     assert all(l.fwd_s >= 0 and l.bwd_s >= 0 for l in g.layers)
     assert sum(l.fwd_s + l.bwd_s for l in g.layers) > 0
     assert g.source == {"model_file": str(EXAMPLES / f"{name}.py"), "entry": "build_model", "depth": None,
-                        "batch_size": BATCH, "torch": torch.__version__, "device": "cpu", "repeats": 1}
+                        "batch_size": BATCH, "torch": torch.__version__, "device": "cpu", "repeats": 1,
+                        "threads": torch.get_num_threads()}
 
 
 @pytest.mark.parametrize("name", EXAMPLE_PARAMS)
