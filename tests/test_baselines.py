@@ -39,3 +39,14 @@ def test_torchgpipe_block_partition_stops_within_one_normalised_unit():
     # heavy head, normalised [1, 1, 0, ..., 0]: from [5 | 5] (2 vs 0) the algorithm moves the
     # first block's last layer over until the blocks weigh 1 and 1: sizes [1, 9]
     assert _sizes(torchgpipe_balance_by_time([10, 10, 1, 1, 1, 1, 1, 1, 1, 1], 2)) == [1, 9]
+
+
+def test_balance_by_time_refuses_to_return_an_invalid_partition():
+    # torchgpipe's block-moving heuristic empties a block on this input at k=7; a partition with an
+    # empty stage (or the wrong number of layers) must never reach the planner.
+    times = [1, 1, 4, 1, 1, 1, 8, 1, 1, 2, 1, 1]
+    with pytest.raises(ValueError, match="emptied a stage"):
+        torchgpipe_balance_by_time(times, 7)
+    for k in (1, 2, 3, 4, 5, 6, 8, 12):
+        a = torchgpipe_balance_by_time(times, k)
+        assert len(a) == len(times) and sorted(set(a)) == list(range(k)) and a == sorted(a)
