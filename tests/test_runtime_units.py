@@ -96,3 +96,50 @@ def test_saved_tensor_meter_counts_each_storage_once_and_releases():
     d.backward()
     del b, c, d
     assert meter.current == 0 and meter.peak == 4000
+
+
+def test_pin_to_core_binds_each_local_rank_to_its_own_core_only_when_ranks_fit(monkeypatch):
+    import os
+
+    from pipeplan.runtime.worker import pin_to_core
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    before = os.sched_getaffinity(0)
+    cores = sorted(before)
+    try:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(len(cores)))
+        monkeypatch.setenv("LOCAL_RANK", str(len(cores) - 1))
+        assert pin_to_core() == cores[-1]
+        assert os.sched_getaffinity(0) == {cores[-1]}
+        os.sched_setaffinity(0, before)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(len(cores) + 1))  # more ranks than cores: leave it alone
+        assert pin_to_core() is None
+        assert os.sched_getaffinity(0) == before
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def test_meter_disabled_steps_run_without_hooks():
+    """The worker meters only untimed steps: a disabled meter must not see saved tensors."""
+    from pipeplan.runtime.measure import StageStats, StepClock, instrument
+
+    meter = SavedTensorMeter(param_ids=set())
+    w = torch.randn(50, 50, requires_grad=True)
+
+    class FakeStage:  # just the two methods instrument() wraps
+        def forward_one_chunk(self, i, *a, **k):
+            return (torch.randn(10, 50) @ w).relu().sum()
+
+        def backward_one_chunk(self, i, *a, **k):
+            return None
+
+    st = FakeStage()
+    instrument(st, StageStats(index=0), StepClock(), meter)
+    meter.enabled = False
+    st.forward_one_chunk(0)
+    assert meter.peak == 0
+    meter.enabled = True
+    out = st.forward_one_chunk(1)
+    assert meter.peak > 0
+    del out
