@@ -51,13 +51,20 @@ def load_input_graph(
     return load_saved_graph(path)
 
 
-def load_saved_graph(path: str):
-    """graph.json (pipeplan.graph/v1) or a PipeDream graph.txt; a model.py is refused with a pointer to `analyze`."""
+def load_saved_graph(path: str, *, profiled_batch_size: int | None = None):
+    """graph.json (pipeplan.graph/v1) or a PipeDream graph.txt; a model.py is refused with a pointer to `analyze`.
+
+    A PipeDream file's times are per profiled minibatch, a size it does not record:
+    `profiled_batch_size` supplies it (only meaningful for such files).
+    """
     if is_model_file(path):
         raise UserError(f"{path} is a model file; `pipeplan plan` reads a saved graph", "use `pipeplan analyze` for a model.py, or `pipeplan trace` it first")
     from pipeplan.costmodels.load import load_any_graph
 
-    return load_any_graph(path)
+    if profiled_batch_size is not None and Path(path).suffix.lower() == ".json":
+        raise UserError(f"--profiled-batch-size only applies to a PipeDream graph.txt, but {path} is a pipeplan graph",
+                        "drop --profiled-batch-size (the graph records its own batch size)")
+    return load_any_graph(path, batch_size=profiled_batch_size or 1)
 
 
 def load_profile(name: str):
