@@ -109,12 +109,9 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.write_results:
-        doc = RESULTS.read_text(encoding="utf-8")
-        start = doc.index(SECTION) + len(SECTION)
-        nxt = doc.find("\n## ", start)
-        end = len(doc) if nxt < 0 else nxt + 1
-        RESULTS.write_text(doc[:start] + "\n\n" + text + "\n\n" + doc[end:], encoding="utf-8")
-        print(f"\nwrote the section to {RESULTS}")
+        from results import write_section
+
+        write_section(SECTION, text)
 
 
 if __name__ == "__main__":

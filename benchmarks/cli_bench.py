@@ -71,18 +71,6 @@ def table(wall: float, doc: dict, phases, load: float) -> str:
     return "\n".join(lines)
 
 
-def write_section(body: str) -> None:
-    text = RESULTS.read_text()
-    section = f"{HEADING}\n\n{body}\n"
-    if HEADING in text:
-        start = text.index(HEADING)
-        nxt = text.find("\n## ", start + len(HEADING))
-        text = text[:start] + section + ("\n" + text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write-results", action="store_true", help="rewrite the CLI section of benchmarks/RESULTS.md")
@@ -92,7 +80,9 @@ def main() -> None:
     body = table(wall, doc, phases, load)
     print(body)
     if args.write_results:
-        write_section(body)
+        from results import write_section
+
+        write_section(HEADING, body)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 SECTION = "## Cost-model accuracy (`benchmarks/costmodel_bench.py`)"
 
@@ -152,20 +151,6 @@ def render(rows, fwd, bwd, profile, command: str) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, body: str) -> None:
-    text = path.read_text(encoding="utf-8")
-    block = f"{SECTION}\n\n{body}\n"
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + block + ("\n" + text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    from pipeplan._io import atomic_write_text
-
-    atomic_write_text(path, text)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=20.0, help="calibrate() budget in seconds")
@@ -189,8 +174,9 @@ def main(argv=None) -> int:
     body = render(rows, fwd, bwd, profile, command)
     print(body)
     if args.write_results:
-        write_section(Path(__file__).with_name("RESULTS.md"), body)
-        print(f"\nwrote the section to {Path(__file__).with_name('RESULTS.md')}")
+        from results import write_section
+
+        write_section(SECTION, body)
     return 0
 
 

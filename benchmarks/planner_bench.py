@@ -256,13 +256,9 @@ def quality_section(profile_name: str, devices: int, batch: int, microbatches: i
 
 
 def write_results(body: list[str], command: str) -> None:
-    path = HERE / "RESULTS.md"
-    text = path.read_text()
-    start = text.index(SECTION)
-    nxt = text.find("\n## ", start + len(SECTION))
-    end = len(text) if nxt == -1 else nxt + 1
-    block = "\n".join([SECTION, "", f"Command: `{command}`", "", *body]).rstrip() + "\n\n"
-    path.write_text(text[:start] + block + text[end:])
+    from results import write_section
+
+    write_section(SECTION, "\n".join([f"Command: `{command}`", "", *body]))
 
 
 def main(argv=None) -> None:

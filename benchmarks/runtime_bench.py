@@ -209,15 +209,9 @@ def write_results(rows, speedup, profile_desc, args, capacity) -> None:
     for r in rows:
         lines.append(f"| {r['example']} | {r['schedule']} | {r['batch']} | {r['M']} | {r['measured_s'] * 1e3:.1f} | "
                      f"{r['predicted_s'] * 1e3:.1f} | {r['error'] * 100:+.1f}% | {'yes' if abs(r['error']) <= 0.10 else 'no'} |")
-    section = "\n".join(lines) + "\n"
-    path = REPO / "benchmarks" / "RESULTS.md"
-    text = path.read_text()
-    start = text.index(SECTION)
-    nxt = text.find("\n## ", start + len(SECTION))
-    end = len(text) if nxt < 0 else nxt + 1
-    from pipeplan._io import atomic_write_text
+    from results import write_section
 
-    atomic_write_text(path, text[:start] + section + ("\n" if nxt >= 0 else "") + text[end:])
+    write_section(SECTION, "\n".join(lines[1:]))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from search_fixtures import gpt_like  # noqa: E402
 
-from pipeplan._io import atomic_write_text  # noqa: E402
 from pipeplan.hardware_profiles import load_profile  # noqa: E402
 from pipeplan.planner.search import search  # noqa: E402
 from pipeplan.planner.simulate import simulate  # noqa: E402
@@ -105,17 +104,6 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def write_section(text: str) -> None:
-    path = ROOT / "benchmarks" / "RESULTS.md"
-    doc = path.read_text()
-    if SECTION not in doc:
-        doc = doc.rstrip("\n") + "\n\n" + SECTION + "\n\n(pending)\n"
-    head, rest = doc.split(SECTION, 1)
-    nxt = rest.find("\n## ")
-    tail = rest[nxt:] if nxt >= 0 else "\n"
-    atomic_write_text(path, head + SECTION + "\n\n" + text.rstrip("\n") + "\n" + tail)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write-results", action="store_true", help="rewrite our section of benchmarks/RESULTS.md")
@@ -133,7 +121,9 @@ def main() -> None:
                 "Search: wall time of one `search()` call (target: GPT-2 small on 8 devices in a few seconds). "
                 "`vs equal layers` = predicted samples/s of the best plan / the equal-layer-count split with the "
                 "same configuration.\n\n" + srch + "\n")
-        write_section(text)
+        from results import write_section
+
+        write_section(SECTION, text)
 
 
 if __name__ == "__main__":

@@ -64,16 +64,6 @@ def table(phases, total, graph, repeats_arg) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    from pipeplan._io import atomic_write_text
-
-    doc = RESULTS.read_text()
-    start = doc.index(HEADING) + len(HEADING)
-    nxt = doc.find("\n## ", start)
-    end = len(doc) if nxt < 0 else nxt + 1
-    atomic_write_text(RESULTS, doc[:start] + "\n\n" + text + "\n" + doc[end:])
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=None, help="timed steps after the warm-up [default: adaptive]")
@@ -83,7 +73,9 @@ def main(argv=None) -> int:
     text = table(phases, total, graph, args.repeats)
     print(text)
     if args.write_results:
-        write_section(text)
+        from results import write_section
+
+        write_section(HEADING, text)
     return 0 if total < TARGET_S else 1
 
 
