@@ -1,6 +1,6 @@
 """Calibrate this machine and check the profile against operations it did not measure.
 
-    /work/venv/bin/python benchmarks/calibrate_bench.py [--budget-s 45] [--write-results]
+    python benchmarks/calibrate_bench.py [--budget-s 45] [--write-results]
 
 Prints two tables: what `pipeplan profiles calibrate` measured (and how long it
 took, against the 60 s target), and roofline predictions from the resulting
@@ -18,7 +18,7 @@ from pathlib import Path
 
 SECTION = "## Cost models and calibration (`pipeplan profiles calibrate`)"
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
-COMMAND = "/work/venv/bin/python benchmarks/calibrate_bench.py --write-results"
+COMMAND = "python benchmarks/calibrate_bench.py --write-results"
 
 
 def best_s(fn, reps: int = 9) -> float:

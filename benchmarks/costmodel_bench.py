@@ -3,7 +3,7 @@
 Usage (one command, prints a table; --write-results rewrites this benchmark's
 section of benchmarks/RESULTS.md):
 
-    /work/venv/bin/python benchmarks/costmodel_bench.py [--budget 20] [--profile local.yaml] [--write-results]
+    python benchmarks/costmodel_bench.py [--budget 20] [--profile local.yaml] [--write-results]
 
 Each layer is run on one thread (as calibrate measures and the runtime runs),
 timed with the thread's CPU clock (other processes cannot inflate it), median of
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     rows = measure(args.repeats)
     fwd, bwd = predict(rows, profile)
-    command = "/work/venv/bin/python benchmarks/costmodel_bench.py" + "".join(
+    command = "python benchmarks/costmodel_bench.py" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:]) if a != "--write-results")
     body = render(rows, fwd, bwd, profile, command)
     print(body)

@@ -3,7 +3,7 @@
 One command (prints a table; --write-results also rewrites the "Runtime" section of
 benchmarks/RESULTS.md):
 
-    /work/venv/bin/python benchmarks/runtime_bench.py --write-results
+    python benchmarks/runtime_bench.py --write-results
 
 1. A local hardware profile from `profiles calibrate` (or --profile NAME|PATH).
 2. Speed-up: a 2-stage, M=8 1F1B plan of examples/wide_mlp.py (balanced, big
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
 
 def write_results(rows, speedup, profile_desc, args, capacity) -> None:
     lines = [SECTION, "",
-             f"Command: `/work/venv/bin/python benchmarks/runtime_bench.py --write-results` (steps {args.steps}, warm-up "
+             f"Command: `python benchmarks/runtime_bench.py --write-results` (steps {args.steps}, warm-up "
              f"{args.warmup}; profile: {profile_desc}).", "",
              f"Parallel capacity when measured (the lower of the probes before and after the runs): **{capacity:.2f}** "
              f"(two single-thread matmul processes at once vs one; 2.00 = "

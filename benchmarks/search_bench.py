@@ -2,8 +2,8 @@
 
 Target (issue 4 / search brief): a GPT-2-small graph on 8 devices is searched in a few seconds at most.
 
-    /work/venv/bin/python benchmarks/search_bench.py                  # print the tables
-    /work/venv/bin/python benchmarks/search_bench.py --write-results  # and rewrite our section of RESULTS.md
+    python benchmarks/search_bench.py                  # print the tables
+    python benchmarks/search_bench.py --write-results  # and rewrite our section of RESULTS.md
 
 The GPT-shaped graphs are built by hand with Narayanan et al. (2021) App. A FLOPs and Korthikanti et al.
 (2022) activation bytes (tests/search_fixtures.py), so the benchmark needs no tracing; the search's cost
@@ -29,7 +29,7 @@ from pipeplan.planner.search import search  # noqa: E402
 from pipeplan.planner.simulate import simulate  # noqa: E402
 
 SECTION = "## Search and schedule simulation (`benchmarks/search_bench.py`)"
-COMMAND = "/work/venv/bin/python benchmarks/search_bench.py --write-results"
+COMMAND = "python benchmarks/search_bench.py --write-results"
 SHARED = ROOT.parent / "shared" / "pipedream-profiles"
 
 
