@@ -1,8 +1,11 @@
 """A balanced MLP of equal wide Linear layers: the runtime benchmark's pipeline-friendly model.
 
-Every layer costs the same, so a 2-stage split is even, and each microbatch carries
-enough matmul work (2 x 128 x 1024 x 1024 FLOPs per layer forward at the default
-batch) to dwarf gloo's per-message overhead. PIPEPLAN_WIDE_MLP_WIDTH / _DEPTH resize it.
+Every layer costs the same and there are many of them (16), so a 2-stage cut can
+balance what only the last stage does (the head, the loss, and the input gradient
+the first stage never computes); each microbatch carries enough matmul work
+(2 x 256 x 1024 x 1024 FLOPs per layer forward at the benchmark's batch of 2048 in
+8 microbatches) to keep GEMMs efficient and dwarf gloo's per-message overhead.
+PIPEPLAN_WIDE_MLP_WIDTH / _DEPTH resize it.
 """
 
 import os
@@ -12,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 WIDTH = int(os.environ.get("PIPEPLAN_WIDE_MLP_WIDTH", 1024))
-DEPTH = int(os.environ.get("PIPEPLAN_WIDE_MLP_DEPTH", 8))
+DEPTH = int(os.environ.get("PIPEPLAN_WIDE_MLP_DEPTH", 16))
 CLASSES = 16
 
 
