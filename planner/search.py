@@ -3,8 +3,9 @@
 Given N devices and a global batch, enumerate stages K, data-parallel replicas d
 (K*d <= N), microbatches M (divisors of the per-replica batch), schedule (gpipe,
 1f1b, interleaved with v chunks, pipedream) and recomputation; partition each
-with the DP (`planner/dp.py`) under the memory cap, predict it with `evaluate`
-(cost models + event simulation) and keep the best by samples/s.
+with the DP (`planner/dp.py`) under the memory cap, predict the candidate
+partitions with `evaluate` (cost models + event simulation; see `candidates`)
+and keep the best by samples/s.
 
 Pruning keeps it to seconds: before partitioning a configuration, an upper
 bound on its throughput (every device busy all the time, none faster than its
