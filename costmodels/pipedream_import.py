@@ -22,6 +22,7 @@ import os
 import re
 from pathlib import Path
 
+from pipeplan._io import read_text
 from pipeplan.costmodels.graph import Edge, Graph, Layer
 from pipeplan.errors import UserError
 
@@ -112,12 +113,7 @@ def load_pipedream_graph(path: str | os.PathLike, *, batch_size: int = 1, name: 
     minibatch".
     """
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: no such PipeDream graph file", "check the path")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"{p}: not a text file", "pass a PipeDream graph.txt") from None
+    text = read_text(p, what="PipeDream graph.txt", missing="no such PipeDream graph file")
     nodes, edges = parse_pipedream(text, str(p))
 
     out_edges: dict[str, list[str]] = {n: [] for n in nodes}

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from pipeplan._io import atomic_write_text, check_format
+from pipeplan._io import atomic_write_text, check_format, read_text
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.profile import DTYPES, HardwareProfile, Link
 
@@ -315,12 +315,8 @@ def save_profile(profile: HardwareProfile, path: str | os.PathLike) -> None:
 def read_profile_file(path: str | os.PathLike) -> HardwareProfile:
     """Load and validate one YAML file."""
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: no such profile file", "check the path, or run `pipeplan profiles list` for names")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"{p}: not a text file", "pass a profile YAML file") from None
+    text = read_text(p, what="profile YAML file", missing="no such profile file",
+                     missing_hint="check the path, or run `pipeplan profiles list` for names")
     try:
         doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as e:

@@ -43,15 +43,27 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n")
 
 
+def read_text(path: str | os.PathLike, *, what: str, missing: str | None = None,
+              missing_hint: str = "check the path") -> str:
+    """A user's input file as text; a missing or binary file is a one-line user error.
+
+    `what` names the kind of file expected ("a profile YAML file"); `missing` is
+    the message's noun when the path does not exist (default: "no such " + what).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: {missing or 'no such ' + what}", missing_hint)
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{p}: not a text file", f"pass a {what}") from None
+
+
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     """Read JSON, turning the usual failures into one-line user errors."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path}: no such {what}", "check the path")
+    text = read_text(path, what=what)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a text file", f"pass a {what}") from None
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", f"pass a valid {what}") from None
 
