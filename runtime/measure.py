@@ -48,6 +48,11 @@ def instrument(stage, stats: StageStats, clock: StepClock, meter: "SavedTensorMe
     """
     fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
 
+    def record(kind: str, durations: list, chunk_id, t0: float, t1: float) -> None:
+        if clock.recording:
+            durations.append(t1 - t0)
+            stats.events.append((kind, int(chunk_id), t0 - clock.origin, t1 - clock.origin))
+
     def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
         t0 = time.perf_counter()
         if meter is not None and meter.enabled:
@@ -55,19 +60,13 @@ def instrument(stage, stats: StageStats, clock: StepClock, meter: "SavedTensorMe
                 out = fwd(fwd_chunk_id, *args, **kwargs)
         else:
             out = fwd(fwd_chunk_id, *args, **kwargs)
-        t1 = time.perf_counter()
-        if clock.recording:
-            stats.fwd_s.append(t1 - t0)
-            stats.events.append(("fwd", int(fwd_chunk_id), t0 - clock.origin, t1 - clock.origin))
+        record("fwd", stats.fwd_s, fwd_chunk_id, t0, time.perf_counter())
         return out
 
     def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
         t0 = time.perf_counter()
         out = bwd(bwd_chunk_id, *args, **kwargs)
-        t1 = time.perf_counter()
-        if clock.recording:
-            stats.bwd_s.append(t1 - t0)
-            stats.events.append(("bwd", int(bwd_chunk_id), t0 - clock.origin, t1 - clock.origin))
+        record("bwd", stats.bwd_s, bwd_chunk_id, t0, time.perf_counter())
         return out
 
     stage.forward_one_chunk = forward_one_chunk
