@@ -5,16 +5,18 @@ benchmarks/RESULTS.md):
 
     python benchmarks/runtime_bench.py --write-results
 
-1. A local hardware profile from `profiles calibrate` (or --profile NAME|PATH).
+1. A local hardware profile from `profiles calibrate`, measured again at the start of
+   every round (or one given with --profile NAME|PATH).
 2. Speed-up: a 2-stage, M=8 1F1B plan of examples/wide_mlp.py (balanced, big
    microbatches) run by `pipeplan run` (2 processes, one thread each) against
    single-process single-thread training of the same model on the same batch.
    Target >= 1.6x (ideal 2 x 8 / (8 + 1) = 1.78x).
 3. Prediction: measured vs predicted iteration time for GPipe and 1F1B on three
-   examples (target within 10%). Each example is traced once, on one thread (a
+   examples (target within 10%). Each example is traced once per round, on one thread (a
    local device), so the local profile's cost model uses the tracer's measured
    layer times for both schedules (docs/cost-models.md).
-The machine-load probe runs before and after; the lower value is reported.
+Everything runs --rounds times (default 3); the table shows medians over rounds
+and each round's error, and the machine-load probe runs before and after every round.
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 SECTION = "## Runtime (`benchmarks/runtime_bench.py`)"
-# (example, batch size, microbatches); each a 2-stage plan on 2 devices
-CASES = [("wide_mlp", 2048, 8), ("mlp", 2048, 8), ("gpt", 256, 8)]
+# (example, batch size, microbatches, trace repeats, run steps); each a 2-stage plan on 2 devices.
+# Repeats and steps make the trace and each run last ~8-20 s: this machine's speed drifts by
+# +-10-15% from one second to the next (other tenants), and a 0.5 s trace against a 2 s run
+# would compare two different machines.
+CASES = [("wide_mlp", 2048, 8, 30, 14), ("mlp", 2048, 8, 40, 20), ("gpt", 256, 8, 200, 50)]
 SCHEDULES = ("gpipe", "1f1b")
 
 
@@ -86,7 +91,7 @@ def parallel_capacity() -> float:
     return 2 * one / two
 
 
-def trace_one_device(model_file: str, microbatch: int):
+def trace_one_device(model_file: str, microbatch: int, repeats: int):
     """The layer graph, timed on ONE thread: a local device is one core running one thread.
 
     The local profile's cost model uses the graph's measured times only when they
@@ -100,7 +105,7 @@ def trace_one_device(model_file: str, microbatch: int):
     from pipeplan.costmodels.trace import trace
 
     torch.set_num_threads(1)
-    return trace(model_file, microbatch)
+    return trace(model_file, microbatch, repeats=repeats)
 
 
 def make_plan(graph, profile, batch: int, m: int, schedule: str, out: Path):
@@ -121,12 +126,52 @@ def run_plan(plan_path: Path, steps: int, warmup: int) -> dict:
     return summarize(result, load_plan(plan_path))
 
 
+def run_round(profile, args, console, tmp: Path, rnd: int) -> tuple[list[dict], dict]:
+    """Every case once: trace, plan and run GPipe and 1F1B; then the single-process baseline."""
+    rows, speedup = [], {}
+    for name, batch, m, repeats, steps in CASES:
+        steps = args.steps or steps
+        model_file = str(EXAMPLES / f"{name}.py")
+        console.print(f"round {rnd}: {name}: tracing at the microbatch size {batch // m} (one thread, {repeats} repeats) ...")
+        graph = trace_one_device(model_file, batch // m, repeats)
+        for schedule in SCHEDULES:
+            console.print(f"round {rnd}: {name} {schedule}: planning and running {steps} steps ...")
+            plan_path = tmp / f"{name}-{schedule}.json"
+            plan = make_plan(graph, profile, batch, m, schedule, plan_path)
+            doc = run_plan(plan_path, steps, args.warmup)
+            meas, pred = doc["measured"]["iteration_s"], plan.predicted.iteration_s
+            compute_meas = sum(st["compute_s"] for st in doc["measured"]["stages"])
+            compute_pred = sum(st.predicted.compute_s for st in plan.stages) * m
+            rows.append({"example": name, "schedule": schedule, "batch": batch, "M": m, "steps": steps,
+                         "overhead_s": [st.predicted.op_overhead_s for st in plan.stages], "measured_s": meas, "predicted_s": pred,
+                         "error": (meas - pred) / pred, "compute_ratio": compute_meas / compute_pred,
+                         "samples_per_s": doc["measured"]["samples_per_s"]})
+        if name == "wide_mlp":
+            single = single_process_step_s(model_file, batch, steps - args.warmup, args.warmup)
+            pipe = next(r for r in rows if r["example"] == name and r["schedule"] == "1f1b")
+            speedup = {"batch": batch, "single_sps": batch / single, "pipe_sps": pipe["samples_per_s"],
+                       "ratio": pipe["samples_per_s"] / (batch / single)}
+    return rows, speedup
+
+
+def combine(rounds: list[list[dict]]) -> list[dict]:
+    """Per (example, schedule): the medians over rounds, and every round's error."""
+    out = []
+    for i, first in enumerate(rounds[0]):
+        runs = [r[i] for r in rounds]
+        out.append({**first,
+                    **{k: statistics.median(x[k] for x in runs) for k in ("measured_s", "predicted_s", "error", "compute_ratio")},
+                    "errors": [x["error"] for x in runs]})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default=None, help="profile name or YAML path (default: calibrate now)")
     ap.add_argument("--calibrate-budget-s", type=float, default=45.0)
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default: per example, see CASES)")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="repeat everything; the table shows medians over rounds")
     ap.add_argument("--write-results", action="store_true", help="rewrite the Runtime section of benchmarks/RESULTS.md")
     args = ap.parse_args(argv)
 
@@ -134,85 +179,100 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     console = Console()
-    if args.profile:
-        from pipeplan.hardware_profiles import load_profile
 
-        profile = load_profile(args.profile)
-        profile_desc = args.profile
-    else:
+    def get_profile():
+        if args.profile:
+            from pipeplan.hardware_profiles import load_profile
+
+            return load_profile(args.profile)
         from pipeplan.hardware_profiles.calibrate import calibrate
 
         console.print(f"calibrating a local profile ({args.calibrate_budget_s:.0f} s budget) ...")
-        profile = calibrate(budget_s=args.calibrate_budget_s)
-        profile_desc = f"calibrated now (`calibrate(budget_s={args.calibrate_budget_s:g})`)"
+        return calibrate(budget_s=args.calibrate_budget_s)
 
-    capacity = parallel_capacity()
-    console.print(f"parallel capacity: {capacity:.2f} (2.00 = two free cores)")
-    rows = []
-    speedup = None
+    profile_desc = args.profile or (f"calibrated at the start of every round (`calibrate(budget_s="
+                                    f"{args.calibrate_budget_s:g})`): the host's load, which sets how much two busy "
+                                    "cores slow each other, changes within minutes")
+    capacities = [parallel_capacity()]
+    console.print(f"parallel capacity: {capacities[0]:.2f} (2.00 = two free cores)")
+    rounds, speedups, profiles = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, batch, m in CASES:
-            model_file = str(EXAMPLES / f"{name}.py")
-            console.print(f"{name}: tracing at the microbatch size {batch // m} (one thread) ...")
-            graph = trace_one_device(model_file, batch // m)
-            for schedule in SCHEDULES:
-                console.print(f"{name} {schedule}: planning and running {args.steps} steps ...")
-                plan_path = Path(tmp) / f"{name}-{schedule}.json"
-                plan = make_plan(graph, profile, batch, m, schedule, plan_path)
-                doc = run_plan(plan_path, args.steps, args.warmup)
-                meas, pred = doc["measured"]["iteration_s"], plan.predicted.iteration_s
-                rows.append({"example": name, "schedule": schedule, "batch": batch, "M": m,
-                             "cut": len(plan.stages[0].layers), "measured_s": meas, "predicted_s": pred,
-                             "error": (meas - pred) / pred if pred else float("nan"),
-                             "samples_per_s": doc["measured"]["samples_per_s"]})
-            if name == "wide_mlp":
-                single = single_process_step_s(model_file, batch, args.steps - args.warmup, args.warmup)
-                pipe = next(r for r in rows if r["example"] == name and r["schedule"] == "1f1b")
-                speedup = {"batch": batch, "single_s": single, "single_sps": batch / single, "pipe_sps": pipe["samples_per_s"],
-                           "ratio": pipe["samples_per_s"] / (batch / single)}
-
-    # again at the end: another process that starts mid-run shows up here, not in the first probe
-    end_capacity = parallel_capacity()
-    console.print(f"parallel capacity at the end: {end_capacity:.2f}")
-    capacity = min(capacity, end_capacity)
-    table = Table(title="pipeplan run: measured vs predicted (2 stages, 2 processes x 1 thread)")
-    for col in ("example", "schedule", "batch", "M", "measured ms", "predicted ms", "error", "within 10%"):
+        for rnd in range(1, args.rounds + 1):
+            profile = get_profile()
+            profiles.append(profile)
+            console.print(f"profile: concurrency_slowdown {profile.concurrency_slowdown:.3f}, op_overhead_us "
+                          f"{ {k: round(v * 1e6) for k, v in profile.op_overhead_s.items()} }, per MiB "
+                          f"{ {k: round(v * 2**20 * 1e6) for k, v in profile.op_overhead_s_per_byte.items()} }")
+            rows, speedup = run_round(profile, args, console, Path(tmp), rnd)
+            for r in rows:
+                console.print(f"  {r['example']} {r['schedule']}: measured {r['measured_s'] * 1e3:.1f} ms, predicted "
+                              f"{r['predicted_s'] * 1e3:.1f} ms ({r['error'] * 100:+.1f}%), compute meas/pred "
+                              f"{r['compute_ratio']:.3f}, runtime per op {[round(o * 1e6) for o in r['overhead_s']]} µs")
+            rounds.append(rows)
+            speedups.append(speedup)
+            # again after each round: another process that starts mid-run shows up here
+            capacities.append(parallel_capacity())
+            console.print(f"parallel capacity after round {rnd}: {capacities[-1]:.2f}")
+    rows = combine(rounds)
+    table = Table(title=f"pipeplan run: measured vs predicted (2 stages, 2 processes x 1 thread; median of {args.rounds} rounds)")
+    for col in ("example", "schedule", "batch", "M", "measured ms", "predicted ms", "error", "errors by round",
+                "compute meas/pred", "within 10%"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r["example"], r["schedule"], str(r["batch"]), str(r["M"]), f"{r['measured_s'] * 1e3:.1f}",
-                      f"{r['predicted_s'] * 1e3:.1f}", f"{r['error'] * 100:+.1f}%", "yes" if abs(r["error"]) <= 0.10 else "NO")
+                      f"{r['predicted_s'] * 1e3:.1f}", f"{r['error'] * 100:+.1f}%", _errors(r), f"{r['compute_ratio']:.3f}",
+                      "yes" if abs(r["error"]) <= 0.10 else "NO")
     console.print(table)
-    if speedup:
-        console.print(f"wide_mlp speed-up (1F1B, M=8, 2 processes vs 1 process, 1 thread each): "
-                      f"{speedup['pipe_sps']:.1f} vs {speedup['single_sps']:.1f} samples/s = {speedup['ratio']:.2f}x "
-                      f"(target >= 1.6x, ideal 1.78x; ideal on this machine now {capacity * 8 / 9:.2f}x)")
+    ratio = statistics.median(s["ratio"] for s in speedups)
+    console.print(f"wide_mlp speed-up (1F1B, M=8, 2 processes vs 1 process, 1 thread each), median of rounds: {ratio:.2f}x "
+                  f"({_ratios(speedups)}; target >= 1.6x, ideal 1.78x)")
+    console.print(f"parallel capacity before / after each round: {', '.join(f'{c:.2f}' for c in capacities)}")
     if args.write_results:
-        write_results(rows, speedup, profile_desc, args, capacity)
+        write_results(rows, speedups, profiles, profile_desc, args, capacities)
     return 0
 
 
-def write_results(rows, speedup, profile_desc, args, capacity) -> None:
-    lines = [SECTION, "",
-             f"Command: `python benchmarks/runtime_bench.py --write-results` (steps {args.steps}, warm-up "
-             f"{args.warmup}; profile: {profile_desc}).", "",
-             f"Parallel capacity when measured (the lower of the probes before and after the runs): **{capacity:.2f}** "
-             f"(two single-thread matmul processes at once vs one; 2.00 = "
-             f"two free cores). Below 2 the machine was shared: the pipeline's ideal speed-up is then capacity x 8/9 = "
-             f"{capacity * 8 / 9:.2f}x instead of 1.78x, and the calibrated profile is equally skewed.", ""]
-    if speedup:
-        ok = "meets" if speedup["ratio"] >= 1.6 else "MISSES"
-        lines += [f"Speed-up, examples/wide_mlp.py (16 x Linear(1024)) batch {speedup['batch']}, 1F1B M=8 on 2 processes "
-                  f"x 1 thread vs single-process "
-                  f"single-thread: {speedup['pipe_sps']:.1f} / {speedup['single_sps']:.1f} samples/s = "
-                  f"**{speedup['ratio']:.2f}x** ({ok} the >= 1.6x target; ideal 1.78x).", ""]
-    lines += ["| example | schedule | batch | M | measured ms/iter | predicted ms/iter | error | within 10% |",
-              "|---|---|---|---|---|---|---|---|"]
+def _ratios(speedups: list[dict]) -> str:
+    return ", ".join(f"{s['ratio']:.2f}x" for s in speedups)
+
+
+def _errors(r: dict) -> str:
+    return " ".join(f"{e * 100:+.1f}%" for e in r["errors"])
+
+
+def write_results(rows, speedups, profiles, profile_desc, args, capacities) -> None:
+    ratio = statistics.median(s["ratio"] for s in speedups)
+    overhead = "; ".join(", ".join(f"{k} {v * 1e6:.0f} µs + {p.op_overhead_s_per_byte.get(k, 0) * 2**20 * 1e6:.0f} µs/MiB"
+                                   for k, v in p.op_overhead_s.items()) or "none" for p in profiles)
+    slowdowns = ", ".join(f"{p.concurrency_slowdown:.3f}" for p in profiles)
+    command = "python benchmarks/runtime_bench.py" + (f" --profile {args.profile}" if args.profile else "") + " --write-results"
+    lines = [f"Command: `{command}` ({args.rounds} rounds, warm-up {args.warmup} steps; profile: {profile_desc}).", "",
+             "Each round traces every example on one thread, plans GPipe and 1F1B on 2 devices with the local "
+             "profile, runs both with `pipeplan run`, and times single-process training of wide_mlp. Trace repeats "
+             "and run steps per example (CASES in the script) make each measurement last ~8-20 s, because this "
+             "machine's speed drifts by +-10-15% from second to second (other tenants); the table shows medians "
+             "over the rounds and every round's error.", "",
+             f"The profile's runtime overhead per op (`op_overhead_us` + `op_overhead_us_per_mib` x MiB the op sends and "
+             f"receives) by round: {overhead}. Its "
+             f"`concurrency_slowdown` (compute time with both cores busy / one core alone) by round: {slowdowns}.", "",
+             "Parallel capacity before the first and after each round (two single-thread matmul processes at "
+             f"once vs one; 2.00 = two free cores): {', '.join(f'{c:.2f}' for c in capacities)}.", "",
+             f"Speed-up, examples/wide_mlp.py (16 x Linear(1024)) batch {speedups[0]['batch']}, 1F1B M=8 on 2 "
+             f"processes x 1 thread vs single-process single-thread, median of rounds: **{ratio:.2f}x** "
+             f"(rounds: {_ratios(speedups)}; "
+             f"{'meets' if ratio >= 1.6 else 'MISSES'} the >= 1.6x target; ideal 1.78x).", "",
+             "| example | schedule | batch | M | steps | measured ms/iter | predicted ms/iter | error | errors by round | "
+             "compute meas/pred | within 10% |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['example']} | {r['schedule']} | {r['batch']} | {r['M']} | {r['measured_s'] * 1e3:.1f} | "
-                     f"{r['predicted_s'] * 1e3:.1f} | {r['error'] * 100:+.1f}% | {'yes' if abs(r['error']) <= 0.10 else 'no'} |")
+        lines.append(f"| {r['example']} | {r['schedule']} | {r['batch']} | {r['M']} | {r['steps']} | "
+                     f"{r['measured_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | {r['error'] * 100:+.1f}% | {_errors(r)} | "
+                     f"{r['compute_ratio']:.3f} | {'yes' if abs(r['error']) <= 0.10 else 'no'} |")
+    lines += ["", "`compute meas/pred`: the stages' measured forward+backward time per step / the traced layer times "
+              "the prediction used; it separates the machine's speed (or the cost model) from the schedule model."]
     from results import write_section
 
-    write_section(SECTION, "\n".join(lines[1:]))
+    write_section(SECTION, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -151,7 +151,13 @@ def prediction_table(plan, capacity_bytes: int | None = None) -> Table:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("iteration time", fmt_seconds(p.iteration_s))
+    it = fmt_seconds(p.iteration_s)
+    overheads = [s.predicted.op_overhead_s for s in plan.stages]
+    if any(overheads):  # a calibrated local profile: say the runtime's share is in the number
+        lo, hi = min(overheads), max(overheads)
+        per_op = fmt_seconds(hi) if hi - lo < 0.05 * hi else f"{fmt_seconds(lo)}–{fmt_seconds(hi)}"
+        it += f" (incl. the runtime's {per_op} per op)"
+    t.add_row("iteration time", it)
     t.add_row("throughput", f"{p.samples_per_s:,.1f} samples/s")
     t.add_row("bubble", fmt_pct(p.bubble_fraction))
     t.add_row("achieved / peak FLOP/s", fmt_pct(p.achieved_flops_fraction))

@@ -74,14 +74,12 @@ def write_trace(path: str, result: dict, plan) -> None:
     backward, send, all-reduce) through planner.simulate, so it needs neither
     the graph nor the hardware profile at run time.
     """
-    from pipeplan.planner.simulate import simulate
+    from pipeplan.cli.workflow import simulate_from_plan
     from pipeplan.planner.timeline import write_chrome_trace
     from pipeplan.runtime.report import measured_events
 
     events = measured_events(result, plan)
-    st = sorted(plan.stages, key=lambda s: s.index)
-    sim = simulate(plan.schedule, [s.predicted.fwd_s for s in st], [s.predicted.bwd_s for s in st],
-                   [s.predicted.send_s for s in st[:-1]], plan.microbatches, chunks=plan.chunks if plan.schedule == "interleaved" else 1)
+    sim = simulate_from_plan(plan)
     for e in sim.events:
         events.append({"device": e.device + 100, "stage": e.stage, "chunk": e.chunk, "microbatch": e.microbatch,
                        "kind": e.kind, "start_s": e.start_s, "end_s": e.end_s, "peer": (e.peer + 100) if e.peer >= 0 else -1})

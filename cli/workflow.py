@@ -119,16 +119,17 @@ def simulate_from_plan(plan):
 
     stages = sorted(plan.stages, key=lambda s: s.index)
     p = [s.predicted for s in stages]
-    fwd = [x.fwd_s for x in p]
-    bwd = [x.bwd_s for x in p]
+    o = [x.op_overhead_s for x in p]  # the runtime's time around each op, as the search simulated it
+    fwd = [x.fwd_s + oh for x, oh in zip(p, o)]
+    bwd = [x.bwd_s + oh for x, oh in zip(p, o)]
     recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) for x in p]
     allreduce = [x.allreduce_s for x in p]
     if plan.schedule == "pipedream":
         # A stage with r replicas takes every r-th microbatch and folds its weight
         # all-reduce into the backward (PipeDream SOSP'19 §3.1), as planner/evaluate.py does.
         r = [max(1, s.replicas) for s in stages]
-        fwd = [f / k for f, k in zip(fwd, r)]
-        bwd = [(b + a) / k for b, a, k in zip(bwd, allreduce, r)]
+        fwd = [x.fwd_s / k + oh for x, k, oh in zip(p, r, o)]
+        bwd = [(x.bwd_s + a) / k + oh for x, a, k, oh in zip(p, allreduce, r, o)]
         recompute = [x / k for x, k in zip(recompute, r)]
     return simulate(
         plan.schedule,

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Callable
 
 from pipeplan.errors import UserError
+from pipeplan.hardware_profiles import op_overhead
+from pipeplan.hardware_profiles.local_device import become_local_device, concurrency_slowdown
 from pipeplan.hardware_profiles.loader import save_profile  # noqa: F401 - the interface names it here too
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 
@@ -161,7 +163,7 @@ def _free_port() -> int:
 
 
 def _p2p_worker(rank: int, port: int, queue) -> None:
-    """One of two ranks: ping-pong fixed counts (both ranks must agree on them)."""
+    """One of two ranks: ping-pong fixed counts (both ranks must agree on them), then a small pipeline."""
     if os.path.exists("/sys/class/net/lo"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import datetime
@@ -169,7 +171,7 @@ def _p2p_worker(rank: int, port: int, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    become_local_device(rank, 2)  # as the runtime's ranks are: the pipeline's op gaps depend on it
     try:
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
@@ -190,15 +192,20 @@ def _p2p_worker(rank: int, port: int, queue) -> None:
                 if i >= 2:
                     times.append(time.perf_counter() - t0)
             one_way[nbytes] = min(times) / 2
+        slowdown = concurrency_slowdown(rank, 2)
+        events = op_overhead.run_pipeline(rank)
+        gathered: list = [None, None]
+        dist.all_gather_object(gathered, (slowdown, events))
         dist.destroy_process_group()
         if rank == 0:
-            queue.put(("ok", one_way))
+            queue.put(("ok", (one_way, [g[1] for g in gathered], [g[0] for g in gathered])))
     except Exception as e:  # reported to the parent, which raises
         queue.put(("error", f"rank {rank}: {type(e).__name__}: {e}"))
 
 
-def measure_p2p(timeout_s: float = 60.0) -> dict[int, float]:
-    """One-way seconds per message size between two spawned processes over gloo."""
+def measure_p2p(timeout_s: float = 60.0) -> tuple[dict[int, float], list, list[float]]:
+    """One-way seconds per message size between two spawned processes over gloo, both ranks'
+    op timings from `op_overhead.run_pipeline`, and each rank's `concurrency_slowdown`."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # fork after OpenMP/MKL init can deadlock
@@ -314,8 +321,10 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
     finally:
         torch.set_num_threads(prev_threads)
     share = cpu_share(wall0, cpu0)
-    one_way = step("point-to-point link (2 processes, gloo)", measure_p2p)
+    one_way, pipeline_events, slowdowns = step("link, pipeline ops and two busy cores (2 processes, gloo)", measure_p2p)
     link_bw, link_lat = link_from_p2p(one_way)
+    overhead_s, overhead_per_byte_s, overhead_detail = op_overhead.op_overhead_s(
+        pipeline_events, lambda nbytes: link_lat + nbytes / link_bw)
     peak32 = max(fp32)
     peak16 = max(bf16) if bf16 else None
 
@@ -345,6 +354,9 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         sources=(f"measured by `pipeplan profiles calibrate` on {platform.node()} at "
                  f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",),
         local=True,
+        op_overhead_s=overhead_s,
+        op_overhead_s_per_byte=overhead_per_byte_s,
+        concurrency_slowdown=min(4.0, max(1.0, sum(slowdowns) / len(slowdowns))),
         notes=(
             "One device = one CPU core running one thread. Memory is MemTotal split evenly over the cores; "
             "usable is 80% of that (the OS, Python and torch need the rest). The inter-node link is the "
@@ -369,6 +381,8 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
             "copy_gbps": round(copy_bw / 1e9, 2),
             "elementwise_add_relu_gbps": gf(elem),
             "p2p_one_way_us": {int(k): round(v * 1e6, 2) for k, v in sorted(one_way.items())},
+            "op_overhead": overhead_detail,
+            "concurrency_slowdown_per_rank": [round(x, 3) for x in slowdowns],
             "memory_total_bytes": mem_total,
         },
     )

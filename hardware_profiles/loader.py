@@ -37,6 +37,7 @@ CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
 EFFICIENCY_KINDS = ("matmul", "conv", "attention", "embedding", "norm", "elementwise", "other", "memory")
 
 GIB = 2**30
+MIB = 2**20
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _UNIT_RE = re.compile(r"^\s*[-+]?[0-9.]+(e[-+]?[0-9]+)?\s*[a-zA-Zµ/%]+")
 
@@ -48,6 +49,8 @@ _UNITS = {
     "memory_bandwidth_gbps": ("GB/s", 1e5),
     "bandwidth_gbps": ("GB/s", 1e5),
     "latency_us": ("µs", 1e6),
+    "op_overhead_us": ("µs", 1e6),
+    "op_overhead_us_per_mib": ("µs per MiB", 1e6),
     "peak_tflops": ("TFLOP/s", 1e5),
 }
 
@@ -66,12 +69,16 @@ _TOP_KEYS = {
     "intra_node": True,
     "inter_node": True,
     "efficiency": False,
+    "op_overhead_us": False,
+    "op_overhead_us_per_mib": False,
+    "concurrency_slowdown": False,
     "sources": False,
     "confidence": False,
     "notes": False,
     "local": False,
     "calibration": False,
 }
+OVERHEAD_SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream")  # planner.plan.SCHEDULES (no import: layering)
 _LINK_KEYS = {"kind": True, "bandwidth_gbps": True, "latency_us": True, "notes": False}
 
 
@@ -153,6 +160,12 @@ class _Checker:
             raise self.fail(field, f"must be a list of strings, got {value!r}")
         return tuple(value)
 
+    def schedule_map(self, doc: dict, field: str) -> dict[str, float]:
+        """An optional {schedule: non-negative number} field (the runtime's per-op overhead terms)."""
+        m = self.mapping(doc.get(field) or {}, field)
+        self.keys(m, {k: False for k in OVERHEAD_SCHEDULES}, prefix=f"{field}.")
+        return {k: self.number(v, f"{field}.{k}", field, allow_zero=True) for k, v in m.items()}
+
     def mapping(self, value: Any, field: str) -> dict:
         if not isinstance(value, dict):
             raise self.fail(field, f"must be a mapping (key: value lines), got {value!r}")
@@ -216,6 +229,12 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
             raise c.fail(f"efficiency.{k}", f"is an achieved/peak fraction and must be in (0, 2], got {v!r}")
         efficiency[k] = e
 
+    slowdown = c.number(doc.get("concurrency_slowdown", 1.0), "concurrency_slowdown")
+    if not 1.0 <= slowdown <= 4.0:
+        raise c.fail("concurrency_slowdown", f"is a factor on compute time in [1, 4], got {slowdown!r}")
+    overhead_s = {k: v * 1e-6 for k, v in c.schedule_map(doc, "op_overhead_us").items()}
+    per_byte_s = {k: v * 1e-6 / MIB for k, v in c.schedule_map(doc, "op_overhead_us_per_mib").items()}
+
     sources = c.string_list(doc.get("sources", []), "sources")
     confidence = c.mapping(doc.get("confidence") or {}, "confidence")
     for k, v in confidence.items():
@@ -247,6 +266,9 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         confidence={str(k): v for k, v in confidence.items()},
         notes=notes,
         calibration=dict(calibration),
+        op_overhead_s=overhead_s,
+        op_overhead_s_per_byte=per_byte_s,
+        concurrency_slowdown=slowdown,
     )
 
 
@@ -277,6 +299,12 @@ def profile_to_dict(profile: HardwareProfile) -> dict:
     )
     if profile.efficiency:
         doc["efficiency"] = {k: _num(v) for k, v in profile.efficiency.items()}
+    if profile.concurrency_slowdown != 1.0:
+        doc["concurrency_slowdown"] = _num(profile.concurrency_slowdown)
+    if profile.op_overhead_s:
+        doc["op_overhead_us"] = {k: _num(v * 1e6) for k, v in profile.op_overhead_s.items()}
+    if profile.op_overhead_s_per_byte:
+        doc["op_overhead_us_per_mib"] = {k: _num(v * 1e6 * MIB) for k, v in profile.op_overhead_s_per_byte.items()}
     if profile.local:
         doc["local"] = True
     if profile.calibration:

@@ -40,6 +40,22 @@ class HardwareProfile:
     confidence: dict[str, str] = field(default_factory=dict)  # field -> V/S/M (see docs/profile-format.md)
     notes: str = ""
     calibration: dict = field(default_factory=dict)  # raw measurements of a local profile
+    # Time the pipeline runtime adds around every forward/backward op of one microbatch
+    # (schedule bookkeeping, posting and waiting on sends/receives, waking the peer's
+    # communication thread), per schedule. Measured by `profiles calibrate`; empty = not measured.
+    op_overhead_s: dict[str, float] = field(default_factory=dict)
+    op_overhead_s_per_byte: dict[str, float] = field(default_factory=dict)  # ... plus this per byte sent/received
+    # Factor on a device's compute time while the other devices of its node compute too.
+    # GPUs: 1. A local profile's cores share caches, memory bandwidth and sometimes a physical
+    # core, so `profiles calibrate` measures it (its other timings run on one core alone).
+    concurrency_slowdown: float = 1.0
+
+    def overhead_for(self, schedule: str, nbytes: int = 0) -> float:
+        """Runtime seconds for one op of `schedule` that sends and receives `nbytes` in all: the schedule's
+        own measurement, else 1F1B's (interleaved and PipeDream post and wait on their sends the way
+        1F1B does), else 0."""
+        key = schedule if schedule in self.op_overhead_s else "1f1b"
+        return float(self.op_overhead_s.get(key, 0.0) + self.op_overhead_s_per_byte.get(key, 0.0) * nbytes)
 
     def link_between(self, device_a: int, device_b: int) -> Link:
         """The link two global device ranks talk over (same node or not)."""

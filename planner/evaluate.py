@@ -108,6 +108,7 @@ class _Inputs:
     act: list[int]
     rbytes: list[int]
     memory: list  # MemoryBreakdown per pipeline device
+    msg_bytes: list[int]  # per stage: what each of its ops sends and receives (activation out + in, or their gradients)
 
 
 def evaluate(graph: Graph, profile: HardwareProfile, assignment: list[int], *, replicas: list[int] | int | None = None,
@@ -200,9 +201,15 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: list[int], *, re
         used = sorted({stage_of[name] for name in sp.layers if name in stage_of})
         if len(used) > 1:
             shared.append((int(sp.bytes), used))
+    # Devices computing side by side on one machine slow each other (local profiles; 1 on GPUs).
+    slow = profile.concurrency_slowdown if devices > 1 else 1.0
     x = _inputs(problem, profile, assignment, S, P, chunks, reps, ranks, shared=shared, schedule=schedule, M=M, dtype=dtype,
-                optimizer=optimizer, recompute=recompute)
-    sim = simulate(schedule, x.fwd, x.bwd, x.send, M, chunks=chunks if schedule == "interleaved" else 1,
+                optimizer=optimizer, recompute=recompute, slow=slow)
+    # The runtime's own time around every op (calibrated on local profiles, else 0) is part of
+    # the iteration but not of the stage's compute: simulated, reported apart from fwd_s/bwd_s.
+    o = [profile.overhead_for(schedule, nbytes) for nbytes in x.msg_bytes]
+    sim = simulate(schedule, [f + oh for f, oh in zip(x.fwd, o)], [b + oh for b, oh in zip(x.bwd, o)], x.send, M,
+                   chunks=chunks if schedule == "interleaved" else 1,
                    static_bytes=x.static, activation_bytes_per_mb=x.act,
                    allreduce_s=None if schedule == "pipedream" else x.allreduce,
                    recompute_s=x.rec if recompute else None, recompute_bytes=x.rbytes if recompute else None,
@@ -214,8 +221,8 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: list[int], *, re
     for s in range(S):
         p = s % P
         mem = x.memory[p]
-        f_s = float(sum(problem.fwd_s[i] for i in range(n) if assignment[i] == s))
-        b_s = float(sum(problem.bwd_s[i] for i in range(n) if assignment[i] == s))
+        f_s = slow * float(sum(problem.fwd_s[i] for i in range(n) if assignment[i] == s))
+        b_s = slow * float(sum(problem.bwd_s[i] for i in range(n) if assignment[i] == s))
         stages.append(Stage(
             index=s,
             layers=[names[i] for i in range(n) if assignment[i] == s],
@@ -232,6 +239,7 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: list[int], *, re
                 weights_bytes=int(mem.weights_bytes),
                 optimizer_bytes=int(mem.optimizer_bytes),
                 activation_bytes=int(mem.activation_bytes + mem.buffer_bytes),
+                op_overhead_s=float(o[s]),
             ),
         ))
     peak = max(m.total_bytes for m in x.memory)
@@ -284,7 +292,7 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: list[int], *, re
 
 def _inputs(problem: Problem, profile: HardwareProfile, assignment: list[int], S: int, P: int, chunks: int,
             reps: list[int], ranks: list[list[int]], *, shared: list[tuple[int, list[int]]], schedule: str, M: int,
-            dtype: str, optimizer: str, recompute: bool) -> _Inputs:
+            dtype: str, optimizer: str, recompute: bool, slow: float = 1.0) -> _Inputs:
     n = problem.n
     f = [0.0] * S
     b = [0.0] * S
@@ -292,8 +300,8 @@ def _inputs(problem: Problem, profile: HardwareProfile, assignment: list[int], S
     saved = [0] * S
     for i in range(n):
         s = assignment[i]
-        f[s] += problem.fwd_s[i]
-        b[s] += problem.bwd_s[i]
+        f[s] += slow * problem.fwd_s[i]
+        b[s] += slow * problem.bwd_s[i]
         params[s] += problem.param_bytes[i]
         saved[s] += problem.saved_bytes[i]
     # A parameter tied across stages (e.g. GPT-2's embedding and LM head) is owned by its
@@ -352,4 +360,6 @@ def _inputs(problem: Problem, profile: HardwareProfile, assignment: list[int], S
     static = [m.weights_bytes + m.optimizer_bytes + m.buffer_bytes for m in memory]
     act = [in_bytes[s] if recompute else saved[s] for s in range(S)]
     rbytes = [saved[s] if recompute else 0 for s in range(S)]
-    return _Inputs(fwd, bwd, rec, send, allreduce, out_bytes, static, act, rbytes, memory)
+    # An op's messages: a forward receives its input and sends its output, a backward the gradients of both.
+    msg = [(in_bytes[s] if s > 0 else 0) + (out_bytes[s] if s < S - 1 else 0) for s in range(S)]
+    return _Inputs(fwd, bwd, rec, send, allreduce, out_bytes, static, act, rbytes, memory, msg)

@@ -30,6 +30,7 @@ class StagePrediction:
     weights_bytes: int = 0
     optimizer_bytes: int = 0  # gradients + optimizer state
     activation_bytes: int = 0  # peak in-flight activations incl. receive buffers
+    op_overhead_s: float = 0.0  # the runtime's time around each forward/backward op (simulated, not in fwd_s/bwd_s)
 
 
 @dataclass

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from pipeplan._io import atomic_write_bytes, atomic_write_json
 from pipeplan.errors import UserError
+from pipeplan.hardware_profiles.local_device import become_local_device
 from pipeplan.runtime import checkpoint as ckpt
 from pipeplan.runtime.measure import SavedTensorMeter, StageStats, StepClock, instrument, median, optimizer_state_bytes, tensor_bytes
 from pipeplan.runtime.split import flat_inputs, split_program, unflatten_output
@@ -473,27 +474,6 @@ def stage_record(s: int, st: StageStats, module, optimizer, meter, device, stage
     }
 
 
-def pin_to_core() -> int | None:
-    """Bind this rank (and the gloo threads it starts later) to its own core; returns the core.
-
-    A CPU device is one core. Unpinned, the scheduler moves the compute thread and
-    the gloo I/O threads of both ranks between the cores, which costs a small model
-    (GPT example, ~2 ms per microbatch) about 10-15% of its step in our runs; pinned,
-    each rank keeps its core and its cache. Done only when this node's ranks fit on
-    the cores the process may use (no pinning of several ranks onto one core).
-    """
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return None
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    if local_world > len(cores) or local_rank >= len(cores):
-        return None
-    os.sched_setaffinity(0, {cores[local_rank]})
-    return cores[local_rank]
-
-
 def main(argv: list[str] | None = None) -> int:
     opts = parse(sys.argv[1:] if argv is None else argv)
     rank = int(os.environ.get("RANK", 0))
@@ -502,12 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))  # NCCL needs each rank on its own GPU
     else:
-        pin_to_core()
-        torch.set_num_threads(1)  # a CPU "device" is one core with one thread
-        try:
-            torch.set_num_interop_threads(1)  # and no inter-op pool competing for it
-        except RuntimeError:  # already set, or parallel work started (main() called twice in one process)
-            pass
+        become_local_device(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     try:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=TIMEOUT_S))
         run_all(opts)

@@ -8,7 +8,9 @@ did not measure (other shapes, another buffer size).
 
 import json
 import math
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -16,7 +18,10 @@ from click.testing import CliRunner
 from pipeplan.cli.main import cli
 from pipeplan.errors import UserError
 import pipeplan.hardware_profiles.calibrate as calibrate_mod
-from pipeplan.hardware_profiles import load_profile, save_profile
+from pipeplan.hardware_profiles import load_profile, op_overhead, save_profile
+
+sys.path.insert(0, str(Path(__file__).parent))
+from pipeline_timeline import timeline  # noqa: E402
 
 MIB = 2**20
 
@@ -46,6 +51,22 @@ FAKE_FP32 = [80e9, 100e9, 64e9, 100e9]
 FAKE_P2P = {4: 50e-6, 64 * 1024: 50e-6 + 64 * 1024 / 2e9, MIB: 50e-6 + MIB / 2e9, 16 * MIB: 50e-6 + 16 * MIB / 2e9}
 
 
+FAKE_GAP_S = {"gpipe": (8e-4, 0.0), "1f1b": (2e-4, 1e-10)}  # per op: fixed s, s per byte moved
+
+
+def fake_pipeline_events() -> list[dict]:
+    """Both ranks' op timings, every op delayed by FAKE_GAP_S after it could start (transfers as the fake link's)."""
+    per_rank: list[dict] = [{}, {}]
+    for schedule, (fixed, per_byte) in FAKE_GAP_S.items():
+        for shape in op_overhead.SHAPES:
+            nbytes = op_overhead.message_bytes(shape)
+            gap, transfer = fixed + per_byte * nbytes, 50e-6 + nbytes / 2e9
+            steps = [timeline(schedule, op_overhead.MICROBATCHES, 3e-3, 6e-3, gap, transfer) for _ in range(2)]
+            per_rank[0][f"{shape}/{schedule}"] = [s[0] for s in steps]
+            per_rank[1][f"{shape}/{schedule}"] = [s[1] for s in steps]
+    return per_rank
+
+
 @pytest.fixture
 def fake_measurements(monkeypatch):
     """Known 'measurements' so every derived field has an exact expected value."""
@@ -58,7 +79,7 @@ def fake_measurements(monkeypatch):
     monkeypatch.setattr(calibrate_mod, "measure_conv", lambda cap: [120e9, 90e9])
     monkeypatch.setattr(calibrate_mod, "measure_attention", lambda cap: 50e9)
     monkeypatch.setattr(calibrate_mod, "measure_memory", lambda cap: (20e9, [20e9, 10e9]))
-    monkeypatch.setattr(calibrate_mod, "measure_p2p", lambda: dict(FAKE_P2P))
+    monkeypatch.setattr(calibrate_mod, "measure_p2p", lambda: (dict(FAKE_P2P), fake_pipeline_events(), [1.1, 1.3]))
     fake_measurements.bf16_speedup = 2.0
     return fake_measurements
 
@@ -78,6 +99,9 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
     assert p.intra_node.latency_s == pytest.approx(50e-6)
     assert p.intra_node.bandwidth_bytes_per_s == pytest.approx(2e9)
     assert p.inter_node == p.intra_node  # one machine: loopback both ways
+    assert p.op_overhead_s == pytest.approx({k: v[0] for k, v in FAKE_GAP_S.items()}, abs=1e-12)
+    assert p.op_overhead_s_per_byte == pytest.approx({k: v[1] for k, v in FAKE_GAP_S.items()}, abs=1e-16)
+    assert p.concurrency_slowdown == pytest.approx(1.2)  # the two ranks' mean
     assert p.devices_per_node == calibrate_mod.core_count()
     total = calibrate_mod.memory_total_bytes()
     assert p.memory_bytes == total // p.devices_per_node
@@ -151,6 +175,11 @@ def test_real_calibration_writes_a_loadable_local_profile(real_run):
     assert set(prof.efficiency) == {"matmul", "conv", "attention", "memory"}
     p2p = prof.calibration["p2p_one_way_us"]
     assert p2p[16 * MIB] > p2p[4]  # a bigger message takes longer
+    # the runtime's time around each op of a real 2-rank pipeline: above zero, far below the ~4 ms ops
+    assert set(prof.op_overhead_s) == {"gpipe", "1f1b"}
+    assert all(1e-6 < o < 4e-3 for o in prof.op_overhead_s.values()), prof.op_overhead_s
+    assert 1.0 <= prof.concurrency_slowdown <= 4.0
+    assert len(prof.calibration["concurrency_slowdown_per_rank"]) == 2
 
 
 def _best_s(fn, reps=9):

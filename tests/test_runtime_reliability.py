@@ -103,3 +103,28 @@ def test_fingerprint_mismatch_exits_2(tmp_path):
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "no longer matches the plan" in lines[0]
+
+
+@pytest.mark.slow
+def test_two_nodes_on_one_machine_train_like_one_node(plan_path):
+    """--nnodes/--node-rank/--master-addr/--master-port: two launchers (one rank each) rendezvous over TCP
+    and train the same losses as single-process training."""
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    common = [sys.executable, "-m", "pipeplan", "run", str(plan_path), "--steps", "3", "--warmup", "0", "--lr", str(LR),
+              "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    nodes = [subprocess.Popen(common + ["--node-rank", str(i)] + (["--json"] if i == 0 else []), cwd=str(REPO),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+             for i in range(2)]
+    out = [p.communicate(timeout=180) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], [o[1][-1500:] for o in out]
+    assert "results are reported on node 0" in out[1][1]
+    doc = json.loads(out[0][0])
+    assert doc["plan"]["devices"] == 2 and [s["rank"] for s in doc["measured"]["stages"]] == [0, 1]
+    ref, _, _ = reference_steps(str(MODEL), BATCH, 3, microbatches=M, optimizer="adam", lr=LR)
+    torch.testing.assert_close(torch.tensor(doc["losses"]), torch.tensor(ref), rtol=1e-4, atol=1e-6)

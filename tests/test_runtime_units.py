@@ -98,23 +98,20 @@ def test_saved_tensor_meter_counts_each_storage_once_and_releases():
     assert meter.current == 0 and meter.peak == 4000
 
 
-def test_pin_to_core_binds_each_local_rank_to_its_own_core_only_when_ranks_fit(monkeypatch):
+def test_pin_to_core_binds_each_local_rank_to_its_own_core_only_when_ranks_fit():
     import os
 
-    from pipeplan.runtime.worker import pin_to_core
+    from pipeplan.hardware_profiles.local_device import pin_to_core
 
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this platform")
     before = os.sched_getaffinity(0)
     cores = sorted(before)
     try:
-        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(len(cores)))
-        monkeypatch.setenv("LOCAL_RANK", str(len(cores) - 1))
-        assert pin_to_core() == cores[-1]
+        assert pin_to_core(len(cores) - 1, len(cores)) == cores[-1]
         assert os.sched_getaffinity(0) == {cores[-1]}
         os.sched_setaffinity(0, before)
-        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(len(cores) + 1))  # more ranks than cores: leave it alone
-        assert pin_to_core() is None
+        assert pin_to_core(0, len(cores) + 1) is None  # more ranks than cores: leave it alone
         assert os.sched_getaffinity(0) == before
     finally:
         os.sched_setaffinity(0, before)

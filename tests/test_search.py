@@ -62,6 +62,64 @@ def test_evaluate_uniform_matches_closed_form():
         assert plan.predicted.bubble_fraction == pytest.approx((K - 1) / (M + K - 1), rel=1e-9)
 
 
+def test_runtime_op_overhead_is_added_to_every_simulated_op_but_not_to_stage_compute(tmp_path):
+    """A profile's per-op runtime overhead o: uniform stages, free sends -> (M+K-1)(t_f+t_b+2o), each schedule
+    with its own o; the stage times stay pure compute, and re-simulating the saved plan gives the same time."""
+    import dataclasses
+
+    from pipeplan.cli.workflow import simulate_from_plan
+    from pipeplan.planner.plan import load_plan
+
+    g = uniform_graph(n=8)
+    prof = dataclasses.replace(profile(40), op_overhead_s={"gpipe": 4e-4, "1f1b": 1e-4})
+    K, M = 2, 4
+    per_stage = 4 * 3e-3
+    for schedule, o in [("gpipe", 4e-4), ("1f1b", 1e-4), ("interleaved", 1e-4)]:  # interleaved: 1F1B's value
+        chunks = 2 if schedule == "interleaved" else 1
+        plan = evaluate(g, prof, equal_layers(8, K * chunks), schedule=schedule, microbatches=M, batch_size=8 * M,
+                        times="measured", chunks=chunks)
+        assert [s.predicted.op_overhead_s for s in plan.stages] == [o] * (K * chunks)
+        assert [s.predicted.compute_s for s in plan.stages] == pytest.approx([per_stage / chunks] * (K * chunks))
+        if schedule != "interleaved":
+            assert plan.predicted.iteration_s == pytest.approx((M + K - 1) * (per_stage + 2 * o), rel=1e-12)
+        bare = evaluate(g, profile(40), equal_layers(8, K * chunks), schedule=schedule, microbatches=M,
+                        batch_size=8 * M, times="measured", chunks=chunks)
+        # every device runs 2*M*chunks ops, so the overhead adds at least that much per device
+        assert plan.predicted.iteration_s >= bare.predicted.iteration_s + 2 * M * chunks * o - 1e-12
+        plan.save(tmp_path / "p.json")
+        again = simulate_from_plan(load_plan(tmp_path / "p.json"))
+        assert again.iteration_s == pytest.approx(plan.predicted.iteration_s, rel=1e-12)
+
+
+def test_per_byte_overhead_counts_what_each_op_sends_and_receives():
+    """First and last stages move one tensor per op, a middle stage two (its input and its output)."""
+    import dataclasses
+
+    layers = [Layer(f"l{i}", kind="matmul", param_bytes=64, saved_bytes=64, output_bytes=1000 * (i + 1), fwd_s=1e-3,
+                    bwd_s=2e-3) for i in range(6)]
+    g = Graph(name="chain", layers=layers, edges=[Edge(f"l{i}", f"l{i + 1}", 1000 * (i + 1)) for i in range(5)],
+              batch_size=8, source={"device": "cpu"})
+    prof = dataclasses.replace(profile(40), op_overhead_s={"1f1b": 1e-4}, op_overhead_s_per_byte={"1f1b": 1e-9})
+    plan = evaluate(g, prof, [0, 0, 1, 1, 2, 2], schedule="1f1b", microbatches=4, batch_size=32, times="measured")
+    out0, out1 = plan.stages[0].predicted.send_bytes, plan.stages[1].predicted.send_bytes
+    assert (out0, out1) == (2000, 4000)  # the cut layers' outputs (l1, l3)
+    assert [s.predicted.op_overhead_s for s in plan.stages] == pytest.approx(
+        [1e-4 + 1e-9 * out0, 1e-4 + 1e-9 * (out0 + out1), 1e-4 + 1e-9 * out1], rel=1e-12)
+
+
+def test_concurrency_slowdown_scales_compute_only_when_devices_run_side_by_side():
+    import dataclasses
+
+    g = uniform_graph(n=8)
+    slow = dataclasses.replace(profile(40), concurrency_slowdown=1.25)
+    K, M = 2, 4
+    plan = evaluate(g, slow, equal_layers(8, K), schedule="1f1b", microbatches=M, batch_size=8 * M, times="measured")
+    assert [s.predicted.fwd_s for s in plan.stages] == pytest.approx([1.25 * 4e-3] * K)
+    assert plan.predicted.iteration_s == pytest.approx((M + K - 1) * 1.25 * 12e-3, rel=1e-12)
+    one = evaluate(g, slow, [0] * 8, schedule="1f1b", microbatches=M, batch_size=8 * M, times="measured")
+    assert one.predicted.iteration_s == pytest.approx(M * 24e-3, rel=1e-12)  # one device: nothing beside it
+
+
 def test_evaluate_memory_and_flops_terms():
     g = gpt_like(blocks=4, hidden=256, seq=128, vocab=1000, batch=4)
     prof = profile(40)

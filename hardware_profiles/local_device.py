@@ -1,0 +1,89 @@
+"""What a "device" of a local profile is at run time: one CPU core running one thread.
+
+`profiles calibrate` measures under exactly this setup and the runtime's ranks run
+under it, so both call `become_local_device`; a profile measured one way and used
+another would mispredict by the difference.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def pin_to_core(local_rank: int, local_world: int) -> int | None:
+    """Bind this process (and the threads it starts later, e.g. gloo's) to its own core; returns the core.
+
+    Unpinned, the scheduler moves the compute thread and the gloo I/O threads of
+    both ranks between the cores, which cost a small model (GPT example, ~2 ms per
+    microbatch) about 10-15% of its step in our runs; pinned, each rank keeps its
+    core and its cache. Done only when this node's ranks fit on the cores the
+    process may use (never several ranks on one core).
+    """
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return None
+    if local_world > len(cores) or local_rank >= len(cores):
+        return None
+    os.sched_setaffinity(0, {cores[local_rank]})
+    return cores[local_rank]
+
+
+def become_local_device(local_rank: int, local_world: int) -> int | None:
+    """Pin to a core and run torch with one intra-op and one inter-op thread; returns the core."""
+    import torch
+
+    core = pin_to_core(local_rank, local_world)
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)  # no inter-op pool competing for the core
+    except RuntimeError:  # already set, or parallel work started (called twice in one process)
+        pass
+    return core
+
+
+# The probe is a small training step, not a GEMM that sits in L2: pipeline stages stream
+# weights and activations through the shared L3 and DRAM, and that is where two busy cores
+# collide most (a 512x512 GEMM loop showed 1.0-1.1 where a Linear(1024) stack showed 1.1-1.3).
+PROBE_WIDTH, PROBE_LAYERS, PROBE_ROWS = 1024, 4, 256  # one training step ~0.15 s at ~100 GFLOP/s
+PROBE_STEPS, PROBE_ROUNDS = 2, 8  # ~7 s in all: the host's load swings within seconds
+
+
+def concurrency_slowdown(rank: int, world: int) -> float:
+    """Compute time with every rank computing at once / with this rank computing alone (call on all ranks).
+
+    The other calibration timings run on one core while the rest of the machine
+    idles, and so does the tracer; a pipeline keeps all its cores busy, and on
+    a VM two vCPUs may be one physical core's hyperthreads or share it with other
+    tenants. Alone and together alternate PROBE_ROUNDS times so that a change of
+    the host's load during the measurement hits both sides. Sums, not minima:
+    the contention's average effect is what a pipeline pays. Returns this rank's
+    factor (the caller combines the ranks' values).
+    """
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(*[torch.nn.Linear(PROBE_WIDTH, PROBE_WIDTH) for _ in range(PROBE_LAYERS)])
+    x = torch.randn(PROBE_ROWS, PROBE_WIDTH)
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        for _ in range(PROBE_STEPS):
+            model.zero_grad(set_to_none=True)
+            model(x).sum().backward()
+        return time.perf_counter() - t0
+
+    step()  # warm-up
+    alone = together = 0.0
+    for _ in range(PROBE_ROUNDS):
+        for r in range(world):
+            dist.barrier()
+            if r == rank:
+                alone += step()
+        dist.barrier()
+        together += step()
+    dist.barrier()
+    return together / alone

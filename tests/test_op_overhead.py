@@ -1,0 +1,125 @@
+"""What a local machine adds to compute and link times: the runtime's per-op overhead (measured from op
+timestamps of a 2-rank pipeline, stored per schedule) and the slowdown of cores computing side by side;
+both stored in the profile and validated like every other field."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pipeplan.cli.main import cli
+from pipeplan.hardware_profiles import load_profile
+from pipeplan.hardware_profiles.loader import save_profile
+from pipeplan.hardware_profiles.op_overhead import SCHEDULES, SHAPES, message_bytes, op_gaps_s, op_overhead_s
+
+sys.path.insert(0, str(Path(__file__).parent))
+from pipeline_timeline import timeline  # noqa: E402
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_gaps_recover_the_delay_put_into_every_op(schedule):
+    first, second = timeline(schedule, 8, f=3e-3, b=6e-3, gap=4e-4, transfer=1e-4)
+    gaps = op_gaps_s(first, second, transfer_s=1e-4)
+    assert len(gaps) == 2 * 2 * 8 - 1  # every op but the very first has a "could start" time
+    assert gaps == pytest.approx([4e-4] * len(gaps), abs=1e-12)
+    # charging the transfer to the op instead of the link: cross-rank waits look longer by it
+    assert sum(op_gaps_s(first, second, transfer_s=0.0)) > sum(gaps)
+
+
+def test_overhead_is_a_line_through_the_mean_gaps_of_the_two_message_sizes():
+    """Gaps of fixed + per_byte x message, per schedule: the fit recovers both terms exactly."""
+    truth = {"gpipe": (9e-4, 0.0), "1f1b": (2e-4, 3e-10)}  # seconds, seconds per byte (0.3 ms per MB)
+    link = lambda nbytes: 5e-5 + nbytes / 4e9  # noqa: E731 - the idle link's transfer time
+    per_rank: list[dict] = [{}, {}]
+    for schedule, (fixed, per_byte) in truth.items():
+        for shape in SHAPES:
+            gap = fixed + per_byte * message_bytes(shape)
+            steps = [timeline(schedule, 8, 3e-3, 6e-3, gap, link(message_bytes(shape))) for _ in range(3)]
+            per_rank[0][f"{shape}/{schedule}"] = [s[0] for s in steps]
+            per_rank[1][f"{shape}/{schedule}"] = [s[1] for s in steps]
+    fixed, per_byte, detail = op_overhead_s(per_rank, link)
+    assert fixed == pytest.approx({k: v[0] for k, v in truth.items()}, abs=1e-12)
+    assert per_byte == pytest.approx({k: v[1] for k, v in truth.items()}, abs=1e-16)
+    assert detail["small_1f1b"]["compute_per_op_ms"] == pytest.approx(4.5)  # 8 F of 3 ms and 8 B of 6 ms per rank
+
+
+BASE = """format: pipeplan.profile/v1
+name: box
+device: test
+memory_gib: 8
+usable_memory_gib: 7
+memory_bandwidth_gbps: 20
+peak_tflops: {fp32: 0.1}
+devices_per_node: 2
+intra_node: {kind: loopback, bandwidth_gbps: 5, latency_us: 70}
+inter_node: {kind: loopback, bandwidth_gbps: 5, latency_us: 70}
+"""
+
+
+def test_profile_keeps_overhead_per_schedule_and_falls_back_to_1f1b(tmp_path):
+    path = tmp_path / "box.yaml"
+    path.write_text(BASE + "op_overhead_us: {gpipe: 900, 1f1b: 250.5}\nop_overhead_us_per_mib: {1f1b: 300}\n")
+    prof = load_profile(str(path))
+    assert prof.op_overhead_s == pytest.approx({"gpipe": 9e-4, "1f1b": 2.505e-4})
+    assert prof.overhead_for("gpipe", 2**21) == pytest.approx(9e-4)  # no per-byte term for gpipe
+    assert prof.overhead_for("1f1b", 2**21) == pytest.approx(2.505e-4 + 2 * 3e-4)  # 2 MiB at 300 µs per MiB
+    assert prof.overhead_for("interleaved") == prof.overhead_for("pipedream") == pytest.approx(2.505e-4)
+    save_profile(prof, tmp_path / "again.yaml")
+    again = load_profile(str(tmp_path / "again.yaml"))
+    assert again.op_overhead_s == pytest.approx(prof.op_overhead_s)
+    assert again.op_overhead_s_per_byte == pytest.approx(prof.op_overhead_s_per_byte)
+    path.write_text(BASE)
+    assert load_profile(str(path)).overhead_for("gpipe") == 0.0  # catalogue profiles: not measured
+
+
+def test_concurrency_slowdown_round_trips_and_defaults_to_1(tmp_path):
+    path = tmp_path / "box.yaml"
+    path.write_text(BASE + "concurrency_slowdown: 1.15\n")
+    prof = load_profile(str(path))
+    assert prof.concurrency_slowdown == 1.15
+    save_profile(prof, tmp_path / "again.yaml")
+    assert load_profile(str(tmp_path / "again.yaml")).concurrency_slowdown == 1.15
+    path.write_text(BASE)
+    assert load_profile(str(path)).concurrency_slowdown == 1.0
+
+
+@pytest.mark.parametrize("text", ["concurrency_slowdown: 0.8", "concurrency_slowdown: 9", "concurrency_slowdown: fast"])
+def test_bad_concurrency_slowdown_exits_2(tmp_path, text):
+    path = tmp_path / "box.yaml"
+    path.write_text(BASE + text + "\n")
+    r = CliRunner().invoke(cli, ["profiles", "show", str(path)])
+    assert r.exit_code == 2 and "concurrency_slowdown" in r.stderr, r.output
+
+
+@pytest.mark.parametrize("value, words", [
+    ("{gpipe: -5}", "non-negative"),
+    ("{zero-bubble: 5}", "op_overhead_us.zero-bubble"),
+    ("900", "mapping"),
+    ("{gpipe: '5 us'}", "plain number"),
+])
+@pytest.mark.parametrize("field", ["op_overhead_us", "op_overhead_us_per_mib"])
+def test_bad_overhead_exits_2_naming_the_field(tmp_path, value, words, field):
+    path = tmp_path / "box.yaml"
+    path.write_text(BASE + f"{field}: {value}\n")
+    r = CliRunner().invoke(cli, ["profiles", "show", str(path)])
+    assert r.exit_code == 2, r.output
+    assert field in r.stderr and words.replace("op_overhead_us", field) in r.stderr
+
+
+def test_plan_report_says_the_runtime_overhead_is_in_the_iteration_time(tmp_path):
+    import json
+
+    from cli_fixtures import chain_graph
+
+    chain_graph().save(tmp_path / "graph.json")
+    (tmp_path / "box.yaml").write_text(BASE + "op_overhead_us: {gpipe: 900, 1f1b: 250}\n")
+    args = ["plan", str(tmp_path / "graph.json"), "-p", str(tmp_path / "box.yaml"), "--gpus", "2", "--stages", "2",
+            "-m", "4", "-b", "16", "--schedule", "1f1b", "-o", str(tmp_path / "plan.json")]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    assert "incl. the runtime's 250 µs per op" in " ".join(r.stdout.split())
+    stages = json.loads((tmp_path / "plan.json").read_text())["stages"]
+    assert [s["predicted"]["op_overhead_s"] for s in stages] == pytest.approx([2.5e-4, 2.5e-4])
