@@ -6,7 +6,7 @@ import math
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipeplan.hardware_profiles.profile import Link
@@ -39,17 +39,20 @@ def dags(draw, max_n=7):
 
 @settings(max_examples=30, deadline=None)
 @given(dags())
+@example((dag_problem(4, [(0, 1, 0), (0, 2, 1), (1, 2, 2001), (0, 3, 0)], [1.0] * 4), 3))  # CBC's tolerance case
 def test_ilp_matches_brute_force_on_dags(case):
     problem, k = case
     best, _ = brute_dag(problem, k, link=LINK)
     got = partition_ilp(problem, k, link=LINK, time_limit_s=20)
     assert got.solver["status"] == "optimal" and got.solver["gap"] == pytest.approx(0.0, abs=1e-9)
-    assert got.bottleneck_s == pytest.approx(best, rel=1e-6)
+    # CBC proves optimality up to its own tolerances: on a ~2 s bottleneck it once returned a cut of 2001
+    # bytes where 1 byte was possible (2 µs worse, 1.0e-6 relative), so the comparison allows 1e-5
+    assert got.bottleneck_s == pytest.approx(best, rel=1e-5)
     assert max(dag_stage_times(problem, got.assignment, k, link=LINK)) == pytest.approx(got.bottleneck_s)
     for s, d, _ in problem.edges:
         assert got.assignment[s] <= got.assignment[d]
     # never worse than the DP on the topological order (same cost model)
-    assert got.bottleneck_s <= partition_dp(problem, k, link=LINK).bottleneck_s * (1 + 1e-6)
+    assert got.bottleneck_s <= partition_dp(problem, k, link=LINK).bottleneck_s * (1 + 1e-5)
 
 
 @settings(max_examples=25, deadline=None)
