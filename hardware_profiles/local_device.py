@@ -43,8 +43,9 @@ def become_local_device(local_rank: int, local_world: int) -> int | None:
 
 
 # The probe is a small training step, not a GEMM that sits in L2: pipeline stages stream
-# weights and activations through the shared L3 and DRAM, and that is where two busy cores
-# collide most (a 512x512 GEMM loop showed 1.0-1.1 where a Linear(1024) stack showed 1.1-1.3).
+# weights and activations through the shared L3 and DRAM, where two busy cores also collide
+# (in one side-by-side probe here a 512x512 GEMM loop read 0.95-1.1 and a Linear(1024) stack
+# 1.07-1.16; minutes later the host made both read far more, the GEMM loop 1.8-1.9).
 PROBE_WIDTH, PROBE_LAYERS, PROBE_ROWS = 1024, 4, 256  # one training step ~0.15 s at ~100 GFLOP/s
 PROBE_STEPS, PROBE_ROUNDS = 2, 8  # ~7 s in all: the host's load swings within seconds
 
