@@ -119,18 +119,16 @@ def simulate_from_plan(plan):
 
     stages = sorted(plan.stages, key=lambda s: s.index)
     p = [s.predicted for s in stages]
-    o = [x.op_overhead_s for x in p]  # the runtime's time around each op, as the search simulated it
-    fwd = [x.fwd_s + oh for x, oh in zip(p, o)]
-    bwd = [x.bwd_s + oh for x, oh in zip(p, o)]
-    recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) for x in p]
     allreduce = [x.allreduce_s for x in p]
-    if plan.schedule == "pipedream":
-        # A stage with r replicas takes every r-th microbatch and folds its weight
-        # all-reduce into the backward (PipeDream SOSP'19 §3.1), as planner/evaluate.py does.
-        r = [max(1, s.replicas) for s in stages]
-        fwd = [x.fwd_s / k + oh for x, k, oh in zip(p, r, o)]
-        bwd = [(x.bwd_s + a) / k + oh for x, a, k, oh in zip(p, allreduce, r, o)]
-        recompute = [x / k for x, k in zip(recompute, r)]
+    pipedream = plan.schedule == "pipedream"
+    # PipeDream: a stage with r replicas takes every r-th microbatch and folds its weight all-reduce
+    # into the backward (PipeDream SOSP'19 §3.1), as planner/evaluate.py does; other schedules: r = 1.
+    r = [max(1, s.replicas) if pipedream else 1 for s in stages]
+    folded = allreduce if pipedream else [0.0] * len(p)
+    # every op also carries the runtime's time around it, as the search simulated it
+    fwd = [x.fwd_s / k + x.op_overhead_s for x, k in zip(p, r)]
+    bwd = [(x.bwd_s + a) / k + x.op_overhead_s for x, a, k in zip(p, folded, r)]
+    recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) / k for x, k in zip(p, r)]
     return simulate(
         plan.schedule,
         fwd,
@@ -138,7 +136,7 @@ def simulate_from_plan(plan):
         [x.send_s for x in p],
         plan.microbatches,
         chunks=plan.chunks if plan.schedule == "interleaved" else 1,
-        allreduce_s=allreduce if any(allreduce) and plan.schedule != "pipedream" else None,
+        allreduce_s=allreduce if any(allreduce) and not pipedream else None,
         recompute_s=recompute if any(recompute) else None,
     )
 
