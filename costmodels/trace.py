@@ -17,6 +17,7 @@ from pipeplan.costmodels.export import build_structure, export_program, node_kin
 from pipeplan.costmodels.graph import Graph
 from pipeplan.costmodels.model_file import ModelSpec, load_model_file
 from pipeplan.errors import UserError
+from pipeplan.hardware_profiles.allocator import keep_freed_memory
 
 Progress = Callable[[str, int, int], None]
 
@@ -98,6 +99,7 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
         counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n, fake_tensors=False)
     report("counting FLOPs and saved bytes", 1, 1)
 
+    keep_freed_memory()  # as the runtime's ranks run: see hardware_profiles/allocator.py
     timing = measure.time_pass(ep, model, spec, inputs, target, layer_of, n, repeats=repeats,
                                progress=report)
     for i, layer in enumerate(graph.layers):

@@ -41,7 +41,8 @@ from typing import Callable
 
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles import op_overhead
-from pipeplan.hardware_profiles.local_device import become_local_device, concurrency_slowdown
+from pipeplan.hardware_profiles.allocator import keep_freed_memory
+from pipeplan.hardware_profiles.local_device import become_local_device, concurrency_probe, rank_slowdowns, slowdown_from_probes
 from pipeplan.hardware_profiles.loader import save_profile  # noqa: F401 - the interface names it here too
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 
@@ -192,7 +193,7 @@ def _p2p_worker(rank: int, port: int, queue) -> None:
                 if i >= 2:
                     times.append(time.perf_counter() - t0)
             one_way[nbytes] = min(times) / 2
-        slowdown = concurrency_slowdown(rank, 2)
+        slowdown = concurrency_probe(rank, 2)
         events = op_overhead.run_pipeline(rank)
         gathered: list = [None, None]
         dist.all_gather_object(gathered, (slowdown, events))
@@ -203,9 +204,9 @@ def _p2p_worker(rank: int, port: int, queue) -> None:
         queue.put(("error", f"rank {rank}: {type(e).__name__}: {e}"))
 
 
-def measure_p2p(timeout_s: float = 60.0) -> tuple[dict[int, float], list, list[float]]:
+def measure_p2p(timeout_s: float = 60.0) -> tuple[dict[int, float], list, list]:
     """One-way seconds per message size between two spawned processes over gloo, both ranks'
-    op timings from `op_overhead.run_pipeline`, and each rank's `concurrency_slowdown`."""
+    op timings from `op_overhead.run_pipeline`, and each rank's `concurrency_probe` (alone, together)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # fork after OpenMP/MKL init can deadlock
@@ -306,6 +307,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         report(label, 1, 1)
         return value
 
+    keep_freed_memory()  # as the runtime's ranks run (hardware_profiles/allocator.py)
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -356,7 +358,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         local=True,
         op_overhead_s=overhead_s,
         op_overhead_s_per_byte=overhead_per_byte_s,
-        concurrency_slowdown=min(4.0, max(1.0, sum(slowdowns) / len(slowdowns))),
+        concurrency_slowdown=min(4.0, max(1.0, slowdown_from_probes(slowdowns))),
         notes=(
             "One device = one CPU core running one thread. Memory is MemTotal split evenly over the cores; "
             "usable is 80% of that (the OS, Python and torch need the rest). The inter-node link is the "
@@ -382,7 +384,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
             "elementwise_add_relu_gbps": gf(elem),
             "p2p_one_way_us": {int(k): round(v * 1e6, 2) for k, v in sorted(one_way.items())},
             "op_overhead": overhead_detail,
-            "concurrency_slowdown_per_rank": [round(x, 3) for x in slowdowns],
+            "concurrency_slowdown_per_rank": [round(x, 3) for x in rank_slowdowns(slowdowns)],
             "memory_total_bytes": mem_total,
         },
     )

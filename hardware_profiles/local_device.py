@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from pipeplan.hardware_profiles.allocator import keep_freed_memory
+
 
 def pin_to_core(local_rank: int, local_world: int) -> int | None:
     """Bind this process (and the threads it starts later, e.g. gloo's) to its own core; returns the core.
@@ -30,9 +32,10 @@ def pin_to_core(local_rank: int, local_world: int) -> int | None:
 
 
 def become_local_device(local_rank: int, local_world: int) -> int | None:
-    """Pin to a core and run torch with one intra-op and one inter-op thread; returns the core."""
+    """Pin to a core, keep freed memory mapped, run torch with one intra-op and one inter-op thread; returns the core."""
     import torch
 
+    keep_freed_memory()
     core = pin_to_core(local_rank, local_world)
     torch.set_num_threads(1)
     try:
@@ -50,16 +53,15 @@ PROBE_WIDTH, PROBE_LAYERS, PROBE_ROWS = 1024, 4, 256  # one training step ~0.15 
 PROBE_STEPS, PROBE_ROUNDS = 2, 8  # ~7 s in all: the host's load swings within seconds
 
 
-def concurrency_slowdown(rank: int, world: int) -> float:
-    """Compute time with every rank computing at once / with this rank computing alone (call on all ranks).
+def concurrency_probe(rank: int, world: int) -> tuple[list[float], list[float]]:
+    """This rank's step times computing alone and with every rank computing at once, per round (call on all ranks).
 
     The other calibration timings run on one core while the rest of the machine
     idles, and so does the tracer; a pipeline keeps all its cores busy, and on
     a VM two vCPUs may be one physical core's hyperthreads or share it with other
     tenants. Alone and together alternate PROBE_ROUNDS times so that a change of
-    the host's load during the measurement hits both sides. Sums, not minima:
-    the contention's average effect is what a pipeline pays. Returns this rank's
-    factor (the caller combines the ranks' values).
+    the host's load during the measurement hits both sides; `slowdown_from_probes`
+    combines the ranks' rounds.
     """
     import time
 
@@ -78,13 +80,36 @@ def concurrency_slowdown(rank: int, world: int) -> float:
         return time.perf_counter() - t0
 
     step()  # warm-up
-    alone = together = 0.0
+    alone: list[float] = []
+    together: list[float] = []
     for _ in range(PROBE_ROUNDS):
         for r in range(world):
             dist.barrier()
             if r == rank:
-                alone += step()
+                alone.append(step())
         dist.barrier()
-        together += step()
+        together.append(step())
     dist.barrier()
-    return together / alone
+    return alone, together
+
+
+def slowdown_from_probes(probes: list[tuple[list[float], list[float]]]) -> float:
+    """The factor a pipeline's stage compute pays with all cores busy: mean over rounds of the slowest rank's
+    together / alone time.
+
+    The slowest rank, not the average, because pipeline stages run in lock-step: a
+    stage waits for its neighbour's activation or gradient, so every microbatch
+    finishes at the pace of whichever core was slower just then, whether one vCPU is
+    persistently slower (a busy hyperthread sibling) or the two take turns (other
+    tenants). Averaging the ranks under-predicted 2-stage runs here by 5-10%.
+    Sums of alone times, not minima: the contention's average effect is what a
+    pipeline pays.
+    """
+    alone_s = [sum(a) / len(a) for a, _ in probes]
+    rounds = min(len(t) for _, t in probes)
+    return sum(max(t[i] / a for a, (_, t) in zip(alone_s, probes)) for i in range(rounds)) / rounds
+
+
+def rank_slowdowns(probes: list[tuple[list[float], list[float]]]) -> list[float]:
+    """Each rank's own together / alone ratio (kept in the calibration record)."""
+    return [sum(t) / sum(a) * len(a) / len(t) for a, t in probes]

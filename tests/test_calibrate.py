@@ -48,6 +48,8 @@ def test_timer_stops_at_max_reps_and_returns_the_best_time():
 
 
 FAKE_FP32 = [80e9, 100e9, 64e9, 100e9]
+# (alone, together) step seconds per round for each rank: see test_profile_fields_from_known_measurements
+FAKE_PROBES = [([1.0, 1.0], [1.1, 1.3]), ([2.0, 2.0], [2.6, 2.2])]
 FAKE_P2P = {4: 50e-6, 64 * 1024: 50e-6 + 64 * 1024 / 2e9, MIB: 50e-6 + MIB / 2e9, 16 * MIB: 50e-6 + 16 * MIB / 2e9}
 
 
@@ -79,7 +81,7 @@ def fake_measurements(monkeypatch):
     monkeypatch.setattr(calibrate_mod, "measure_conv", lambda cap: [120e9, 90e9])
     monkeypatch.setattr(calibrate_mod, "measure_attention", lambda cap: 50e9)
     monkeypatch.setattr(calibrate_mod, "measure_memory", lambda cap: (20e9, [20e9, 10e9]))
-    monkeypatch.setattr(calibrate_mod, "measure_p2p", lambda: (dict(FAKE_P2P), fake_pipeline_events(), [1.1, 1.3]))
+    monkeypatch.setattr(calibrate_mod, "measure_p2p", lambda: (dict(FAKE_P2P), fake_pipeline_events(), FAKE_PROBES))
     fake_measurements.bf16_speedup = 2.0
     return fake_measurements
 
@@ -101,7 +103,10 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
     assert p.inter_node == p.intra_node  # one machine: loopback both ways
     assert p.op_overhead_s == pytest.approx({k: v[0] for k, v in FAKE_GAP_S.items()}, abs=1e-12)
     assert p.op_overhead_s_per_byte == pytest.approx({k: v[1] for k, v in FAKE_GAP_S.items()}, abs=1e-16)
-    assert p.concurrency_slowdown == pytest.approx(1.2)  # the two ranks' mean
+    # each rank alone averages 1.2x slower together, but in every round one of them ran 1.3x slower,
+    # and lock-stepped stages go at the slower one's pace
+    assert p.concurrency_slowdown == pytest.approx(1.3)
+    assert p.calibration["concurrency_slowdown_per_rank"] == [1.2, 1.2]
     assert p.devices_per_node == calibrate_mod.core_count()
     total = calibrate_mod.memory_total_bytes()
     assert p.memory_bytes == total // p.devices_per_node
