@@ -83,15 +83,18 @@ class _Saved:
 class SavedTensorMeter:
     """High-water mark of the bytes autograd keeps for backward (CPU peak-memory estimate).
 
-    Parameters are excluded (they are counted as weights); a tensor saved by
+    Parameters and buffers are excluded (they are counted as weights), by
+    storage: autograd saves views of them too (a Linear saves `weight.t()`, a new
+    tensor on the weight's memory), and counting those added every weight a
+    second time (+32 MiB per stage of 8 x Linear(1024)). A tensor saved by
     several ops counts once (by storage pointer), and is released when the last
     autograd node holding it is freed. Every step saves the same tensors (static
     shapes), so metering the untimed steps (warm-up, or the first step) gives the
     peak without slowing the timed ones.
     """
 
-    def __init__(self, param_ids: set[int]):
-        self.param_ids = param_ids
+    def __init__(self, weight_storages: set[int]):
+        self.weight_storages = weight_storages  # untyped_storage().data_ptr() of parameters and buffers
         self.enabled = True  # off: instrument() runs the forward without the hooks
         self.live: dict[int, list[int]] = {}  # data_ptr -> [refs, bytes]
         self.current = 0
@@ -107,9 +110,11 @@ class SavedTensorMeter:
             del self.live[ptr]
 
     def pack(self, t: torch.Tensor):
-        if id(t) in self.param_ids or t.device.type != "cpu":
+        if t.device.type != "cpu":
             return t
         ptr = t.untyped_storage().data_ptr()
+        if ptr in self.weight_storages:
+            return t
         entry = self.live.get(ptr)
         if entry is None:
             nbytes = t.untyped_storage().nbytes()
@@ -128,6 +133,11 @@ class SavedTensorMeter:
 
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+def weight_storages(modules) -> set[int]:
+    """The storages of these modules' parameters and buffers (what SavedTensorMeter leaves out)."""
+    return {t.untyped_storage().data_ptr() for m in modules for t in (*m.parameters(), *m.buffers())}
 
 
 def tensor_bytes(tensors) -> int:

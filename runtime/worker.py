@@ -33,7 +33,8 @@ from pipeplan._io import atomic_write_bytes, atomic_write_json
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.local_device import become_local_device
 from pipeplan.runtime import checkpoint as ckpt
-from pipeplan.runtime.measure import SavedTensorMeter, StageStats, StepClock, instrument, median, optimizer_state_bytes, tensor_bytes
+from pipeplan.runtime.measure import (SavedTensorMeter, StageStats, StepClock, instrument, median, optimizer_state_bytes, tensor_bytes,
+                                      weight_storages)
 from pipeplan.runtime.split import flat_inputs, split_program, unflatten_output
 
 SEED = 1234  # every rank builds the model with this seed, so replicas of a tensor start identical
@@ -251,8 +252,7 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
                 ckpt.load_shard(manifest, s, modules[s], optimizers[s])
             first_step = int(manifest["step"])
 
-    param_ids = {id(p) for m in modules.values() for p in m.parameters()}
-    meter = SavedTensorMeter(param_ids) if device.type == "cpu" else None
+    meter = SavedTensorMeter(weight_storages(modules.values())) if device.type == "cpu" else None
     clock = StepClock()
     stats = {s: StageStats(index=s) for s in mine}
     pipe_stages = []

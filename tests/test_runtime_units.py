@@ -86,7 +86,7 @@ def test_stage_placement():
 
 
 def test_saved_tensor_meter_counts_each_storage_once_and_releases():
-    meter = SavedTensorMeter(param_ids=set())
+    meter = SavedTensorMeter(weight_storages=set())
     a = torch.randn(1000, requires_grad=True)
     with meter.hooks():
         b = a.exp()  # saves its result b (4000 bytes)
@@ -117,11 +117,28 @@ def test_pin_to_core_binds_each_local_rank_to_its_own_core_only_when_ranks_fit()
         os.sched_setaffinity(0, before)
 
 
+def test_saved_tensor_meter_leaves_out_weights_and_their_views():
+    """A Linear saves weight.t(), a new tensor on the weight's memory: it is weight, not activation."""
+    from pipeplan.runtime.measure import weight_storages
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.BatchNorm1d(64))
+    x = torch.randn(8, 64)
+    meter = SavedTensorMeter(weight_storages([model]))
+    with meter.hooks():
+        model(x).sum().backward()
+    # saved activations, 8 x 64 fp32 = 2048 bytes each: x (first Linear), the first ReLU's output (saved by it
+    # and by the second Linear: once), the second ReLU's output (by it, and as BatchNorm's input), and
+    # BatchNorm's per-channel batch mean and inverse std (64 floats each)
+    assert meter.peak == 3 * 2048 + 2 * 256
+
+
 def test_meter_disabled_steps_run_without_hooks():
     """The worker meters only untimed steps: a disabled meter must not see saved tensors."""
     from pipeplan.runtime.measure import StageStats, StepClock, instrument
 
-    meter = SavedTensorMeter(param_ids=set())
+    meter = SavedTensorMeter(weight_storages=set())
     w = torch.randn(50, 50, requires_grad=True)
 
     class FakeStage:  # just the two methods instrument() wraps
