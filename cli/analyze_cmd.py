@@ -11,19 +11,8 @@ from typing import Callable
 
 import click
 
+from pipeplan.cli.console import stdout_console
 from pipeplan.cli.options import check_output_paths, output_options, planning_options, profile_option, resolve_dtype, trace_options
-
-
-def stdout_console():
-    """A console for the report; wide enough for the stage table when stdout is not a terminal."""
-    from rich.console import Console
-
-    import os
-
-    console = Console()
-    if console.is_terminal or os.environ.get("COLUMNS"):
-        return console
-    return Console(width=140)  # piped without COLUMNS: rich would assume 80 and wrap the tables
 
 
 def quiet_stdout(active: bool):

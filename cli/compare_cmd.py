@@ -73,7 +73,7 @@ def compare(model, profiles_arg, opts, entry, trace_batch_size, depth, repeats, 
     if as_json:
         click.echo(json.dumps({"graph": graph_summary(graph), "devices": opts.devices, "batch_size": opts.batch_size, "profiles": rows}))
         return
-    from pipeplan.cli.analyze_cmd import stdout_console
+    from pipeplan.cli.console import stdout_console
     from pipeplan.cli.report import compare_table
 
     console = stdout_console()

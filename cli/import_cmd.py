@@ -39,8 +39,9 @@ def import_(pipedream_file, output, batch_size, name, as_json):
     if as_json:
         click.echo(json.dumps(summary))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from pipeplan.cli.console import stdout_console
 
     table = Table(title=f"imported {graph.name}", show_header=False)
     table.add_row("layers", str(summary["layers"]))
@@ -49,4 +50,4 @@ def import_(pipedream_file, output, batch_size, name, as_json):
     table.add_row("forward / backward", f"{summary['fwd_s'] * 1e3:.1f} ms / {summary['bwd_s'] * 1e3:.1f} ms per profiled minibatch")
     table.add_row("inputs", ", ".join(summary["inputs"]) or "-")
     table.add_row("written", output)
-    Console().print(table)
+    stdout_console().print(table)

@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from pipeplan.cli.console import stdout_console
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles import list_profiles, load_profile, profile_to_dict, save_profile, user_profile_dir
 from pipeplan.hardware_profiles.loader import NAME_RE, CATALOG_DIR
@@ -71,14 +72,7 @@ def list_cmd(as_json: bool) -> None:
             _tf(p.peak_flops.get("bf16")), _tf(p.peak_flops.get("fp32")),
             str(p.devices_per_node), _link(p.intra_node), _link(p.inter_node), _origin(p),
         )
-    _console().print(table)
-
-
-def _console() -> Console:
-    """Full width on a terminal; wide enough for the table when piped (rich defaults to 80)."""
-    import sys
-
-    return Console() if sys.stdout.isatty() else Console(width=220)
+    stdout_console(220).print(table)
 
 
 @profiles.command("show")
@@ -112,7 +106,7 @@ def show_cmd(name: str, as_json: bool) -> None:
         t.add_row("calibration" if k == next(iter(p.calibration)) else "", f"{k}: {v}")
     for i, s in enumerate(p.sources):
         t.add_row("sources" if i == 0 else "", s)
-    _console().print(t)
+    stdout_console(220).print(t)
 
 
 @profiles.command("calibrate")

@@ -13,6 +13,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from pipeplan.cli.console import stdout_console
 from pipeplan.cli.fmt import fmt_bytes, fmt_count, fmt_flops, fmt_in, fmt_pct, fmt_seconds, shorten, table_time_unit
 from pipeplan.cli.summary import stage_params
 
@@ -254,4 +255,4 @@ def compare_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def print_report(renderable, console: Console | None = None) -> None:
-    (console or Console()).print(renderable)
+    (console or stdout_console()).print(renderable)

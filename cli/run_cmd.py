@@ -32,6 +32,7 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
     """Train PLAN_FILE's pipeline on torch.distributed (one process per device) and report measured vs predicted."""
     from rich.console import Console
 
+    from pipeplan.cli.console import stdout_console
     from pipeplan.planner.plan import load_plan
     from pipeplan.runtime.launch import LaunchOptions, RankFailed, launch
     from pipeplan.runtime.report import render_table, summarize
@@ -62,9 +63,10 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
     if as_json:
         click.echo(json.dumps(doc, indent=1))
     else:
-        render_table(doc, Console())
+        out = stdout_console()
+        render_table(doc, out)
         if chrome_trace:
-            Console().print(f"chrome trace: {chrome_trace}")
+            out.print(f"chrome trace: {chrome_trace}")
 
 
 def write_trace(path: str, result: dict, plan) -> None:

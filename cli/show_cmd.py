@@ -56,7 +56,7 @@ def show(plan_file, graph_file, as_json, plot, chrome_trace):
             "notes": notes,
         }))
         return
-    from pipeplan.cli.analyze_cmd import stdout_console
+    from pipeplan.cli.console import stdout_console
     from pipeplan.cli.report import plan_report
 
     console = stdout_console()

@@ -1,0 +1,33 @@
+"""Piped output keeps whole numbers: rich would squeeze tables to 80 columns and end them in '…'."""
+
+import io
+
+from pipeplan.cli.console import stdout_console
+from pipeplan.runtime.report import render_table
+
+DOC = {  # the shape runtime.report.summarize returns
+    "plan": {"schedule": "1f1b", "stages": 2, "microbatches": 8},
+    "losses": [2.773],
+    "measured": {"iteration_s": 3.55899, "samples_per_s": 1150.9, "steps_measured": 3,
+                 "stages": [{"index": i, "rank": i, "fwd_s": 0.12066, "bwd_s": 0.23861, "compute_s": 2.95895,
+                             "wait_s": 0.60005, "peak_memory_bytes": 112 << 20} for i in range(2)]},
+    "predicted": {"iteration_s": 2.90793, "samples_per_s": 1408.6,
+                  "stages": [{"index": i, "fwd_s": 0.10962, "bwd_s": 0.2069, "memory_bytes": 104 << 20}
+                             for i in range(2)]},
+}
+
+
+def test_piped_run_table_is_not_truncated(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    console = stdout_console()
+    assert not console.is_terminal and console.width == 140
+    console.file = io.StringIO()
+    render_table(DOC, console)
+    text = console.file.getvalue()
+    assert "…" not in text
+    assert "120.66" in text and "2958.95" in text  # ms per microbatch and per step, in full
+
+
+def test_columns_wins_when_set(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    assert stdout_console().width == 100
