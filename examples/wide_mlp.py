@@ -3,8 +3,8 @@
 Every layer costs the same and there are many of them (16), so a 2-stage cut can
 balance what only the last stage does (the head, the loss, and the input gradient
 the first stage never computes); each microbatch carries enough matmul work
-(2 x 256 x 1024 x 1024 FLOPs per layer forward at the benchmark's batch of 2048 in
-8 microbatches) to keep GEMMs efficient and dwarf gloo's per-message overhead.
+(2 x 1024 x 1024 x 1024 FLOPs per layer forward at the runtime benchmark's batch of
+8192 in 8 microbatches) to keep GEMMs efficient and dwarf gloo's per-message overhead.
 PIPEPLAN_WIDE_MLP_WIDTH / _DEPTH resize it.
 """
 
