@@ -28,8 +28,8 @@ KNOWN_MISSES = (
     "GELU's erf is vector math FlopCounterMode does not count; embedding backward allocates a fresh dense "
     "gradient of the whole table and on the CPU first-touch page faults dominate (a GPU's caching allocator "
     "has no such cost); small GEMMs and 1x1 convolutions run below the calibrated efficiency. The layers that "
-    "dominate training time (matmul, conv, attention) are the ones the 25% test in "
-    "tests/test_calibrated_prediction.py covers."
+    "dominate training time (matmul, conv, attention) are the ones benchmarks/calibrate_bench.py checks "
+    "against the roofline (section above)."
 )
 
 

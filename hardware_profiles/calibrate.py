@@ -16,7 +16,7 @@ What is measured, and why each number is defined the way it is:
   1: oneDNN convolutions can beat a plain GEMM); FLOPs as torch's conv_flop_count
   (2·N·Hout·Wout·Cout·Cin/groups·Kh·Kw).
 - `efficiency.attention` = scaled_dot_product_attention FLOP/s (4·B·H·S²·D) / peak.
-- memory bandwidth = a copy beyond the last-level cache, counted as read + write
+- memory bandwidth = a copy of 32 MiB tensors (beyond a typical L3), counted as read + write
   bytes; `efficiency.memory` = geometric mean of the bytes/s of elementwise add and
   relu on the same tensors / the copy bandwidth (see `measure_memory`).
 - links: ping-pong between two processes over torch.distributed (gloo on
@@ -54,8 +54,10 @@ BUSY_SHARE = 0.85  # below this CPU share during the timing loops, the profile w
 MATMUL_SHAPES = ((256, 512, 512), (128, 1024, 1024), (512, 768, 256), (64, 1024, 2048))  # (M, K, N)
 CONV_SHAPES = ((4, 64, 32), (4, 128, 16), (4, 32, 56))  # (N, C_in = C_out, H = W), 3x3, padding 1
 # One tensor's size for the memory loop: working sets of 2-3 tensors are 2-3x the 32 MiB L3
-# of typical servers, so this is DRAM bandwidth. Cache-resident activations run faster
-# than it predicts (documented in docs/profile-format.md).
+# of typical servers, so there this is DRAM bandwidth. Cache-resident activations run faster
+# than it predicts (documented in docs/profile-format.md). On hosts with a much larger shared
+# L3 (a 260 MiB one measured ~25 GB/s at this size, ~13 GB/s from 128 MiB up) it is partly a
+# cache rate: the rate activations of tens of MiB see, which is what the cost model prices.
 MEMORY_BYTES = 32 * 2**20
 P2P_SIZES = (4, 64 * 2**10, 2**20, 16 * 2**20)
 P2P_REPS = (200, 40, 20, 10)

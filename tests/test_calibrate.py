@@ -69,6 +69,33 @@ def fake_pipeline_events() -> list[dict]:
     return per_rank
 
 
+def test_measured_rates_count_flops_and_bytes_by_convention(monkeypatch):
+    """Every op 'takes' 1 ms: the rates are then the FLOP and byte counts themselves.
+
+    2 FLOPs per multiply-add (GEMM 2·M·K·N, conv 2·N·H·W·C²·9), copy read + write,
+    add 2 reads + 1 write, relu read + write. A slip here is a 2x error in every
+    plan, which no timing test on a noisy machine can see reliably.
+    """
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(calibrate_mod, "_best_time_s", lambda fn, cap_s: 1e-3)
+    monkeypatch.setattr(calibrate_mod.time, "perf_counter", lambda: next(ticks) * 1e-3)
+    monkeypatch.setattr(calibrate_mod, "MEMORY_BYTES", 4096)
+    monkeypatch.setattr(calibrate_mod, "MATMUL_SHAPES", ((2, 3, 4),))
+    monkeypatch.setattr(calibrate_mod, "CONV_SHAPES", ((1, 2, 5),))
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as mm, torch.no_grad():  # torch's own count, 2 per MAC
+        torch.mm(torch.ones(2, 3), torch.ones(3, 4))
+    with FlopCounterMode(display=False) as conv, torch.no_grad():
+        F.conv2d(torch.ones(1, 2, 5, 5), torch.ones(2, 2, 3, 3), padding=1)
+    assert calibrate_mod.measure_matmul(torch.float32, 0.0) == [pytest.approx(mm.get_total_flops() / 1e-3)]
+    assert calibrate_mod.measure_conv(0.0) == [pytest.approx(conv.get_total_flops() / 1e-3)]
+    copy, (add, relu) = calibrate_mod.measure_memory(0.0)
+    assert (copy, add, relu) == pytest.approx((2 * 4096 / 1e-3, 3 * 4096 / 1e-3, 2 * 4096 / 1e-3))
+
+
 @pytest.fixture
 def fake_measurements(monkeypatch):
     """Known 'measurements' so every derived field has an exact expected value."""
@@ -182,7 +209,9 @@ def test_real_calibration_writes_a_loadable_local_profile(real_run):
     assert p2p[16 * MIB] > p2p[4]  # a bigger message takes longer
     # the runtime's time around each op of a real 2-rank pipeline: above zero, far below the ~4 ms ops
     assert set(prof.op_overhead_s) == {"gpipe", "1f1b"}
-    assert all(1e-6 < o < 4e-3 for o in prof.op_overhead_s.values()), prof.op_overhead_s
+    # (the fixed part alone may fit to 0 on a quiet machine, the per-byte part carrying the gap)
+    at_1mib = {k: prof.op_overhead_s[k] + prof.op_overhead_s_per_byte.get(k, 0.0) * MIB for k in prof.op_overhead_s}
+    assert all(1e-6 < o < 4e-3 for o in at_1mib.values()), (prof.op_overhead_s, prof.op_overhead_s_per_byte)
     assert 1.0 <= prof.concurrency_slowdown <= 4.0
     assert len(prof.calibration["concurrency_slowdown_per_rank"]) == 2
 
@@ -221,14 +250,28 @@ def skip_if_busy(prof) -> None:
         pytest.skip(f"machine busy (CPU share {then:.0%} during calibration, {now:.0%} now): timings not comparable")
 
 
+# measured / predicted for ops the calibration did not run. Inside the band is machine
+# noise (which only adds time: CI hosts measured up to 1.56x); outside it is a unit
+# slip (MACs as FLOPs, bytes read but not written), a factor of 2. The accuracy on a
+# quiet machine (1-20%) is a benchmark figure: benchmarks/calibrate_bench.py.
+LOW, HIGH = 1 / 1.5, 1.9
+
+
+def _ratio_within_band(measure, pred_s: float, prof) -> None:
+    """Best of up to three measurement windows, then measured / predicted inside [LOW, HIGH]."""
+    best = math.inf
+    for _ in range(3):
+        best = min(best, _one_thread(measure))
+        if LOW < best / pred_s < HIGH:
+            return
+        time.sleep(1.0)
+    pytest.fail(f"measured {best * 1e3:.2f} ms, predicted {pred_s * 1e3:.2f} ms (x{best / pred_s:.2f}); "
+                f"calibration {prof.calibration}")
+
+
 @pytest.mark.slow
 def test_real_calibration_predicts_an_unmeasured_gemm(real_run):
-    """A GEMM shape the calibration never ran, predicted within 30%.
-
-    Catches unit slips (MACs vs FLOPs is 2x) rather than noise; the 25% check on
-    whole layers lives in test_calibrated_prediction.py. The op is short (~3 ms)
-    so that even on a busy machine some repeat runs undisturbed.
-    """
+    """A GEMM shape the calibration never ran: FLOPs counted 2 per MAC, matmul efficiency applied."""
     import torch
 
     r, out, _ = real_run
@@ -237,17 +280,20 @@ def test_real_calibration_predicts_an_unmeasured_gemm(real_run):
     skip_if_busy(prof)
     m, k, n = 192, 768, 1024
     a, b = torch.randn(m, k), torch.randn(k, n)
-    gemm_s = _one_thread(lambda: _best_s(lambda: torch.mm(a, b), reps=15))
     pred = 2 * m * k * n / (prof.peak_flops["fp32"] * prof.efficiency["matmul"])
-    assert abs(pred - gemm_s) / gemm_s < 0.30, (pred, gemm_s, prof.calibration)
+    _ratio_within_band(lambda: _best_s(lambda: torch.mm(a, b), reps=15), pred, prof)
 
 
 @pytest.mark.slow
-def test_real_calibration_predicts_an_unmeasured_copy(real_run):
-    """A copy of another size predicted within 30% (read + write counted, as in calibration).
+def test_real_calibration_bandwidth_reproduces_a_copy(real_run):
+    """A fresh 32 MiB copy timed here: read + write bytes counted, as calibration defines it.
 
-    DRAM bandwidth is shared with every other process, and a best-of-N timing
-    cannot remove that, so this check needs a machine that is not overloaded.
+    Calibration's own size, because copy rates depend on the last-level cache (a
+    host with a 260 MiB L3 copied ~25 GB/s at 32 MiB, 14-18 at 48 and ~13 from 128;
+    a 32 MiB-L3 host 27, 17 and 16 GB/s at 16, 32 and 48 MiB): at another size the
+    cache, not the convention, decides the ratio. Even at one size this host's copy
+    rate moves 20-30% between allocations, so a doubled bandwidth cannot be told from
+    noise here: test_measured_rates_count_flops_and_bytes_by_convention pins that.
     """
     import torch
 
@@ -255,14 +301,7 @@ def test_real_calibration_predicts_an_unmeasured_copy(real_run):
     assert r.exit_code == 0, r.stderr
     prof = load_profile(str(out))
     skip_if_busy(prof)
-    src = torch.ones(48 * MIB // 4)
+    src = torch.ones(calibrate_mod.MEMORY_BYTES // 4)
     dst = torch.empty_like(src)
-    pred = 2 * 48 * MIB / prof.mem_bw_bytes_per_s
-    # Other tenants of the host can take DRAM bandwidth for a moment, which no CPU-share
-    # check sees; a miss is re-measured (up to three windows) before it counts.
-    for _ in range(3):
-        copy_s = _one_thread(lambda: _best_s(lambda: dst.copy_(src), reps=15))
-        if abs(pred - copy_s) / copy_s < 0.30:
-            break
-        time.sleep(1.0)
-    assert abs(pred - copy_s) / copy_s < 0.30, (pred, copy_s, prof.calibration)
+    pred = 2 * calibrate_mod.MEMORY_BYTES / prof.mem_bw_bytes_per_s
+    _ratio_within_band(lambda: _best_s(lambda: dst.copy_(src), reps=15), pred, prof)
