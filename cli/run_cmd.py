@@ -8,7 +8,6 @@ import sys
 import click
 
 
-
 @click.command("run")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Training steps to run.")
@@ -33,6 +32,7 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
     from rich.console import Console
 
     from pipeplan.cli.console import stdout_console
+    from pipeplan.costmodels.compute import LOCAL_TIMES_NOTE_PREFIX
     from pipeplan.planner.plan import load_plan
     from pipeplan.runtime.launch import LaunchOptions, RankFailed, launch
     from pipeplan.runtime.report import render_table, summarize
@@ -65,6 +65,9 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
     else:
         out = stdout_console()
         render_table(doc, out)
+        for note in plan.notes or []:  # why a local plan's prediction may miss (costmodels.compute.local_times_note)
+            if note.startswith(LOCAL_TIMES_NOTE_PREFIX):
+                out.print(f"[yellow]note (from the plan): {note}[/yellow]")
         if chrome_trace:
             out.print(f"chrome trace: {chrome_trace}")
 

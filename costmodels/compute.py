@@ -61,6 +61,9 @@ BACKWARD_BYTES_FACTOR = 2.0
 
 TIMES = ("model", "measured", "roofline")
 
+# How `local_times_note` starts, so `pipeplan run` can repeat it under a measured-vs-predicted table.
+LOCAL_TIMES_NOTE_PREFIX = "stage times are"
+
 
 def roofline_time_s(flops: float, bytes_moved: float, peak_flops: float, mem_bw_bytes_per_s: float,
                     compute_efficiency: float, memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY) -> float:
@@ -191,6 +194,33 @@ def uses_measured_times(graph: Graph, profile: HardwareProfile, dtype: str) -> b
     if threads is not None and int(threads) != int(device_threads):
         return False
     return any(l.fwd_s > 0 for l in graph.layers)
+
+
+def local_times_note(graph: Graph, profile: HardwareProfile, *, dtype: str, times: str, samples: int) -> str | None:
+    """Why a plan on this machine's profile may not match `pipeplan run`, and the trace that would, or None.
+
+    On a local profile the prediction can only be checked against `pipeplan run`
+    when stage times are a device's own measured times at the shapes it runs: one
+    core with `threads_per_device` threads, at the microbatch size. A trace on all
+    cores falls back to the roofline (here 1.5-2x optimistic on skinny matmuls);
+    one at another batch is scaled linearly, and a CPU's time per sample is not
+    constant in the batch (5x between 1 and 32 rows on examples/mlp.py here).
+    """
+    if not (profile.local and times == "model" and graph.source.get("device") == "cpu" and dtype in ("fp32", "tf32")):
+        return None
+    if not any(l.fwd_s > 0 for l in graph.layers):
+        return None
+    device_threads = int((getattr(profile, "calibration", None) or {}).get("threads_per_device", 1))
+    redo = (f"for a prediction to compare with `pipeplan run`, trace like a device: "
+            f"OMP_NUM_THREADS={device_threads} with --trace-batch-size {samples} (and this plan's -m)")
+    if not uses_measured_times(graph, profile, dtype):
+        threads = graph.source.get("threads")
+        return (f"{LOCAL_TIMES_NOTE_PREFIX} the roofline's (optimistic for small layers): the trace ran on {threads} threads "
+                f"and a {profile.name} device is {device_threads}; {redo}")
+    if samples != graph.batch_size:
+        return (f"{LOCAL_TIMES_NOTE_PREFIX} measured times scaled from the traced batch {graph.batch_size} to the microbatch "
+                f"{samples}, and a CPU's time per sample changes with the batch; {redo}")
+    return None
 
 
 def layer_times_s(graph: Graph, profile: HardwareProfile, *, dtype: str = "fp32", times: str = "model",

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from pipeplan.costmodels.comm import allreduce_time_s, group_link, p2p_time_s
+from pipeplan.costmodels.compute import local_times_note
 from pipeplan.costmodels.graph import Graph
 from pipeplan.costmodels.memory import model_state_bytes, stage_memory
 from pipeplan.errors import UserError
@@ -269,6 +270,9 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: list[int], *, re
             notes.append(f"shared parameter {sp.name} ({sp.bytes / 2**20:.1f} MiB) is used by stages "
                          f"{', '.join(map(str, used))}: each keeps a copy (counted in its memory) and their "
                          f"gradients are all-reduced at the end of the iteration (charged to stage {used[0]})")
+    local_note = local_times_note(graph, profile, dtype=dtype, times=times, samples=mb) if profile is not None else None
+    if local_note:
+        notes.append(local_note)
     plan = Plan(
         graph=dict(summary) if summary is not None else graph_summary(graph),
         profile=profile.name,

@@ -341,6 +341,30 @@ def test_local_profile_uses_measured_times_only_when_traced_here():
     assert compute.layer_times_s(here, remote)[0][0] == pytest.approx(1e9 / (20e12 * 0.7))
 
 
+def test_local_times_note_says_which_trace_a_device_needs():
+    local = make_profile(local=True)  # calibration: None -> a device is one thread
+    layer = Layer("fc", kind="matmul", fwd_flops=int(1e9), bwd_flops=int(2e9), bytes_moved=10, fwd_s=0.3, bwd_s=0.6)
+
+    def graph(threads):
+        return Graph(name="g", layers=[layer], edges=[], batch_size=8, source={"device": "cpu", "threads": threads})
+
+    def note(g, profile=local, samples=8, **kw):
+        return compute.local_times_note(g, profile, dtype=kw.get("dtype", "fp32"), times=kw.get("times", "model"),
+                                        samples=samples)
+
+    assert note(graph(1)) is None  # one thread, traced at the microbatch size: the device's own times
+    scaled = note(graph(1), samples=32)
+    assert scaled.startswith(compute.LOCAL_TIMES_NOTE_PREFIX + " measured times scaled from the traced batch 8 to the microbatch 32")
+    assert "OMP_NUM_THREADS=1 with --trace-batch-size 32" in scaled
+    roof = note(graph(2))
+    assert roof.startswith(compute.LOCAL_TIMES_NOTE_PREFIX + " the roofline's") and "ran on 2 threads" in roof
+    assert "--trace-batch-size 8" in roof
+    # nothing to say where measured times were never meant to apply
+    assert note(graph(2), profile=make_profile()) is None
+    assert note(graph(2), times="roofline") is None and note(graph(2), dtype="bf16") is None
+    assert note(_graph([layer], device="cuda:0")) is None
+
+
 def test_layer_times_rejects_bad_modes():
     g = _graph([Layer("x")])
     with pytest.raises(UserError, match="times"):

@@ -384,6 +384,21 @@ def test_tied_parameter_is_copied_and_synchronised():
     assert one.stages[0].predicted.allreduce_s == 0 and not one.notes
 
 
+def test_local_plan_notes_when_its_times_are_not_a_devices_own():
+    """A plan on this machine's profile says when its stage times cannot be compared with `pipeplan run`."""
+    import dataclasses
+
+    local = dataclasses.replace(profile(), name="local", local=True)
+    g = gpt_like(blocks=2, hidden=64, seq=16, vocab=100, batch=4)
+    g.source["threads"] = 1
+    at_traced = evaluate(g, local, [0, 0, 1, 1], schedule="1f1b", microbatches=4, batch_size=16)  # microbatch 4
+    assert at_traced.notes == []
+    scaled = evaluate(g, local, [0, 0, 1, 1], schedule="1f1b", microbatches=2, batch_size=16)  # microbatch 8
+    assert [n for n in scaled.notes if "scaled from the traced batch 4 to the microbatch 8" in n]
+    # the stage times really are the measured ones, scaled: stage 0 = embed + block0
+    assert scaled.stages[0].predicted.fwd_s == pytest.approx((1e-3 + 5e-3) * 2)
+
+
 def test_ilp_refinement_on_a_dag():
     """solver="ilp" re-partitions the best configuration; the result is still a consistent, feasible plan."""
     pytest.importorskip("pulp")
