@@ -176,6 +176,23 @@ def has_cost_counts(graph: Graph) -> bool:
     return any(l.fwd_flops or l.bwd_flops or l.bytes_moved for l in graph.layers)
 
 
+def _timed_here(graph: Graph, profile: HardwareProfile, dtype: str) -> bool:
+    """A local profile and a graph with fp32 timings taken on this machine's CPU: measured times could apply."""
+    return (profile.local and graph.source.get("device") == "cpu" and dtype in ("fp32", "tf32")
+            and any(l.fwd_s > 0 for l in graph.layers))
+
+
+def _device_threads(profile: HardwareProfile) -> int:
+    """Threads one local device runs (`calibration["threads_per_device"]`, 1 when not recorded)."""
+    return int((getattr(profile, "calibration", None) or {}).get("threads_per_device", 1))
+
+
+def _timed_on_device_threads(graph: Graph, profile: HardwareProfile) -> bool:
+    """Whether the trace ran on one device's thread count (a graph that does not record it is taken to have)."""
+    threads = graph.source.get("threads")
+    return threads is None or int(threads) == _device_threads(profile)
+
+
 def uses_measured_times(graph: Graph, profile: HardwareProfile, dtype: str) -> bool:
     """Whether times="model" should take the graph's own measurements on this profile.
 
@@ -187,13 +204,7 @@ def uses_measured_times(graph: Graph, profile: HardwareProfile, dtype: str) -> b
     graph records how many threads timed it (source["threads"]) and that differs,
     its times are not one device's times, so the roofline is used instead.
     """
-    if not (profile.local and graph.source.get("device") == "cpu" and dtype in ("fp32", "tf32")):
-        return False
-    threads = graph.source.get("threads")
-    device_threads = (getattr(profile, "calibration", None) or {}).get("threads_per_device", 1)
-    if threads is not None and int(threads) != int(device_threads):
-        return False
-    return any(l.fwd_s > 0 for l in graph.layers)
+    return _timed_here(graph, profile, dtype) and _timed_on_device_threads(graph, profile)
 
 
 def local_times_note(graph: Graph, profile: HardwareProfile, *, dtype: str, times: str, samples: int) -> str | None:
@@ -206,17 +217,14 @@ def local_times_note(graph: Graph, profile: HardwareProfile, *, dtype: str, time
     one at another batch is scaled linearly, and a CPU's time per sample is not
     constant in the batch (5x between 1 and 32 rows on examples/mlp.py here).
     """
-    if not (profile.local and times == "model" and graph.source.get("device") == "cpu" and dtype in ("fp32", "tf32")):
+    if times != "model" or not _timed_here(graph, profile, dtype):
         return None
-    if not any(l.fwd_s > 0 for l in graph.layers):
-        return None
-    device_threads = int((getattr(profile, "calibration", None) or {}).get("threads_per_device", 1))
+    device_threads = _device_threads(profile)
     redo = (f"for a prediction to compare with `pipeplan run`, trace like a device: "
             f"OMP_NUM_THREADS={device_threads} with --trace-batch-size {samples} (and this plan's -m)")
-    if not uses_measured_times(graph, profile, dtype):
-        threads = graph.source.get("threads")
-        return (f"{LOCAL_TIMES_NOTE_PREFIX} the roofline's (optimistic for small layers): the trace ran on {threads} threads "
-                f"and a {profile.name} device is {device_threads}; {redo}")
+    if not _timed_on_device_threads(graph, profile):
+        return (f"{LOCAL_TIMES_NOTE_PREFIX} the roofline's (optimistic for small layers): the trace ran on "
+                f"{graph.source.get('threads')} threads and a {profile.name} device is {device_threads}; {redo}")
     if samples != graph.batch_size:
         return (f"{LOCAL_TIMES_NOTE_PREFIX} measured times scaled from the traced batch {graph.batch_size} to the microbatch "
                 f"{samples}, and a CPU's time per sample changes with the batch; {redo}")

@@ -348,9 +348,8 @@ def test_local_times_note_says_which_trace_a_device_needs():
     def graph(threads):
         return Graph(name="g", layers=[layer], edges=[], batch_size=8, source={"device": "cpu", "threads": threads})
 
-    def note(g, profile=local, samples=8, **kw):
-        return compute.local_times_note(g, profile, dtype=kw.get("dtype", "fp32"), times=kw.get("times", "model"),
-                                        samples=samples)
+    def note(g, profile=local, samples=8, dtype="fp32", times="model"):
+        return compute.local_times_note(g, profile, dtype=dtype, times=times, samples=samples)
 
     assert note(graph(1)) is None  # one thread, traced at the microbatch size: the device's own times
     scaled = note(graph(1), samples=32)
