@@ -1,0 +1,49 @@
+"""The closed sets of names a user picks from (besides schedules: `pipeplan.schedules`), each defined once.
+
+The CLI's `--dtype`/`--optimizer`/... choices, the planner's request, the
+memory model and the profile loader all check against these, so a name added
+here is accepted everywhere at once. Plain `Literal` strings rather than enums:
+they are what plan.json and profile YAML store, unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, get_args
+
+__all__ = [
+    "Dtype", "DTYPES", "DtypeRequest", "DTYPE_CHOICES",
+    "Optimizer", "OPTIMIZERS",
+    "Recompute", "RECOMPUTE_CHOICES",
+    "Solver", "SOLVERS",
+    "Times", "TIMES",
+    "Layout", "LAYOUTS",
+    "MIXED_PRECISION_DTYPES",
+]
+
+Dtype = Literal["fp32", "tf32", "bf16", "fp16"]
+"""Training precision; bf16 and fp16 mean mixed precision (16-bit weights and activations, fp32 master copy)."""
+DTYPES: Final[tuple[Dtype, ...]] = get_args(Dtype)
+MIXED_PRECISION_DTYPES: Final[tuple[Dtype, ...]] = ("bf16", "fp16")
+DtypeRequest = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
+"""A dtype, or "auto": fp32 on a calibrated local profile, else bf16 (fp16 where the device has no bf16)."""
+DTYPE_CHOICES: Final[tuple[DtypeRequest, ...]] = get_args(DtypeRequest)
+
+Optimizer = Literal["sgd", "momentum", "adam", "adamw"]
+"""Sets the optimizer-state memory (ZeRO §3.1): none, one fp32 buffer, two fp32 buffers (Adam, AdamW)."""
+OPTIMIZERS: Final[tuple[Optimizer, ...]] = get_args(Optimizer)
+
+Recompute = Literal["auto", "on", "off"]
+"""Activation recomputation: searched ("auto"), always, or never."""
+RECOMPUTE_CHOICES: Final[tuple[Recompute, ...]] = get_args(Recompute)
+
+Solver = Literal["auto", "dp", "ilp"]
+"""Partitioner: the DP for every configuration; "ilp"/"auto" re-partition the best with the ILP (DAGs)."""
+SOLVERS: Final[tuple[Solver, ...]] = get_args(Solver)
+
+Times = Literal["model", "measured"]
+"""Layer times from the roofline cost model, or as measured while tracing."""
+TIMES: Final[tuple[Times, ...]] = get_args(Times)
+
+Layout = Literal["stage-major", "pipeline-major"]
+"""Rank placement: a stage's replicas on consecutive ranks, or each pipeline replica on consecutive ranks."""
+LAYOUTS: Final[tuple[Layout, ...]] = get_args(Layout)

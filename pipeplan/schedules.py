@@ -1,0 +1,144 @@
+"""Pipeline schedules: each name defined once, with the facts that belong to it.
+
+Every layer needs some fact about a schedule: the memory model how many
+microbatches a stage holds and how many weight versions it keeps, the profile
+loader which schedules have a calibrated runtime overhead, the planner which
+ones flush and replicate the whole pipeline, the runtime which class of
+`torch.distributed.pipelining` runs it. They all read it here, so a new schedule
+(zero-bubble, PipeDream-2BW) is added in one place. This module sits below every
+layer (it imports nothing of pipeplan but the error type).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, Literal, get_args
+
+from pipeplan.errors import UserError
+
+__all__ = [
+    "ScheduleName",
+    "ScheduleRequest",
+    "ScheduleFacts",
+    "SCHEDULES",
+    "SCHEDULE_NAMES",
+    "AUTO_SCHEDULES",
+    "SEARCH_SCHEDULE_CHOICES",
+    "facts",
+    "inflight_microbatches",
+    "stashed_weight_versions",
+]
+
+ScheduleName = Literal["gpipe", "1f1b", "pipedream", "interleaved"]
+ScheduleRequest = Literal["auto", "all", "gpipe", "1f1b", "pipedream", "interleaved"]
+"""What a user may ask the search for: one schedule, the synchronous ones ("auto") or every one ("all")."""
+
+
+def _gpipe_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> int:
+    """All M: GPipe (Huang et al. 2019) §2.3 runs every forward before any backward
+    (Megatron-LM, Narayanan et al. 2021, §2.2.1: "m microbatches for GPipe")."""
+    return microbatches
+
+
+def _one_f_one_b_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> int:
+    """min(K - s, M): stage s runs K - s - 1 warm-up forwards and one more before its first
+    backward (Megatron-LM §2.2.1, "p or fewer microbatches"; schedules.py: num_warmup =
+    min(p - rank - 1, M)). Stage 0 holds K, the last stage 1."""
+    return min(stages - stage, microbatches)
+
+
+def _pipedream_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> int:
+    """K - s whatever M is: async PipeDream (SOSP'19 §3.2) has the 1F1B steady state
+    ("NOAM" = K minibatches admitted for K stages) but no flush, so M does not cap it."""
+    return stages - stage
+
+
+def _interleaved_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> int:
+    """(chunk, microbatch) pairs held by device `stage` of p = `stages`, v = `chunks` chunks each.
+
+    From Megatron-LM's schedules.py (forward_backward_pipelining_with_interleaving):
+    warm-up = 2(p - d - 1) + (v - 1)p forwards, then one more before the first
+    backward, capped at M*v; when M == p it runs all M*v forwards first. Divided
+    by v this is p + (p - 1)/v chunk-sets on device 0, i.e. p microbatches times
+    Korthikanti et al. (2022) §4.2.3's factor (1 + (p - 1)/(p*v)). With v = 1 it
+    is 1F1B (Megatron's warm-up formula assumes v >= 2).
+    """
+    p, d, v, m = stages, stage, chunks, microbatches
+    if v == 1:
+        return min(p - d, m)
+    if m == p:
+        return m * v
+    return min(min(2 * (p - d - 1) + (v - 1) * p, m * v) + 1, m * v)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleFacts:
+    """What is true of a schedule whatever the model: the single source for every layer."""
+
+    name: ScheduleName
+    flushes: bool
+    """Synchronous: every iteration drains the pipeline, so all microbatches see the same weights."""
+    replicates_whole_pipeline: bool
+    """Data parallelism copies the whole pipeline (else stages are replicated one by one, PipeDream §3.1)."""
+    stashes_weights: bool
+    """Keeps one weight version per in-flight microbatch (PipeDream §3.3 weight stashing)."""
+    interleaves: bool
+    """A device holds several model chunks (Megatron-LM §2.2.2): the search tries chunks > 1."""
+    torch_class: str | None
+    """The `torch.distributed.pipelining` class that runs it, or None when the runtime cannot."""
+    inflight: Callable[[int, int, int, int], int]
+    """(stages, stage, microbatches, chunks) -> microbatches whose activations the stage holds at its peak."""
+
+
+SCHEDULES: Final[dict[ScheduleName, ScheduleFacts]] = {
+    "gpipe": ScheduleFacts(name="gpipe", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
+                           interleaves=False, torch_class="ScheduleGPipe", inflight=_gpipe_inflight),
+    "1f1b": ScheduleFacts(name="1f1b", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
+                          interleaves=False, torch_class="Schedule1F1B", inflight=_one_f_one_b_inflight),
+    "pipedream": ScheduleFacts(name="pipedream", flushes=False, replicates_whole_pipeline=False,
+                               stashes_weights=True, interleaves=False, torch_class=None,
+                               inflight=_pipedream_inflight),
+    "interleaved": ScheduleFacts(name="interleaved", flushes=True, replicates_whole_pipeline=True,
+                                 stashes_weights=False, interleaves=True, torch_class="ScheduleInterleaved1F1B",
+                                 inflight=_interleaved_inflight),
+}
+SCHEDULE_NAMES: Final[tuple[ScheduleName, ...]] = get_args(ScheduleName)
+# "auto" plans the synchronous schedules only: async PipeDream changes the training semantics (stale weights).
+AUTO_SCHEDULES: Final[tuple[ScheduleName, ...]] = ("1f1b", "gpipe", "interleaved")
+SEARCH_SCHEDULE_CHOICES: Final[tuple[ScheduleRequest, ...]] = get_args(ScheduleRequest)
+assert set(SCHEDULES) == set(SCHEDULE_NAMES)
+
+
+def facts(schedule: str) -> ScheduleFacts:
+    """The facts of a schedule named by a user, a plan file or a caller; one message for an unknown name."""
+    try:
+        return SCHEDULES[schedule]  # type: ignore[index]
+    except KeyError:
+        raise UserError(f"unknown schedule {schedule!r}", f"use one of: {', '.join(SCHEDULE_NAMES)}") from None
+
+
+def inflight_microbatches(schedule: str, stages: int, stage: int, microbatches: int, chunks: int = 1) -> int:
+    """How many microbatches' activations stage `stage` holds at its peak (see each schedule's rule).
+
+    For the interleaved schedule `stages` counts devices, `stage` is a device and
+    the count is of (chunk, microbatch) pairs, each holding one chunk's activations.
+    """
+    rule = facts(schedule).inflight
+    if stages < 1 or microbatches < 1 or chunks < 1:
+        raise ValueError("stages, microbatches and chunks must be >= 1")
+    if not 0 <= stage < stages:
+        raise ValueError(f"stage {stage} outside 0..{stages - 1}")
+    return rule(stages, stage, microbatches, chunks)
+
+
+def stashed_weight_versions(schedule: str, inflight: int) -> int:
+    """Weight versions a stage keeps: one per in-flight microbatch where the schedule stashes weights.
+
+    Source: PipeDream (Narayanan et al., SOSP'19) §3.3 "weight stashing": each
+    in-flight minibatch's backward must use the weights its forward used, so a
+    stage keeps the current version plus one stashed version per in-flight
+    microbatch beyond the first (stage 0 of a K-stage pipeline: K versions, the
+    last stage: 1). Flushing schedules (gpipe, 1f1b, interleaved) keep one.
+    """
+    return max(1, inflight) if facts(schedule).stashes_weights else 1
