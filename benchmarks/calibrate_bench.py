@@ -41,20 +41,23 @@ def checks(prof) -> list[tuple[str, float, float]]:
     rows = []
     for m, k, n in [(256, 2048, 2048), (384, 1024, 4096), (128, 4096, 1024), (2048, 512, 512)]:
         a, b = torch.randn(m, k), torch.randn(k, n)
-        rows.append((f"GEMM {m}x{k}x{n}", 2 * m * k * n / (peak * eff["matmul"]), best_s(lambda: torch.mm(a, b))))
+        measured = best_s(lambda a=a, b=b: torch.mm(a, b))
+        rows.append((f"GEMM {m}x{k}x{n}", 2 * m * k * n / (peak * eff["matmul"]), measured))
     for nb, c, h in [(4, 64, 56), (4, 128, 28), (8, 256, 14)]:
         x, w = torch.randn(nb, c, h, h), torch.randn(c, c, 3, 3)
         flops = 2 * nb * h * h * c * c * 9
-        rows.append((f"conv3x3 N{nb} C{c} {h}x{h}", flops / (peak * eff["conv"]), best_s(lambda: F.conv2d(x, w, padding=1))))
+        measured = best_s(lambda x=x, w=w: F.conv2d(x, w, padding=1))
+        rows.append((f"conv3x3 N{nb} C{c} {h}x{h}", flops / (peak * eff["conv"]), measured))
     for mib in (64, 512):
         src = torch.ones(mib * 2**20 // 4)
         dst = torch.empty_like(src)
-        rows.append((f"copy {mib} MiB", 2 * mib * 2**20 / prof.mem_bw_bytes_per_s, best_s(lambda: dst.copy_(src), reps=5)))
+        measured = best_s(lambda dst=dst, src=src: dst.copy_(src), reps=5)
+        rows.append((f"copy {mib} MiB", 2 * mib * 2**20 / prof.mem_bw_bytes_per_s, measured))
     for mib in (4, 64):
         src = torch.ones(mib * 2**20 // 4)
         dst = torch.empty_like(src)
         rows.append((f"relu {mib} MiB (out=)", 2 * mib * 2**20 / (prof.mem_bw_bytes_per_s * eff["memory"]),
-                     best_s(lambda: torch.clamp_min(src, 0.0, out=dst))))
+                     best_s(lambda src=src, dst=dst: torch.clamp_min(src, 0.0, out=dst))))
     return rows
 
 

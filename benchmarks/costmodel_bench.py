@@ -102,9 +102,9 @@ def measure(repeats: int):
                       param_bytes=params, output_bytes=out_bytes,
                       bytes_moved=x.numel() * x.element_size() + out_bytes + params)
         with torch.no_grad():
-            fwd_s = _median_cpu_s(lambda: module(x), repeats)
+            fwd_s = _median_cpu_s(lambda module=module, x=x: module(x), repeats)
 
-        def fwd_bwd():
+        def fwd_bwd(module=module, x=x, grad=grad):
             # fresh gradients each time, as for a layer inside a network (an input's
             # gradient flows on rather than accumulating into a leaf's .grad)
             x.grad = None
@@ -137,7 +137,7 @@ def render(rows, fwd, bwd, profile, command: str) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_kind: dict[str, list[float]] = {}
-    for (layer, f_s, b_s), fp, bp in zip(rows, fwd, bwd):
+    for (layer, f_s, b_s), fp, bp in zip(rows, fwd, bwd, strict=True):
         fe, be = fp / f_s - 1, bp / b_s - 1
         by_kind.setdefault(layer.kind, []).extend([abs(fe), abs(be)])
         lines.append(f"| {layer.name} | {layer.kind} | {layer.fwd_flops / 1e9:.3f} | {layer.bytes_moved / 1e6:.1f} | "

@@ -285,7 +285,8 @@ if __name__ == "__main__":
     ap.add_argument("--max-states", type=int, default=None, help="give up past this many antichain states")
     args = ap.parse_args()
     try:
-        print(reference_optimum(args.graph, list(zip(args.n, args.b)), use_fewer_machines=not args.exact_machines,
+        levels = list(zip(args.n, args.b, strict=False))
+        print(reference_optimum(args.graph, levels, use_fewer_machines=not args.exact_machines,
                                 max_states=args.max_states))
     except TooManyStates as e:
         print(f"too many antichain states (> {args.max_states}, stopped at {e.args[0]})", file=sys.stderr)

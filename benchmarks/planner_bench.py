@@ -202,7 +202,8 @@ def quality_section(profile_name: str, devices: int, batch: int, microbatches: i
     from pipeplan.errors import UserError
     from pipeplan.hardware_profiles import load_profile
     from pipeplan.planner.baselines import deepspeed_parameters, equal_layers, torchgpipe_balance_by_time
-    from pipeplan.planner.evaluate import evaluate
+    from pipeplan.planner.predict import evaluate
+    from pipeplan.planner.request import PlanRequest
     from pipeplan.planner.search import search
 
     profile = load_profile(profile_name)
@@ -223,12 +224,10 @@ def quality_section(profile_name: str, devices: int, batch: int, microbatches: i
             continue
         n = len(graph.layers)
         k = min(devices, n)
-        common = dict(schedule="1f1b", microbatches=microbatches, batch_size=batch, recompute=False, replicas=1)
+        common = dict(schedule="1f1b", microbatches=microbatches, batch_size=batch, recompute=False, data_parallel=1)
         try:
-            best = search(graph, profile, k, batch, schedule="1f1b", stages=k, microbatches=microbatches,
-                          data_parallel=1, recompute=False).best
-            dp_only = search(graph, profile, k, batch, schedule="1f1b", stages=k, microbatches=microbatches,
-                             data_parallel=1, recompute=False, heuristics=False).best
+            best = search(graph, profile, PlanRequest(devices=k, batch_size=batch, schedule="1f1b", stages=k, microbatches=microbatches, data_parallel=1, recompute="off")).best
+            dp_only = search(graph, profile, PlanRequest(devices=k, batch_size=batch, schedule="1f1b", stages=k, microbatches=microbatches, data_parallel=1, recompute="off", heuristics=False)).best
         except UserError as e:
             lines.append(f"| {model.stem} | {n} | infeasible: {e.message} | | | |")
             continue
@@ -236,7 +235,7 @@ def quality_section(profile_name: str, devices: int, batch: int, microbatches: i
         baselines = {
             "equal": equal_layers(n, k),
             "deepspeed": deepspeed_parameters([l.param_bytes / 4 for l in graph.layers], k),
-            "torchgpipe": torchgpipe_balance_by_time([f + b for f, b in zip(fwd, bwd)], k),
+            "torchgpipe": torchgpipe_balance_by_time([f + b for f, b in zip(fwd, bwd, strict=True)], k),
         }
         ratios = []
         for assignment in baselines.values():

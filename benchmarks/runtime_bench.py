@@ -70,7 +70,7 @@ def single_process_step_s(model_file: str, batch: int, steps: int, warmup: int, 
     model = spec.build()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = spec.example_inputs(batch), spec.example_target(batch)
-    slices = list(zip(zip(*(t.chunk(chunks) for t in x)), y.chunk(chunks)))
+    slices = list(zip(zip(*(t.chunk(chunks) for t in x), strict=True), y.chunk(chunks), strict=True))
     times = []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
@@ -129,10 +129,10 @@ def trace_one_device(model_file: str, microbatch: int, repeats: int):
 
 
 def make_plan(graph, profile, batch: int, m: int, schedule: str, out: Path):
+    from pipeplan.planner.request import PlanRequest
     from pipeplan.planner.search import search
 
-    result = search(graph, profile, 2, batch, schedule=schedule, stages=2, microbatches=m, optimizer="sgd",
-                    recompute="off", times="model")
+    result = search(graph, profile, PlanRequest(devices=2, batch_size=batch, schedule=schedule, stages=2, microbatches=m, optimizer="sgd", recompute="off", times="model"))
     result.best.save(out)
     return result.best
 

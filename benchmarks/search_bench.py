@@ -14,6 +14,7 @@ the published profiles in ../shared/pipedream-profiles (planned with their measu
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -22,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from search_fixtures import gpt_like  # noqa: E402
-
 from pipeplan.hardware_profiles import load_profile  # noqa: E402
+from pipeplan.planner.request import PlanRequest  # noqa: E402
 from pipeplan.planner.search import search  # noqa: E402
 from pipeplan.planner.simulate import simulate  # noqa: E402
+from search_fixtures import gpt_like  # noqa: E402
 
 SECTION = "## Search and schedule simulation (`benchmarks/search_bench.py`)"
 COMMAND = "python benchmarks/search_bench.py --write-results"
@@ -49,7 +50,8 @@ def simulator_rows(repeats: int) -> list[list[str]]:
         S = K * v
         fwd, bwd, send = [1.0 + 0.1 * (s % 3) for s in range(S)], [2.0] * S, [0.1] * S
         for keep in (False, True):
-            t = _median_time(lambda: simulate(schedule, fwd, bwd, send, M, chunks=v, keep_events=keep), repeats)
+            run = functools.partial(simulate, schedule, fwd, bwd, send, M, chunks=v, keep_events=keep)
+            t = _median_time(run, repeats)
             ops = 2 * S * M * (1 if schedule != "pipedream" else 3 + -(-2 * K // M))
             rows.append([schedule, str(K), str(v), str(M), "yes" if keep else "no", str(ops), f"{t * 1e3:.1f}"])
     return rows
@@ -83,7 +85,7 @@ def search_rows() -> list[list[str]]:
         graph = build()
         profile = load_profile(prof_name)
         t0 = time.perf_counter()
-        res = search(graph, profile, devices, batch, schedule=schedule, times=times)
+        res = search(graph, profile, PlanRequest(devices=devices, batch_size=batch, schedule=schedule, times=times))
         elapsed = time.perf_counter() - t0
         b = res.best
         stages = len(b.stages) // b.chunks

@@ -12,7 +12,8 @@ from typing import Callable
 import click
 
 from pipeplan.cli.console import stdout_console
-from pipeplan.cli.options import check_output_paths, output_options, planning_options, profile_option, resolve_dtype, trace_options
+from pipeplan.cli.options import check_output_paths, output_options, planning_options, profile_option, trace_options
+from pipeplan.planner.request import PlanRequest
 
 
 def quiet_stdout(active: bool):
@@ -27,7 +28,7 @@ def run_analysis(
     load: Callable[[Callable], object],
     *,
     profile_name: str,
-    opts,
+    request: PlanRequest,
     output: str | None,
     as_json: bool,
     plot: str | None,
@@ -40,11 +41,12 @@ def run_analysis(
 
     check_output_paths(output=output, plot=plot, chrome_trace=chrome_trace)
     profile = load_profile(profile_name)
-    dtype = resolve_dtype(opts.dtype, profile)
+    request = request.for_profile(profile)
+    dtype = request.training_dtype
     profile.flops_for(dtype)  # an unsupported precision (fp32 on a TPU) fails here, before any work
     with quiet_stdout(as_json), progress_display() as phases:
         graph = load(phases)
-        result = run_search(graph, profile, opts, dtype, progress=phases("plan: "))
+        result = run_search(graph, profile, request, progress=phases("plan: "))
     write_outputs(result.best, graph, profile, output=output, plot=plot, chrome_trace=chrome_trace)
     if as_json:
         click.echo(json.dumps(analyze_document(result, graph, profile, dtype)))
@@ -64,7 +66,7 @@ def run_analysis(
 @planning_options()
 @trace_options
 @output_options
-def analyze(model, profile, opts, entry, trace_batch_size, depth, repeats, output, as_json, plot, chrome_trace):
+def analyze(model, profile, request, entry, trace_batch_size, depth, repeats, output, as_json, plot, chrome_trace):
     """Trace MODEL.py (or read a saved graph.json / PipeDream graph.txt), find the best pipeline plan, report it.
 
     The model is traced once at a small batch (--trace-batch-size, default 1);
@@ -76,4 +78,4 @@ def analyze(model, profile, opts, entry, trace_batch_size, depth, repeats, outpu
         return load_input_graph(model, entry=entry, trace_batch_size=trace_batch_size, depth=depth, repeats=repeats,
                                 progress=phases("trace: "))
 
-    run_analysis(load, profile_name=profile, opts=opts, output=output, as_json=as_json, plot=plot, chrome_trace=chrome_trace)
+    run_analysis(load, profile_name=profile, request=request, output=output, as_json=as_json, plot=plot, chrome_trace=chrome_trace)

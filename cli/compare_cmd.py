@@ -32,11 +32,11 @@ def _split_profiles(value: str) -> list[str]:
 @trace_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout (schema: docs/cli.md).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG bar chart of samples/s per profile.")
-def compare(model, profiles_arg, opts, entry, trace_batch_size, depth, repeats, as_json, plot):
+def compare(model, profiles_arg, request, entry, trace_batch_size, depth, repeats, as_json, plot):
     """Compare the best pipeline plan for MODEL.py (or a saved graph) across hardware profiles."""
     from pipeplan._io import atomic_write_bytes
     from pipeplan.cli.analyze_cmd import quiet_stdout
-    from pipeplan.cli.options import check_output_paths, resolve_dtype
+    from pipeplan.cli.options import check_output_paths
     from pipeplan.cli.progress import progress_display
     from pipeplan.cli.summary import compare_row, graph_summary
     from pipeplan.cli.workflow import load_input_graph, load_profile, run_search
@@ -49,10 +49,11 @@ def compare(model, profiles_arg, opts, entry, trace_batch_size, depth, repeats, 
         graph = load_input_graph(model, entry=entry, trace_batch_size=trace_batch_size, depth=depth, repeats=repeats,
                                  progress=phases("trace: "))
         for profile in profiles:
-            dtype = resolve_dtype(opts.dtype, profile)
+            resolved = request.for_profile(profile)
+            dtype = resolved.training_dtype
             try:
                 profile.flops_for(dtype)
-                result = run_search(graph, profile, opts, dtype, progress=phases(f"{profile.name}: "))
+                result = run_search(graph, profile, resolved, progress=phases(f"{profile.name}: "))
                 rows.append(compare_row(profile, result.best, dtype))
             except InfeasibleError as e:  # does not fit this system: a row saying so, not a failed command
                 rows.append(compare_row(profile, None, dtype, error=str(e)))
@@ -65,13 +66,13 @@ def compare(model, profiles_arg, opts, entry, trace_batch_size, depth, repeats, 
             f"no profile has a feasible plan for {graph.name}: " + "; ".join(f"{r['profile']}: {r['error']}" for r in rows),
             "add devices (--gpus), enable --recompute on, or use a smaller batch",
         )
-    title = f"{graph.name}: best plan per profile, {opts.devices} devices, batch {opts.batch_size}"
+    title = f"{graph.name}: best plan per profile, {request.devices} devices, batch {request.batch_size}"
     if plot:
         from pipeplan.cli.plots import compare_png
 
         atomic_write_bytes(plot, compare_png(rows, title=title))
     if as_json:
-        click.echo(json.dumps({"graph": graph_summary(graph), "devices": opts.devices, "batch_size": opts.batch_size, "profiles": rows}))
+        click.echo(json.dumps({"graph": graph_summary(graph), "devices": request.devices, "batch_size": request.batch_size, "profiles": rows}))
         return
     from pipeplan.cli.console import stdout_console
     from pipeplan.cli.report import compare_table

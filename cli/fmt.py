@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 
+from pipeplan.units import GIB, KIB, MIB
+
 
 def fmt_bytes(n: float | int | None) -> str:
     if n is None:
         return "—"
     n = float(n)
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}" if abs(n) < 100 * scale else f"{n / scale:.1f} {unit}"
     return f"{int(n)} B"

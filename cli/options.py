@@ -1,7 +1,8 @@
 """Click options shared by `analyze`, `plan` and `compare`, and their checks.
 
 The three commands plan the same way, so the flags are declared once here and
-arrive in the command as one `PlanOptions`; the checks that need several flags
+arrive in the command as one `PlanRequest` (planner/request.py), built once and
+passed whole to the search; the checks that need several flags
 at once (microbatches dividing the batch, stages against devices) live here too
 so every command rejects the same combinations with the same message.
 """
@@ -9,20 +10,18 @@ so every command rejects the same combinations with the same message.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import click
 
+from pipeplan.choices import DTYPE_CHOICES, OPTIMIZERS, RECOMPUTE_CHOICES, SOLVERS, TIMES
 from pipeplan.errors import UserError
+from pipeplan.planner.request import PlanRequest
+from pipeplan.schedules import SEARCH_SCHEDULE_CHOICES
 
-SCHEDULE_CHOICES = ("auto", "gpipe", "1f1b", "pipedream", "interleaved")
-SOLVER_CHOICES = ("auto", "dp", "ilp")
-DTYPE_CHOICES = ("auto", "fp32", "tf32", "bf16", "fp16")
-OPTIMIZER_CHOICES = ("sgd", "momentum", "adam", "adamw")
-RECOMPUTE_CHOICES = ("auto", "on", "off")
-TIMES_CHOICES = ("model", "measured")
+# "all" (async PipeDream too) is a library option; the command line names schedules one by one.
+SCHEDULE_CHOICES = tuple(c for c in SEARCH_SCHEDULE_CHOICES if c != "all")
 
 DEFAULT_BATCH_SIZE = 64
 # Tracing runs the model for real (warm-up + timed repeats); per-layer FLOPs and
@@ -31,72 +30,20 @@ DEFAULT_BATCH_SIZE = 64
 DEFAULT_TRACE_BATCH_SIZE = 1
 
 
-@dataclass
-class PlanOptions:
-    """Everything the search needs besides the graph and the profile."""
-
-    devices: int
-    batch_size: int
-    microbatches: int | None
-    schedule: str
-    stages: int | None
-    solver: str
-    dtype: str  # "auto" until resolve_dtype() picks one for a profile
-    optimizer: str
-    recompute: str
-    times: str
-
-    def check(self) -> None:
-        """Reject flag combinations that no search could satisfy."""
-        if self.stages is not None and self.stages > self.devices:
-            raise UserError(
-                f"--stages {self.stages} needs at least {self.stages} devices but --gpus is {self.devices}",
-                "lower --stages or raise --gpus",
-            )
-        if self.microbatches is not None:
-            if self.microbatches > self.batch_size:
-                raise UserError(
-                    f"--microbatches {self.microbatches} is more than the batch size {self.batch_size}",
-                    "lower --microbatches or raise --batch-size",
-                )
-            if self.batch_size % self.microbatches:
-                raise UserError(
-                    f"--microbatches {self.microbatches} does not divide --batch-size {self.batch_size}",
-                    "pick a microbatch count that divides the batch size",
-                )
-        if self.schedule == "interleaved" and self.stages == 1:
-            raise UserError("--schedule interleaved needs at least 2 stages", "drop --stages 1 or pick another schedule")
-
-    def search_kwargs(self, dtype: str) -> dict:
-        """Keyword arguments for planner.search.search (dtype already resolved)."""
-        return dict(
-            schedule=self.schedule,
-            stages=self.stages,
-            microbatches=self.microbatches,
-            solver=self.solver,
-            dtype=dtype,
-            optimizer=self.optimizer,
-            recompute=self.recompute,
-            times=self.times,
-        )
-
-
-def resolve_dtype(dtype: str, profile) -> str:
-    """"auto" = fp32 on a calibrated local profile; elsewhere bf16 mixed precision, or fp16 where the device has no bf16.
-
-    Accelerators are trained in mixed precision in practice (bf16 where the
-    tensor cores have it; fp16 with loss scaling on V100/T4, which would run
-    bf16 at their fp32 rate), and a CPU calibration measures fp32, so each
-    default matches how the target would really run.
-    """
-    if dtype != "auto":
-        return dtype
-    if getattr(profile, "local", False):
-        return "fp32"
-    peaks = getattr(profile, "peak_flops", {}) or {}
-    if not peaks.get("bf16") and peaks.get("fp16"):
-        return "fp16"
-    return "bf16"
+def check_flags(*, gpus: int, batch_size: int, microbatches: int | None, schedule: str, stages: int | None) -> None:
+    """Reject flag combinations that no search could satisfy, naming the flags (before any work)."""
+    if stages is not None and stages > gpus:
+        raise UserError(f"--stages {stages} needs at least {stages} devices but --gpus is {gpus}",
+                        "lower --stages or raise --gpus")
+    if microbatches is not None:
+        if microbatches > batch_size:
+            raise UserError(f"--microbatches {microbatches} is more than the batch size {batch_size}",
+                            "lower --microbatches or raise --batch-size")
+        if batch_size % microbatches:
+            raise UserError(f"--microbatches {microbatches} does not divide --batch-size {batch_size}",
+                            "pick a microbatch count that divides the batch size")
+    if schedule == "interleaved" and stages == 1:
+        raise UserError("--schedule interleaved needs at least 2 stages", "drop --stages 1 or pick another schedule")
 
 
 def _choice(values) -> click.Choice:
@@ -104,25 +51,19 @@ def _choice(values) -> click.Choice:
 
 
 def planning_options(*, with_profile: bool = True) -> Callable:
-    """Decorator adding the planning flags; the command receives `opts: PlanOptions`."""
+    """Decorator adding the planning flags; the command receives them as one `request: PlanRequest`."""
 
     def decorate(f):
         @functools.wraps(f)
-        def wrapper(*args, gpus, batch_size, microbatches, schedule, stages, solver, dtype, optimizer, recompute, times, **kw):
-            opts = PlanOptions(
-                devices=gpus,
-                batch_size=batch_size,
-                microbatches=microbatches,
-                schedule=schedule.lower(),
-                stages=stages,
-                solver=solver.lower(),
-                dtype=dtype.lower(),
-                optimizer=optimizer.lower(),
-                recompute=recompute.lower(),
-                times=times.lower(),
-            )
-            opts.check()
-            return f(*args, opts=opts, **kw)
+        def wrapper(*args, gpus, batch_size, microbatches, schedule, stages, solver, dtype, optimizer, recompute,
+                    times, **kw):
+            check_flags(gpus=gpus, batch_size=batch_size, microbatches=microbatches, schedule=schedule.lower(),
+                        stages=stages)
+            request = PlanRequest(devices=gpus, batch_size=batch_size, microbatches=microbatches,
+                                  schedule=schedule.lower(), stages=stages, solver=solver.lower(),
+                                  dtype=dtype.lower(), optimizer=optimizer.lower(), recompute=recompute.lower(),
+                                  times=times.lower())
+            return f(*args, request=request, **kw)
 
         pos = click.IntRange(min=1)
         decorators = [
@@ -131,12 +72,12 @@ def planning_options(*, with_profile: bool = True) -> Callable:
             click.option("--microbatches", "-m", type=pos, default=None, help="Microbatches per iteration (default: searched)."),
             click.option("--schedule", type=_choice(SCHEDULE_CHOICES), default="auto", show_default=True, help="Pipeline schedule."),
             click.option("--stages", "-k", type=pos, default=None, help="Pipeline stages (default: searched)."),
-            click.option("--solver", type=_choice(SOLVER_CHOICES), default="auto", show_default=True, help="Partitioner: DP for chains, ILP for DAGs."),
+            click.option("--solver", type=_choice(SOLVERS), default="auto", show_default=True, help="Partitioner: DP for chains, ILP for DAGs."),
             click.option("--dtype", type=_choice(DTYPE_CHOICES), default="auto", show_default=True,
                          help="Training precision; auto = fp32 on a local profile, else bf16 mixed precision (fp16 where there is no bf16)."),
-            click.option("--optimizer", type=_choice(OPTIMIZER_CHOICES), default="adam", show_default=True, help="Optimizer (sets its state memory)."),
+            click.option("--optimizer", type=_choice(OPTIMIZERS), default="adam", show_default=True, help="Optimizer (sets its state memory)."),
             click.option("--recompute", type=_choice(RECOMPUTE_CHOICES), default="auto", show_default=True, help="Activation recomputation."),
-            click.option("--times", type=_choice(TIMES_CHOICES), default="model", show_default=True,
+            click.option("--times", type=_choice(TIMES), default="model", show_default=True,
                          help="Layer times from the roofline cost model, or as measured while tracing."),
         ]
         for d in reversed(decorators):

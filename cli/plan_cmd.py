@@ -19,7 +19,7 @@ from pipeplan.cli.options import output_options, planning_options, profile_optio
 @click.option("--profiled-batch-size", type=click.IntRange(min=1), default=None,
               help="For a PipeDream graph.txt: the minibatch size its times were measured at (the file does not "
                    "record it; PipeDream's image models used 64-256). Without it, times count as per sample.")
-def plan(graph_file, profile, opts, output, as_json, plot, chrome_trace, profiled_batch_size):
+def plan(graph_file, profile, request, output, as_json, plot, chrome_trace, profiled_batch_size):
     """Find the best pipeline plan for a saved GRAPH (graph.json from `pipeplan trace`, or a PipeDream graph.txt)."""
     from pipeplan.cli.analyze_cmd import run_analysis
     from pipeplan.cli.workflow import load_saved_graph
@@ -32,4 +32,4 @@ def plan(graph_file, profile, opts, output, as_json, plot, chrome_trace, profile
             raise UserError(f"{graph_file}: no such file", "pass a graph.json from `pipeplan trace` or a PipeDream graph.txt")
         return load_saved_graph(graph_file, profiled_batch_size=profiled_batch_size)
 
-    run_analysis(load, profile_name=profile, opts=opts, output=output, as_json=as_json, plot=plot, chrome_trace=chrome_trace)
+    run_analysis(load, profile_name=profile, request=request, output=output, as_json=as_json, plot=plot, chrome_trace=chrome_trace)

@@ -18,6 +18,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from pipeplan.cli.fmt import fmt_count, fmt_seconds
+from pipeplan.units import GIB, MIB
 
 KIND_COLOURS = {
     "fwd": "#4C72B0",  # blue: forward
@@ -29,7 +30,6 @@ KIND_COLOURS = {
 }
 IDLE_COLOUR = "#F7E1E1"  # pale red row background: what shows through is the bubble
 COMPUTE_KINDS = ("fwd", "bwd", "recompute", "allreduce")
-GIB = 2**30
 
 
 def _shade(colour: str, chunk: int, chunks: int) -> tuple[float, float, float]:
@@ -70,7 +70,7 @@ def draw_gantt(ax, events: Sequence[Any], *, devices: int | None = None, chunks:
     width = end_s * scale
     row = {d: i for i, d in enumerate(devs)}
     # Idle background first: everything not covered by a block is a bubble.
-    for d, i in row.items():
+    for i in row.values():
         ax.broken_barh([(0, width)], (i - 0.4, 0.8), facecolors=IDLE_COLOUR, edgecolor="none", zorder=0)
     # Label a block only when it is wide enough to hold its text.
     min_label = width / 100
@@ -129,14 +129,14 @@ def draw_memory(ax, plan, capacity_bytes: int | None) -> None:
         stages = stages[:pipe]
     xs = list(range(len(stages)))
     peak = max([s.predicted.memory_bytes for s in stages] + [1])
-    unit, scale = ("GiB", GIB) if max(peak, capacity_bytes if capacity_bytes and capacity_bytes < 1.5 * peak else 0) >= GIB else ("MiB", 2**20)
+    unit, scale = ("GiB", GIB) if max(peak, capacity_bytes if capacity_bytes and capacity_bytes < 1.5 * peak else 0) >= GIB else ("MiB", MIB)
     weights = [s.predicted.weights_bytes / scale for s in stages]
     optim = [s.predicted.optimizer_bytes / scale for s in stages]
     total = [s.predicted.memory_bytes / scale for s in stages]
-    acts = [max(0.0, t - w - o) for t, w, o in zip(total, weights, optim)]
+    acts = [max(0.0, t - w - o) for t, w, o in zip(total, weights, optim, strict=True)]
     ax.bar(xs, weights, color="#4C72B0", label="weights")
     ax.bar(xs, optim, bottom=weights, color="#DD8452", label="grads + optimizer")
-    ax.bar(xs, acts, bottom=[w + o for w, o in zip(weights, optim)], color="#55A868", label="activations + buffers")
+    ax.bar(xs, acts, bottom=[w + o for w, o in zip(weights, optim, strict=True)], color="#55A868", label="activations + buffers")
     top = max(total + [0.0])
     if capacity_bytes:
         cap = capacity_bytes / scale
@@ -145,7 +145,7 @@ def draw_memory(ax, plan, capacity_bytes: int | None) -> None:
             top = max(top, cap)
         else:
             ax.set_title(f"peak memory per {'device' if plan.chunks > 1 else 'stage'} (% of {capacity_bytes / GIB:.1f} GiB usable, off scale)", fontsize=10, loc="left")
-        for x, t in zip(xs, total):
+        for x, t in zip(xs, total, strict=True):
             pct = 100 * t / cap
             ax.text(x, t + top * 0.02, f"{pct:.0f}%" if pct >= 1 else f"{pct:.2g}%", ha="center", va="bottom", fontsize=7)
     ax.set_ylim(0, top * 1.18 if top > 0 else 1)
@@ -203,7 +203,7 @@ def compare_png(rows: list[dict[str, Any]], *, title: str = "") -> bytes:
     colours = ["#4C72B0" if r["feasible"] else "#CCCCCC" for r in rows]
     ax.barh(ys, values, color=colours)
     top = max(values + [1e-9])
-    for y, r, v in zip(ys, rows, values):
+    for y, r, v in zip(ys, rows, values, strict=True):
         if r["feasible"]:
             reps = r["replicas"] if isinstance(r["replicas"], int) else max(r["replicas"])
             used = 100 * (1 - (r["memory_headroom_fraction"] or 0))

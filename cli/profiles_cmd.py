@@ -14,11 +14,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from pipeplan.choices import DTYPES
 from pipeplan.cli.console import stdout_console
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles import list_profiles, load_profile, profile_to_dict, save_profile, user_profile_dir
-from pipeplan.hardware_profiles.loader import NAME_RE, CATALOG_DIR
-from pipeplan.hardware_profiles.profile import DTYPES, HardwareProfile, Link
+from pipeplan.hardware_profiles.loader import CATALOG_DIR, NAME_RE
+from pipeplan.hardware_profiles.profile import HardwareProfile, Link
+from pipeplan.units import GIB
 
 
 def _tf(x: float | None) -> str:
@@ -67,7 +69,7 @@ def list_cmd(as_json: bool) -> None:
     for p in items:
         table.add_row(
             p.name, p.device,
-            f"{p.usable_memory_bytes / 2**30:.4g}/{p.memory_bytes / 2**30:.4g}",
+            f"{p.usable_memory_bytes / GIB:.4g}/{p.memory_bytes / GIB:.4g}",
             f"{p.mem_bw_bytes_per_s / 1e9:.4g}",
             _tf(p.peak_flops.get("bf16")), _tf(p.peak_flops.get("fp32")),
             str(p.devices_per_node), _link(p.intra_node), _link(p.inter_node), _origin(p),
@@ -89,7 +91,7 @@ def show_cmd(name: str, as_json: bool) -> None:
     t.add_column("value")
     t.add_row("aliases", ", ".join(p.aliases) or "—")
     t.add_row("file", f"{p.path} ({_origin(p)})")
-    t.add_row("memory", f"{p.memory_bytes / 2**30:.4g} GiB nominal, {p.usable_memory_bytes / 2**30:.4g} GiB usable")
+    t.add_row("memory", f"{p.memory_bytes / GIB:.4g} GiB nominal, {p.usable_memory_bytes / GIB:.4g} GiB usable")
     t.add_row("memory bandwidth", f"{p.mem_bw_bytes_per_s / 1e9:.4g} GB/s")
     for d in DTYPES:
         v = p.peak_flops.get(d)

@@ -125,7 +125,7 @@ def stage_table(plan, graph=None, capacity_bytes: int | None = None) -> Table:
         t.add_column("all-reduce", justify="right", no_wrap=True)
     t.add_column("memory", justify="right", no_wrap=True)
     last = max((s.index for s in plan.stages), default=0)
-    for s, p in zip(plan.stages, params):
+    for s, p in zip(plan.stages, params, strict=True):
         pred = s.predicted
         row = [str(s.index), _devices(s.devices), _layer_span(s.layers), str(len(s.layers))]
         if show_params:

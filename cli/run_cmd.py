@@ -7,13 +7,15 @@ import sys
 
 import click
 
+from pipeplan.choices import OPTIMIZERS
+
 
 @click.command("run")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Training steps to run.")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Leading steps left out of the measurement.")
 @click.option("--lr", type=float, default=None, help="Learning rate (default: 0.01 for sgd/momentum, 1e-3 for adam/adamw).")
-@click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam", "adamw"]), default=None, help="Optimizer (default: the plan's).")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None, help="Optimizer (default: the plan's).")
 @click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Machines taking part.")
 @click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This machine's index.")
 @click.option("--master-addr", default=None, help="Address of node 0 (several machines).")
@@ -26,16 +28,19 @@ import click
 @click.option("--resume", is_flag=True, help="Continue from the last complete checkpoint in --checkpoint-dir.")
 @click.option("--dump-params", type=click.Path(file_okay=False), default=None, hidden=True,
               help="Write each stage's final parameters to DIR/stage-<i>.pt (tests).")
+@click.option("--worker-script", type=click.Path(dir_okay=False, exists=True), default=None, hidden=True,
+              help="Python script torchrun starts instead of pipeplan.runtime.worker (tests: fault injection).")
 def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr, master_port, nproc_per_node,
-        as_json, chrome_trace, checkpoint_dir, checkpoint_every, resume, dump_params):
+        as_json, chrome_trace, checkpoint_dir, checkpoint_every, resume, dump_params, worker_script):
     """Train PLAN_FILE's pipeline on torch.distributed (one process per device) and report measured vs predicted."""
     from rich.console import Console
 
     from pipeplan.cli.console import stdout_console
+    from pipeplan.cli.run_report import render_table
     from pipeplan.costmodels.compute import LOCAL_TIMES_NOTE_PREFIX
     from pipeplan.planner.plan import load_plan
     from pipeplan.runtime.launch import LaunchOptions, RankFailed, launch
-    from pipeplan.runtime.report import render_table, summarize
+    from pipeplan.runtime.report import summarize
 
     if warmup >= steps:
         warmup = 0 if steps == 1 else min(warmup, steps - 1)
@@ -43,7 +48,7 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
     opts = LaunchOptions(steps=steps, warmup=warmup, lr=lr, optimizer=optimizer, nnodes=nnodes, node_rank=node_rank,
                          master_addr=master_addr, master_port=master_port, nproc_per_node=nproc_per_node,
                          checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
-                         dump_params=dump_params)
+                         dump_params=dump_params, worker_script=worker_script)
     err = Console(stderr=True)
     try:
         if as_json:
@@ -79,7 +84,7 @@ def write_trace(path: str, result: dict, plan) -> None:
     backward, send, all-reduce) through planner.simulate, so it needs neither
     the graph nor the hardware profile at run time.
     """
-    from pipeplan.cli.workflow import simulate_from_plan
+    from pipeplan.planner.replay import simulate_from_plan
     from pipeplan.planner.timeline import write_chrome_trace
     from pipeplan.runtime.report import measured_events
 

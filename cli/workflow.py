@@ -73,11 +73,11 @@ def load_profile(name: str):
     return _load(name)
 
 
-def run_search(graph, profile, opts, dtype: str, progress: Callable | None = None):
-    """planner.search.search with the CLI's options; InfeasibleError passes through as a user error."""
+def run_search(graph, profile, request, progress: Callable | None = None):
+    """planner.search.search with the CLI's request; InfeasibleError passes through as a user error."""
     from pipeplan.planner.search import search
 
-    return search(graph, profile, opts.devices, opts.batch_size, progress=progress, **opts.search_kwargs(dtype))
+    return search(graph, profile, request, progress=progress)
 
 
 def write_outputs(plan, graph, profile, *, output: str | None, plot: str | None, chrome_trace: str | None, sim=None) -> Any:
@@ -100,45 +100,11 @@ def write_outputs(plan, graph, profile, *, output: str | None, plot: str | None,
 
 def simulate_for(plan, graph, profile):
     """The simulated timeline of a plan: exact from the graph when we have it, else from the plan's own numbers."""
-    if graph is not None and profile is not None:
-        from pipeplan.planner.evaluate import simulate_plan
+    from pipeplan.planner.replay import simulate_from_plan, simulate_plan
 
+    if graph is not None and profile is not None:
         return simulate_plan(plan, graph, profile)
     return simulate_from_plan(plan)
-
-
-def simulate_from_plan(plan):
-    """Re-simulate from the per-stage predictions stored in the plan (no graph needed; used by `show`).
-
-    The plan keeps each stage's per-microbatch forward, backward, recompute
-    (compute_s - fwd_s - bwd_s) and send times and its all-reduce time, which is
-    all the schedule's timing depends on; so the Gantt of `show` is the one the
-    search predicted. Memory comes from the plan's own per-stage predictions.
-    """
-    from pipeplan.planner.simulate import simulate
-
-    stages = sorted(plan.stages, key=lambda s: s.index)
-    p = [s.predicted for s in stages]
-    allreduce = [x.allreduce_s for x in p]
-    pipedream = plan.schedule == "pipedream"
-    # PipeDream: a stage with r replicas takes every r-th microbatch and folds its weight all-reduce
-    # into the backward (PipeDream SOSP'19 §3.1), as planner/evaluate.py does; other schedules: r = 1.
-    r = [max(1, s.replicas) if pipedream else 1 for s in stages]
-    folded = allreduce if pipedream else [0.0] * len(p)
-    # every op also carries the runtime's time around it, as the search simulated it
-    fwd = [x.fwd_s / k + x.op_overhead_s for x, k in zip(p, r)]
-    bwd = [(x.bwd_s + a) / k + x.op_overhead_s for x, a, k in zip(p, folded, r)]
-    recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) / k for x, k in zip(p, r)]
-    return simulate(
-        plan.schedule,
-        fwd,
-        bwd,
-        [x.send_s for x in p],
-        plan.microbatches,
-        chunks=plan.chunks if plan.schedule == "interleaved" else 1,
-        allreduce_s=allreduce if any(allreduce) and not pipedream else None,
-        recompute_s=recompute if any(recompute) else None,
-    )
 
 
 def capacity_of(profile) -> int | None:

@@ -18,6 +18,7 @@ import io
 import logging
 import operator
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,7 +91,7 @@ def tensor_bytes(val: Any) -> int:
 
 
 @contextmanager
-def quiet_torch_logs():
+def quiet_torch_logs() -> Iterator[None]:
     """torch.export logs warnings and prints partial graphs to stderr on failure; the CLI reports one line."""
     loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.startswith("torch")]
     loggers.append(logging.getLogger("torch"))
@@ -101,11 +102,11 @@ def quiet_torch_logs():
         with redirect_stderr(io.StringIO()):
             yield
     finally:
-        for lg, level in zip(loggers, levels):
+        for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
 
 
-def export_program(spec: ModelSpec, model: torch.nn.Module, inputs: tuple) -> torch.export.ExportedProgram:
+def export_program(spec: ModelSpec, model: torch.nn.Module, inputs: tuple[Any, ...]) -> torch.export.ExportedProgram:
     """torch.export (non-strict) in training mode; every failure is the user's model, so a UserError."""
     model.train()
     try:
@@ -292,7 +293,7 @@ def build_structure(ep: torch.export.ExportedProgram, model: torch.nn.Module, *,
                 owner_of_tensor[id(p)] = i
                 layers[i].param_bytes += p.numel() * p.element_size()
 
-    for (src, dst), tensors in edges.items():
+    for (src, _dst), tensors in edges.items():
         layers[src].outputs.update(tensors)
     for n in ep.graph.nodes:
         if n.name in user_outputs and n.name in layer_of:
@@ -302,7 +303,7 @@ def build_structure(ep: torch.export.ExportedProgram, model: torch.nn.Module, *,
 
     notes: list[str] = []
     # Parameters no op reads still take memory: give them to the layer of their module.
-    by_id = {}
+    by_id: dict[int, tuple[str, torch.nn.Parameter]] = {}
     for fqn, p in named.items():
         by_id.setdefault(id(p), (fqn, p))
     unused = [(fqn, p) for pid, (fqn, p) in by_id.items() if pid not in owner_of_tensor]

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 import warnings
+from typing import Any, TypeAlias
 
 import torch
 
-from pipeplan.costmodels.graph import Graph
+from pipeplan.costmodels.graph import Graph, Layer
 from pipeplan.costmodels.model_file import ModelSpec
 
 # fvcore operator names (TorchScript) that are matmuls or convolutions.
@@ -26,15 +27,20 @@ _FV_DENSE = {"linear", "addmm", "matmul", "mm", "bmm", "einsum", "conv", "_convo
 _OUR_DENSE = {"matmul", "conv"}  # node families (export.node_kind) fvcore also counts
 TOLERANCE = 0.01
 
+# FlopCountAnalysis.by_module_and_operator() (module -> operator -> multiply-adds) and .unsupported_ops()
+# (operator -> count); fvcore has no type information, so these say what it returns.
+_Analysis: TypeAlias = tuple[dict[str, dict[str, int]], dict[str, int]]
 
-def _fvcore_counts(spec: ModelSpec, model: torch.nn.Module):
+
+def _fvcore_counts(spec: ModelSpec, model: torch.nn.Module) -> tuple[_Analysis, str]:
     """FlopCountAnalysis at batch 1, on the meta device when the model allows it (no compute)."""
     from fvcore.nn import FlopCountAnalysis
 
-    def analyse(m, x):
+    def analyse(m: torch.nn.Module, x: tuple[Any, ...]) -> _Analysis:
         fca = FlopCountAnalysis(m, x)
         fca.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
-        return fca.by_module_and_operator(), dict(fca.unsupported_ops())
+        by_module: dict[str, dict[str, int]] = fca.by_module_and_operator()
+        return by_module, dict(fca.unsupported_ops())
 
     logging.getLogger("fvcore").setLevel(logging.ERROR)
     with warnings.catch_warnings():
@@ -62,7 +68,7 @@ def compare(spec: ModelSpec, graph: Graph, batch_size: int, node_flops: dict[str
     def fv_dense(module: str) -> float:
         return 2.0 * batch_size * sum(v for op, v in by_module.get(module, {}).items() if op in _FV_DENSE)
 
-    def ours_dense(layer) -> int:
+    def ours_dense(layer: Layer) -> int:
         return sum(node_flops.get(n, 0) for n in layer.nodes if family.get(n) in _OUR_DENSE)
 
     notes = []
@@ -84,7 +90,7 @@ def compare(spec: ModelSpec, graph: Graph, batch_size: int, node_flops: dict[str
     if abs(ours_total - theirs_total) > TOLERANCE * max(ours_total, theirs_total, 1):
         notes.append(f"total matmul/conv forward FLOPs disagree: FlopCounterMode {ours_total:.4g}, "
                      f"fvcore {theirs_total:.4g} ({(theirs_total - ours_total) / max(ours_total, 1):+.1%})")
-    missed = {}
+    missed: dict[str, int] = {}
     for layer in graph.layers:
         for n in layer.nodes:
             if family.get(n) not in _OUR_DENSE and node_flops.get(n, 0) > 0:

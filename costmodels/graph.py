@@ -12,10 +12,13 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeplan._io import atomic_write_json, check_format, read_json
 from pipeplan.errors import UserError
+
+if TYPE_CHECKING:
+    import networkx as nx  # no type information: DiGraph is Any to mypy
 
 GRAPH_FORMAT = "pipeplan.graph/v1"
 
@@ -106,7 +109,7 @@ class Graph:
             "input_bytes": self.input_bytes,
         }
 
-    def to_networkx(self):
+    def to_networkx(self) -> nx.DiGraph:
         import networkx as nx
 
         g = nx.DiGraph()
@@ -178,7 +181,7 @@ class Graph:
         }
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any], path: str | os.PathLike = "<graph>") -> Graph:
+    def from_dict(cls, doc: dict[str, Any], path: str | os.PathLike[str] = "<graph>") -> Graph:
         check_format(doc, path, GRAPH_FORMAT)
         try:
             layer_keys = {f.name for f in fields(Layer)}
@@ -201,16 +204,16 @@ class Graph:
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"{path}: malformed graph file ({type(e).__name__}: {e})", "re-run `pipeplan trace`") from None
         names = g._index
-        for e in g.edges:
-            if e.src not in names or e.dst not in names:
-                raise UserError(f"{path}: edge {e.src} -> {e.dst} names an unknown layer")
-            if names[e.src] >= names[e.dst]:
-                raise UserError(f"{path}: edge {e.src} -> {e.dst} goes against the execution order")
+        for edge in g.edges:
+            if edge.src not in names or edge.dst not in names:
+                raise UserError(f"{path}: edge {edge.src} -> {edge.dst} names an unknown layer")
+            if names[edge.src] >= names[edge.dst]:
+                raise UserError(f"{path}: edge {edge.src} -> {edge.dst} goes against the execution order")
         return g
 
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         atomic_write_json(path, self.to_dict())
 
 
-def load_graph(path: str | os.PathLike) -> Graph:
+def load_graph(path: str | os.PathLike[str]) -> Graph:
     return Graph.from_dict(read_json(path, "graph file (pipeplan.graph/v1)"), path)

@@ -14,7 +14,7 @@ from pipeplan.costmodels.graph import Graph, load_graph
 from pipeplan.errors import UserError
 
 
-def load_any_graph(path: str | os.PathLike, *, batch_size: int = 1) -> Graph:
+def load_any_graph(path: str | os.PathLike[str], *, batch_size: int = 1) -> Graph:
     """*.json -> pipeplan graph (pipeplan.graph/v1); PipeDream graph.txt -> imported graph.
 
     `batch_size` only applies to PipeDream profiles (they do not record it).

@@ -18,7 +18,7 @@ import contextlib
 import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.hooks import RemovableHandle
 
 from pipeplan.costmodels.model_file import ModelSpec
 from pipeplan.errors import UserError
@@ -35,12 +36,19 @@ aten = torch.ops.aten
 # FlopCounterMode (torch 2.13) has no formula for the CPU flash-attention kernel that
 # F.scaled_dot_product_attention dispatches to on CPU, so attention would count 0 FLOPs.
 # It has the same signature as the CUDA kernels, so their formulas apply (4*b*h*s_q*s_k*d forward).
-def _cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
+# (torch's formulas take shapes and have no annotations, hence the ignores.)
+def _cpu_sdpa_flop(query_shape: Sequence[int], key_shape: Sequence[int], value_shape: Sequence[int], *args: Any,
+                   out_shape: Sequence[int] | None = None, **kwargs: Any) -> int:
+    flops: int = sdpa_flop_count(query_shape, key_shape, value_shape)  # type: ignore[no-untyped-call]
+    return flops
 
 
-def _cpu_sdpa_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+def _cpu_sdpa_backward_flop(grad_out_shape: Sequence[int], query_shape: Sequence[int], key_shape: Sequence[int],
+                            value_shape: Sequence[int], *args: Any, out_shape: Sequence[int] | None = None,
+                            **kwargs: Any) -> int:
+    flops: int = sdpa_backward_flop_count(  # type: ignore[no-untyped-call]
+        grad_out_shape, query_shape, key_shape, value_shape)
+    return flops
 
 
 CPU_SDPA_FLOPS = {
@@ -54,12 +62,12 @@ def flop_counter() -> FlopCounterMode:
     return FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FLOPS)
 
 
-def program_args(ep: torch.export.ExportedProgram, model: torch.nn.Module, user_args: list) -> list:
+def program_args(ep: torch.export.ExportedProgram, model: torch.nn.Module, user_args: list[Any]) -> list[Any]:
     """The flat positional arguments of ep.graph_module: parameters, buffers, constants, user inputs."""
     user = iter(user_args)
     params = dict(model.named_parameters(remove_duplicate=False))
     buffers = dict(model.named_buffers(remove_duplicate=False))
-    args = []
+    args: list[Any] = []  # tensors, and whatever non-tensor leaves the user's inputs have
     for s in ep.graph_signature.input_specs:
         if s.kind == InputKind.PARAMETER:
             args.append(params[s.target])
@@ -74,24 +82,27 @@ def program_args(ep: torch.export.ExportedProgram, model: torch.nn.Module, user_
     return args
 
 
-def user_output(ep: torch.export.ExportedProgram, flat_out) -> Any:
+def user_output(ep: torch.export.ExportedProgram, flat_out: Any) -> Any:
     """Rebuild the model's output structure (tensor, tuple, dict, ModelOutput) from the program's outputs."""
     if not isinstance(flat_out, (tuple, list)):
         flat_out = (flat_out,)
-    outs = [o for o, s in zip(flat_out, ep.graph_signature.output_specs) if s.kind == OutputKind.USER_OUTPUT]
+    # One output spec per program output (torch.export verifies the signature against the graph).
+    outs = [o for o, s in zip(flat_out, ep.graph_signature.output_specs, strict=True)
+            if s.kind == OutputKind.USER_OUTPUT]
     return pytree.tree_unflatten(outs, ep.call_spec.out_spec)
 
 
 class _LayerInterpreter(torch.fx.Interpreter):
     """Runs the program node by node, telling `on_node` which layer each node belongs to."""
 
-    def __init__(self, gm, layer_of: dict[str, int], before: Callable, after: Callable):
+    def __init__(self, gm: torch.fx.GraphModule, layer_of: dict[str, int], before: Callable[[int], None],
+                 after: Callable[[int, torch.fx.Node, Any], None]):
         super().__init__(gm, garbage_collect_values=True)
         self.layer_of = layer_of
         self.before = before
         self.after = after
 
-    def run_node(self, n):
+    def run_node(self, n: torch.fx.Node) -> Any:
         layer = self.layer_of.get(n.name)
         if layer is None:
             return super().run_node(n)
@@ -110,7 +121,7 @@ class _BackwardAttribution:
         self.clock = clock
         self.current = start_layer
         self.last = 0.0
-        self.handles = []
+        self.handles: list[RemovableHandle] = []
 
     def claim(self, value: Any, layer: int) -> None:
         stack = [t.grad_fn for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
@@ -122,8 +133,8 @@ class _BackwardAttribution:
             self.handles.append(fn.register_prehook(self._hook(layer)))
             stack.extend(f for f, _ in fn.next_functions if f is not None)
 
-    def _hook(self, layer: int):
-        def hook(grad_outputs):
+    def _hook(self, layer: int) -> Callable[[tuple[torch.Tensor | None, ...]], None]:
+        def hook(grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
             now = self.clock()
             self.acc[self.current] += now - self.last
             self.last = now
@@ -135,7 +146,7 @@ class _BackwardAttribution:
             raise UserError(f"{spec.path}: the loss does not depend on any parameter that requires a gradient",
                             "pipeplan plans training: unfreeze parameters or check loss_fn")
         self.last = self.clock()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward has no annotations
         self.acc[self.current] += self.clock() - self.last
 
 
@@ -149,8 +160,8 @@ class Counts:
     total_fwd_flops: int = 0  # whole program, as one FlopCounterMode sees it
 
 
-def count_pass(ep, model: torch.nn.Module, spec: ModelSpec, inputs: tuple, target: Any,
-               layer_of: dict[str, int], nlayers: int, *, fake_tensors: bool = True) -> Counts:
+def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: tuple[Any, ...],
+               target: Any, layer_of: dict[str, int], nlayers: int, *, fake_tensors: bool = True) -> Counts:
     """One forward+backward, on fake tensors by default: FLOPs per layer (fwd and bwd) and bytes saved for backward.
 
     fake_tensors=False runs on the real tensors instead (a real step's compute), for
@@ -158,12 +169,12 @@ def count_pass(ep, model: torch.nn.Module, spec: ModelSpec, inputs: tuple, targe
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake_tensors else contextlib.nullcontext()
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake_tensors else None
     real_args = program_args(ep, model, [t for t in pytree.tree_leaves(inputs)])
     converted: dict[int, Any] = {}
 
-    def fake(t):
-        if not isinstance(t, torch.Tensor) or not fake_tensors:
+    def fake(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or fake_mode is None:  # None: not fake_tensors
             return t
         if id(t) not in converted:  # a tied parameter stays one tensor
             f = fake_mode.from_tensor(t.detach())
@@ -174,7 +185,7 @@ def count_pass(ep, model: torch.nn.Module, spec: ModelSpec, inputs: tuple, targe
 
     args = [fake(a) for a in real_args]
     fake_target = pytree.tree_map(fake, target)
-    state_storages = {a.untyped_storage()._cdata for a, r in zip(args, real_args)
+    state_storages = {a.untyped_storage()._cdata for a, r in zip(args, real_args, strict=True)
                       if isinstance(a, torch.Tensor) and not _is_user(r, inputs)}
 
     fwd = [0] * nlayers
@@ -186,19 +197,19 @@ def count_pass(ep, model: torch.nn.Module, spec: ModelSpec, inputs: tuple, targe
 
     counter = flop_counter()
 
-    def before(layer):
+    def before(layer: int) -> None:
         cur["layer"] = layer
         cur["start"] = counter.get_total_flops()
 
     attribution = _BackwardAttribution(nlayers, counter.get_total_flops, last_layer)
 
-    def after(layer, node, out):
+    def after(layer: int, node: torch.fx.Node, out: Any) -> None:
         f = counter.get_total_flops() - cur["start"]
         fwd[layer] += f
         node_flops[node.name] = f
         attribution.claim(out, layer)
 
-    def pack(t):
+    def pack(t: torch.Tensor) -> torch.Tensor:
         try:
             st = t.untyped_storage()
             key, nbytes = st._cdata, st.nbytes()
@@ -209,7 +220,8 @@ def count_pass(ep, model: torch.nn.Module, spec: ModelSpec, inputs: tuple, targe
             saved[cur["layer"]] += nbytes
         return t
 
-    with fake_mode, counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    mode = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    with mode, counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = _LayerInterpreter(ep.graph_module, layer_of, before, after).run(*args)
         total_fwd = counter.get_total_flops()
         cur["layer"] = last_layer
@@ -224,7 +236,7 @@ def count_pass(ep, model: torch.nn.Module, spec: ModelSpec, inputs: tuple, targe
                   peak_saved_bytes=sum(saved), node_flops=node_flops, total_fwd_flops=total_fwd)
 
 
-def _is_user(t, inputs) -> bool:
+def _is_user(t: Any, inputs: tuple[Any, ...]) -> bool:
     return any(t is u for u in pytree.tree_leaves(inputs))
 
 
@@ -237,17 +249,18 @@ class Timing:
     repeats: int
 
 
-def _one_step(ep, model, spec, args, target, layer_of, nlayers) -> tuple[list[float], list[float], float]:
+def _one_step(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, args: list[Any], target: Any,
+              layer_of: dict[str, int], nlayers: int) -> tuple[list[float], list[float], float]:
     clock = time.perf_counter
     fwd = [0.0] * nlayers
     last_layer = nlayers - 1
     cur = {"start": 0.0}
     attribution = _BackwardAttribution(nlayers, clock, last_layer)
 
-    def before(layer):
+    def before(layer: int) -> None:
         cur["start"] = clock()
 
-    def after(layer, node, out):
+    def after(layer: int, node: torch.fx.Node, out: Any) -> None:
         fwd[layer] += clock() - cur["start"]
         attribution.claim(out, layer)
 
@@ -261,7 +274,10 @@ def _one_step(ep, model, spec, args, target, layer_of, nlayers) -> tuple[list[fl
         gc.enable()
 
 
-def _timed_step(ep, spec, args, target, layer_of, nlayers, fwd, attribution, before, after):
+def _timed_step(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[Any], target: Any,
+                layer_of: dict[str, int], nlayers: int, fwd: list[float], attribution: _BackwardAttribution,
+                before: Callable[[int], None], after: Callable[[int, torch.fx.Node, Any], None],
+                ) -> tuple[list[float], list[float], float]:
     clock = time.perf_counter
     last_layer = nlayers - 1
     t0 = clock()
@@ -277,14 +293,14 @@ def _timed_step(ep, spec, args, target, layer_of, nlayers, fwd, attribution, bef
     return fwd, attribution.acc, step
 
 
-def _forward_only(ep, spec, args, target) -> None:
+def _forward_only(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[Any], target: Any) -> None:
     out = ep.graph_module(*args)
     loss = spec.loss(user_output(ep, out), target)
     del loss, out
 
 
-def time_pass(ep, model: torch.nn.Module, spec: ModelSpec, inputs: tuple, target: Any, layer_of: dict[str, int],
-              nlayers: int, *, repeats: int | None, budget_s: float = 10.0,
+def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: tuple[Any, ...],
+              target: Any, layer_of: dict[str, int], nlayers: int, *, repeats: int | None, budget_s: float = 10.0,
               progress: Callable[[str, int, int], None] | None = None) -> Timing:
     """Warm-up, then `repeats` timed steps (default: as many as fit in budget_s, 1 to 10); medians per layer."""
     args = program_args(ep, model, [t for t in pytree.tree_leaves(inputs)])

@@ -20,20 +20,25 @@ Conventions
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeplan.choices import DTYPES, MIXED_PRECISION_DTYPES, OPTIMIZERS
 from pipeplan.errors import UserError
+from pipeplan.schedules import facts, inflight_microbatches, stashed_weight_versions
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
-SCHEDULES = ("gpipe", "1f1b", "pipedream", "interleaved")
-DTYPES = ("fp32", "tf32", "bf16", "fp16")
+__all__ = [
+    "ModelState", "MemoryBreakdown", "RangeMemory",
+    "model_state_bytes", "activation_bytes_scale", "activation_bytes", "stage_memory", "is_mixed_precision",
+    "inflight_microbatches", "stashed_weight_versions", "interleaved_activation_factor", "OPTIMIZERS", "DTYPES",
+]
 
 # fp32 optimizer-state buffers per parameter (SGD: none; momentum: the velocity;
 # Adam/AdamW: first and second moments). Source: ZeRO (Rajbhandari et al. 2019) §3.1.
 _STATE_BUFFERS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 
 
-def _check(value: str, allowed: tuple[str, ...], what: str) -> str:
+def _check(value: str, allowed: Sequence[str], what: str) -> str:
     if value not in allowed:
         raise UserError(f"unknown {what} {value!r}", f"use one of: {', '.join(allowed)}")
     return value
@@ -41,7 +46,7 @@ def _check(value: str, allowed: tuple[str, ...], what: str) -> str:
 
 def is_mixed_precision(dtype: str) -> bool:
     """bf16/fp16 mean mixed precision: 16-bit weights/activations, fp32 master weights."""
-    return _check(dtype, DTYPES, "dtype") in ("bf16", "fp16")
+    return _check(dtype, DTYPES, "dtype") in MIXED_PRECISION_DTYPES
 
 
 @dataclass(frozen=True)
@@ -90,50 +95,6 @@ def activation_bytes_scale(dtype: str) -> float:
     return 0.5 if is_mixed_precision(dtype) else 1.0
 
 
-def inflight_microbatches(schedule: str, stages: int, stage: int, microbatches: int, chunks: int = 1) -> int:
-    """How many microbatches' activations stage `stage` holds at its peak.
-
-    - gpipe: all M. GPipe (Huang et al. 2019) §2.3 runs every forward before any
-      backward; Megatron-LM (Narayanan et al. 2021) §2.2.1: "m microbatches for GPipe".
-    - 1f1b (PipeDream-Flush): min(K - s, M). Stage s runs K - s - 1 warm-up
-      forwards and then one more forward before its first backward (Megatron-LM
-      §2.2.1: "p or fewer microbatches"; schedules.py: num_warmup =
-      min(p - rank - 1, M)). Stage 0 holds K, the last stage 1.
-    - pipedream (async, PipeDream SOSP'19 §3.2): the same 1F1B steady state,
-      K - s at stage s ("NOAM" = K minibatches admitted for K stages), but with
-      no flush the stream never drains, so M does not cap it.
-    - interleaved (Megatron-LM §2.2.2, v = `chunks` model chunks per device,
-      `stages` = p devices, `stage` = device index): the count returned is of
-      (chunk, microbatch) pairs, each holding ONE chunk's activations. From
-      Megatron-LM's schedules.py (forward_backward_pipelining_with_interleaving):
-      warm-up = 2(p - d - 1) + (v - 1)p forwards, then one more forward before the
-      first backward, capped at M*v; when M == p it runs all M*v forwards first.
-      Divided by v this is p + (p - 1)/v chunk-sets on device 0, i.e. p microbatches
-      times Korthikanti et al. (2022) §4.2.3's factor (1 + (p - 1)/(p*v))
-      (their "m" is our v, the number of chunks, not microbatches). With v = 1
-      it is 1F1B (Megatron's warm-up formula assumes v >= 2).
-    """
-    _check(schedule, SCHEDULES, "schedule")
-    if stages < 1 or microbatches < 1 or chunks < 1:
-        raise ValueError("stages, microbatches and chunks must be >= 1")
-    if not 0 <= stage < stages:
-        raise ValueError(f"stage {stage} outside 0..{stages - 1}")
-    if schedule == "gpipe":
-        return microbatches
-    if schedule == "1f1b":
-        return min(stages - stage, microbatches)
-    if schedule == "pipedream":  # no flush: minibatches keep streaming, so M does not cap it
-        return stages - stage
-    if chunks == 1:  # one chunk per device is plain 1F1B (Megatron only interleaves with v >= 2)
-        return min(stages - stage, microbatches)
-    p, d, v, m = stages, stage, chunks, microbatches
-    total = m * v
-    if m == p:
-        return total
-    warmup = min(2 * (p - d - 1) + (v - 1) * p, total)
-    return min(warmup + 1, total)
-
-
 def interleaved_activation_factor(stages: int, chunks: int) -> float:
     """Korthikanti et al. (2022) §4.2.3: first-stage activation memory multiplier (1 + (p-1)/(p*v)).
 
@@ -151,18 +112,6 @@ class MemoryBreakdown:
     total_bytes: int
     inflight: int = 0  # microbatches (or chunk-microbatches, interleaved) held at the peak
     weight_versions: int = 1  # copies of the weights kept (PipeDream weight stashing)
-
-
-def stashed_weight_versions(schedule: str, inflight: int) -> int:
-    """Weight versions async PipeDream keeps: one per in-flight microbatch.
-
-    Source: PipeDream (Narayanan et al., SOSP'19) §3.3 "weight stashing": each
-    in-flight minibatch's backward must use the weights its forward used, so a
-    stage keeps the current version plus one stashed version per in-flight
-    microbatch beyond the first (stage 0 of a K-stage pipeline: K versions, the
-    last stage: 1). Flushing schedules (gpipe, 1f1b, interleaved) keep one.
-    """
-    return max(1, inflight) if schedule == "pipedream" else 1
 
 
 def activation_bytes(*, saved_bytes_per_mb: int, input_bytes_per_mb: int, inflight: int, recompute: bool,
@@ -202,8 +151,7 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     plus the buffer for the gradient of its output (the last stage computes the
     loss itself and receives no gradient; interleaved devices all receive one).
     """
-    _check(schedule, SCHEDULES, "schedule")
-    if schedule != "interleaved" and chunks != 1:
+    if not facts(schedule).interleaves and chunks != 1:
         raise ValueError(f"chunks={chunks} only applies to the interleaved schedule")
     for name, value in (("param_bytes", param_bytes), ("saved_bytes_per_mb", saved_bytes_per_mb),
                         ("input_bytes_per_mb", input_bytes_per_mb), ("output_bytes_per_mb", output_bytes_per_mb)):
@@ -216,7 +164,68 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     optimizer_bytes = state.grad_bytes + state.optimizer_bytes
     acts = activation_bytes(saved_bytes_per_mb=saved_bytes_per_mb, input_bytes_per_mb=input_bytes_per_mb,
                             inflight=inflight, recompute=recompute, chunks=chunks)
-    receives_grad = (schedule == "interleaved" and chunks > 1) or stage < stages - 1
+    receives_grad = (facts(schedule).interleaves and chunks > 1) or stage < stages - 1
     buffers = int(input_bytes_per_mb) + (int(output_bytes_per_mb) if receives_grad else 0)
     total = weights + optimizer_bytes + acts + buffers
     return MemoryBreakdown(weights, optimizer_bytes, acts, buffers, total, inflight, versions)
+
+
+class RangeMemory:
+    """`stage_memory` of layers [a, b) on a stage, fast enough for the partitioner's callbacks.
+
+    The DP asks about thousands of layer ranges per configuration, so the terms of
+    `stage_memory` (weights x stashed versions, gradients + optimizer state,
+    `activation_bytes` for the in-flight count, receive buffers) are evaluated
+    from prefix sums with the per-stage constants computed once; the result is
+    the same number (tests/test_search.py checks it against `stage_memory`).
+
+    Interleaved: a device holds `chunks` chunks; a chunk is admitted when a device
+    made of `chunks` copies of it fits, so a device whose chunks each pass holds
+    at most the largest of those totals (weights and activations add up over
+    chunks; receive buffers are shared). Tied parameters (`shared`: bytes and the
+    sorted layer indices using them): a range holding a user but not the owner
+    (the first user) keeps a copy, as the prediction charges it.
+    """
+
+    def __init__(self, *, param_bytes: Sequence[int], saved_bytes: Sequence[int], cut_bytes: Sequence[int],
+                 input_bytes: int, schedule: str, stages: int, microbatches: int, chunks: int, recompute: bool,
+                 optimizer: str, dtype: str, shared: Sequence[tuple[int, Sequence[int]]] = ()) -> None:
+        n, P = len(param_bytes), stages
+        rule = facts(schedule)
+        self.shared = [(nbytes, list(users)) for nbytes, users in shared if len(users) > 1]
+        self.n, self.P = n, P
+        self.ch = chunks if rule.interleaves else 1
+        self.recompute = recompute
+        self.pp, self.sp = [0], [0]
+        for i in range(n):
+            self.pp.append(self.pp[-1] + param_bytes[i])
+            self.sp.append(self.sp[-1] + saved_bytes[i])
+        self.cut = list(cut_bytes)
+        self.input = input_bytes
+        # async PipeDream keeps K - s in flight whatever M is (no flush)
+        M = microbatches if rule.flushes else max(microbatches, P)
+        self.inflight = [inflight_microbatches(schedule, P, p, M, self.ch) for p in range(P)]
+        self.versions = [stashed_weight_versions(schedule, x) for x in self.inflight]
+        self.receives = [rule.interleaves or p < P - 1 for p in range(P)]
+        unit = 4 * 2**20  # a whole number of parameters, so integer halving is exact
+        st = model_state_bytes(unit, optimizer=optimizer, dtype=dtype)
+        self.w_per_byte = st.weights_bytes / unit
+        self.rest_per_byte = (st.grad_bytes + st.optimizer_bytes) / unit
+
+    def device_total(self, p: int, params: int, saved: int, inb: int, outb: int) -> int:
+        """`stage_memory(...).total_bytes` of pipeline device p holding these bytes."""
+        weights = math.ceil(self.w_per_byte * params) * self.versions[p]
+        rest = math.ceil(self.rest_per_byte * params)
+        acts = activation_bytes(saved_bytes_per_mb=saved, input_bytes_per_mb=inb, inflight=self.inflight[p],
+                                recompute=self.recompute, chunks=self.ch)
+        return weights + rest + acts + inb + (outb if self.receives[p] else 0)
+
+    def __call__(self, s: int, a: int, b: int) -> int:
+        """Bytes of virtual stage s holding layers [a, b)."""
+        ch = self.ch
+        params = self.pp[b] - self.pp[a]
+        for nbytes, users in self.shared:
+            if users[0] < a and any(a <= u < b for u in users):
+                params += nbytes
+        return self.device_total(s % self.P, params * ch, (self.sp[b] - self.sp[a]) * ch,
+                                 self.input if a == 0 else self.cut[a - 1], self.cut[b - 1] if b < self.n else 0)

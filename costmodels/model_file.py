@@ -66,7 +66,7 @@ class ModelSpec:
             )
         return model
 
-    def example_inputs(self, batch_size: int) -> tuple:
+    def example_inputs(self, batch_size: int) -> tuple[Any, ...]:
         inputs = self._call("example_inputs", batch_size)
         if isinstance(inputs, torch.Tensor):
             inputs = (inputs,)
@@ -105,12 +105,15 @@ class ModelSpec:
                 f"{self.path}: the output of {self.entry}() has no floating tensor that needs a gradient",
                 "return the model's output tensors, or define example_target and loss_fn",
             )
-        return sum(t.float().sum() for t in tensors)
+        total = sum(t.float().sum() for t in tensors)
+        assert isinstance(total, torch.Tensor)  # 0 + a tensor: `tensors` is not empty
+        return total
 
-    def train_batches(self) -> Iterable | None:
+    def train_batches(self) -> Iterable[Any] | None:
         if not callable(getattr(self.module, "train_batches", None)):
             return None
-        return self._call("train_batches")
+        batches: Iterable[Any] = self._call("train_batches")  # the user's iterable of (inputs, target), unchecked
+        return batches
 
 
 def _flatten(obj: Any) -> list[torch.Tensor]:

@@ -57,7 +57,9 @@ def _number(text: str, path: str, lineno: int, what: str) -> float:
     return value
 
 
-def parse_pipedream(text: str, path: str = "<graph.txt>") -> tuple[dict, list[tuple[str, str]]]:
+def parse_pipedream(
+    text: str, path: str = "<graph.txt>"
+) -> tuple[dict[str, tuple[str, float, float, float, float]], list[tuple[str, str]]]:
     """-> ({node_id: (desc, fwd_ms, bwd_ms, act_bytes, param_bytes)}, [(src, dst)]), file order."""
     nodes: dict[str, tuple[str, float, float, float, float]] = {}
     edges: list[tuple[str, str]] = []
@@ -105,7 +107,7 @@ def _node_key(node_id: str) -> tuple[int, str]:
     return (int(digits) if digits else 1 << 60, node_id)
 
 
-def load_pipedream_graph(path: str | os.PathLike, *, batch_size: int = 1, name: str | None = None) -> Graph:
+def load_pipedream_graph(path: str | os.PathLike[str], *, batch_size: int = 1, name: str | None = None) -> Graph:
     """A Graph from a PipeDream graph.txt (times ms -> s; sizes in bytes).
 
     `batch_size` is the minibatch the profile was taken at; PipeDream's files do

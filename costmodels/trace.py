@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
 from pipeplan.costmodels.export import build_structure, export_program, node_kind, tensor_bytes
-from pipeplan.costmodels.graph import Graph
+from pipeplan.costmodels.graph import Graph, Layer
 from pipeplan.costmodels.model_file import ModelSpec, load_model_file
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.allocator import keep_freed_memory
@@ -22,7 +23,7 @@ from pipeplan.hardware_profiles.allocator import keep_freed_memory
 Progress = Callable[[str, int, int], None]
 
 
-def _input_bytes(inputs) -> int:
+def _input_bytes(inputs: Any) -> int:
     return sum(tensor_bytes(t) for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor))
 
 
@@ -119,11 +120,11 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
     return graph
 
 
-def _refine_kind(layer, node_flops: dict[str, int], family: dict[str, str | None]) -> str:
+def _refine_kind(layer: Layer, node_flops: dict[str, int], family: dict[str, str | None]) -> str:
     """With FLOPs known, the kind is the op family with the most FLOPs (a whole block: matmul, not attention)."""
     by_kind: dict[str, int] = {}
     for node_name in layer.nodes:
         kind, f = family.get(node_name), node_flops.get(node_name, 0)
         if kind is not None and f > 0:
             by_kind[kind] = by_kind.get(kind, 0) + f
-    return max(by_kind, key=by_kind.get) if by_kind else layer.kind
+    return max(by_kind, key=by_kind.__getitem__) if by_kind else layer.kind

@@ -9,7 +9,7 @@ WIDTHS = [256, 2048, 512, 4096, 256, 1024, 128, 10]
 
 def build_model():
     layers = []
-    for i, (a, b) in enumerate(zip(WIDTHS[:-1], WIDTHS[1:])):
+    for i, (a, b) in enumerate(zip(WIDTHS[:-1], WIDTHS[1:], strict=True)):
         layers.append(nn.Linear(a, b))
         if i < len(WIDTHS) - 2:
             layers.append(nn.ReLU())

@@ -37,7 +37,7 @@ class ResNet(nn.Module):
         self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, padding=1, bias=False), nn.BatchNorm2d(widths[0]),
                                   nn.ReLU())
         stages, cin = [], widths[0]
-        for i, (w, n) in enumerate(zip(widths, blocks)):
+        for i, (w, n) in enumerate(zip(widths, blocks, strict=False)):
             for j in range(n):
                 stages.append(BasicBlock(cin, w, 2 if (j == 0 and i > 0) else 1))
                 cin = w

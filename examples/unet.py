@@ -49,7 +49,7 @@ class UNet(nn.Module):
             skips.append(x)  # the long skip: read again at the end of the network
             x = self.pool(x)
         x = self.bottom(x)
-        for up, dec, skip in zip(self.up, self.dec, reversed(skips)):
+        for up, dec, skip in zip(self.up, self.dec, reversed(skips), strict=True):
             x = dec(torch.cat([up(x), skip], dim=1))
         return self.head(x)
 

@@ -7,6 +7,7 @@ deliberately not re-exported here: a package attribute named like a submodule is
 replaced by the module object as soon as the submodule is imported.
 """
 
+from pipeplan.choices import DTYPES
 from pipeplan.hardware_profiles.loader import (
     PROFILE_FORMAT,
     list_profiles,
@@ -15,8 +16,7 @@ from pipeplan.hardware_profiles.loader import (
     save_profile,
     user_profile_dir,
 )
-from pipeplan.hardware_profiles.profile import DTYPES, HardwareProfile, Link
-
+from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 
 __all__ = [
     "DTYPES",

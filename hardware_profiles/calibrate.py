@@ -31,20 +31,33 @@ On a quiet machine the minimum and the tracer's medians agree within a few %.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import platform
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles import op_overhead
 from pipeplan.hardware_profiles.allocator import keep_freed_memory
-from pipeplan.hardware_profiles.local_device import become_local_device, concurrency_probe, rank_slowdowns, slowdown_from_probes
 from pipeplan.hardware_profiles.loader import save_profile  # noqa: F401 - the interface names it here too
+from pipeplan.hardware_profiles.local_device import (
+    become_local_device,
+    concurrency_probe,
+    rank_slowdowns,
+    slowdown_from_probes,
+)
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
+from pipeplan.units import KIB, MIB
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+
+    import torch
 
 BF16_MIN_SPEEDUP = 1.05
 BUSY_SHARE = 0.85  # below this CPU share during the timing loops, the profile warns
@@ -58,11 +71,15 @@ CONV_SHAPES = ((4, 64, 32), (4, 128, 16), (4, 32, 56))  # (N, C_in = C_out, H = 
 # than it predicts (documented in docs/profile-format.md). On hosts with a much larger shared
 # L3 (a 260 MiB one measured ~25 GB/s at this size, ~13 GB/s from 128 MiB up) it is partly a
 # cache rate: the rate activations of tens of MiB see, which is what the cost model prices.
-MEMORY_BYTES = 32 * 2**20
-P2P_SIZES = (4, 64 * 2**10, 2**20, 16 * 2**20)
+MEMORY_BYTES = 32 * MIB
+P2P_SIZES = (4, 64 * KIB, MIB, 16 * MIB)
 P2P_REPS = (200, 40, 20, 10)
 
 Progress = Callable[[str, int, int], None]
+Probe: TypeAlias = tuple[list[float], list[float]]  # local_device.concurrency_probe: (alone, together) step times
+PipelineEvents: TypeAlias = dict[str, list[list[op_overhead.Event]]]  # op_overhead.run_pipeline, one rank's
+P2PResult: TypeAlias = tuple[dict[int, float], list[PipelineEvents], list[Probe]]
+_T = TypeVar("_T")
 
 
 # ---------------------------------------------------------------- timing
@@ -90,7 +107,7 @@ def _geomean(xs: list[float]) -> float:
 
 
 # ---------------------------------------------------------------- compute / memory
-def measure_matmul(dtype, cap_s: float) -> list[float]:
+def measure_matmul(dtype: torch.dtype, cap_s: float) -> list[float]:
     """Achieved FLOP/s (2·M·K·N per GEMM) for each of MATMUL_SHAPES."""
     import torch
 
@@ -98,7 +115,7 @@ def measure_matmul(dtype, cap_s: float) -> list[float]:
     for m, k, n in MATMUL_SHAPES:
         a = torch.randn(m, k).to(dtype)
         b = torch.randn(k, n).to(dtype)
-        out.append(2 * m * k * n / _best_time_s(lambda: torch.mm(a, b), cap_s))
+        out.append(2 * m * k * n / _best_time_s(functools.partial(torch.mm, a, b), cap_s))
     return out
 
 
@@ -111,7 +128,7 @@ def measure_conv(cap_s: float) -> list[float]:
         x = torch.randn(n, c, h, h)
         w = torch.randn(c, c, 3, 3)
         flops = 2 * n * h * h * c * c * 9  # stride 1, padding 1: Hout = H
-        out.append(flops / _best_time_s(lambda: F.conv2d(x, w, padding=1), cap_s))
+        out.append(flops / _best_time_s(functools.partial(F.conv2d, x, w, padding=1), cap_s))
     return out
 
 
@@ -138,7 +155,7 @@ def measure_memory(cap_s: float) -> tuple[float, list[float]]:
 
     n = MEMORY_BYTES // 4
     x, y, z = torch.ones(n), torch.ones(n), torch.empty(n)
-    ops = {
+    ops: dict[str, tuple[int, Callable[[], object]]] = {
         "copy": (2 * MEMORY_BYTES, lambda: z.copy_(x)),
         "add": (3 * MEMORY_BYTES, lambda: torch.add(x, y, out=z)),
         "relu": (2 * MEMORY_BYTES, lambda: torch.clamp_min(x, 0.0, out=z)),
@@ -162,10 +179,11 @@ def measure_memory(cap_s: float) -> tuple[float, list[float]]:
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # typeshed: an address of any shape; AF_INET's is (host, port)
+        return port
 
 
-def _p2p_worker(rank: int, port: int, queue) -> None:
+def _p2p_worker(rank: int, port: int, queue: Queue[tuple[str, Any]]) -> None:
     """One of two ranks: ping-pong fixed counts (both ranks must agree on them), then a small pipeline."""
     if os.path.exists("/sys/class/net/lo"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -181,7 +199,7 @@ def _p2p_worker(rank: int, port: int, queue) -> None:
             timeout=datetime.timedelta(seconds=60),
         )
         one_way: dict[int, float] = {}
-        for nbytes, reps in zip(P2P_SIZES, P2P_REPS):
+        for nbytes, reps in zip(P2P_SIZES, P2P_REPS, strict=True):
             buf = torch.zeros(max(1, nbytes // 4))
             times = []
             for i in range(reps + 2):  # 2 warm-up round trips
@@ -197,7 +215,7 @@ def _p2p_worker(rank: int, port: int, queue) -> None:
             one_way[nbytes] = min(times) / 2
         slowdown = concurrency_probe(rank, 2)
         events = op_overhead.run_pipeline(rank)
-        gathered: list = [None, None]
+        gathered: list[Any] = [None, None]  # all_gather_object fills it with each rank's (probe, events)
         dist.all_gather_object(gathered, (slowdown, events))
         dist.destroy_process_group()
         if rank == 0:
@@ -206,13 +224,13 @@ def _p2p_worker(rank: int, port: int, queue) -> None:
         queue.put(("error", f"rank {rank}: {type(e).__name__}: {e}"))
 
 
-def measure_p2p(timeout_s: float = 60.0) -> tuple[dict[int, float], list, list]:
+def measure_p2p(timeout_s: float = 60.0) -> P2PResult:
     """One-way seconds per message size between two spawned processes over gloo, both ranks'
     op timings from `op_overhead.run_pipeline`, and each rank's `concurrency_probe` (alone, together)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # fork after OpenMP/MKL init can deadlock
-    queue = ctx.Queue()
+    queue: Queue[tuple[str, Any]] = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_p2p_worker, args=(r, port, queue), daemon=True) for r in range(2)]
     for p in procs:
@@ -232,7 +250,8 @@ def measure_p2p(timeout_s: float = 60.0) -> tuple[dict[int, float], list, list]:
             f"could not measure process-to-process bandwidth over torch.distributed (gloo): {payload}",
             "check that 127.0.0.1 accepts local TCP connections",
         )
-    return payload
+    result: P2PResult = payload  # what _p2p_worker's rank 0 put with "ok"
+    return result
 
 
 def link_from_p2p(one_way: dict[int, float]) -> tuple[float, float]:
@@ -303,7 +322,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
     # the timing loops (4+4+3+1 loops, and the memory loop counted 3 times = 15).
     cap = max(0.1, (budget_s - 5.0) / 15 * 0.8)
 
-    def step(label: str, fn: Callable[[], object]):
+    def step(label: str, fn: Callable[[], _T]) -> _T:
         report(label, 0, 1)
         value = fn()
         report(label, 1, 1)
@@ -336,9 +355,14 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
     cores = core_count()
     mem_total = memory_total_bytes()
     per_core = mem_total // cores
-    clamp = lambda x: min(2.0, max(0.01, x))  # noqa: E731 - the loader's accepted range
     link = Link(kind="loopback", bandwidth_bytes_per_s=link_bw, latency_s=link_lat)
-    gf = lambda xs: [round(x / 1e9, 2) for x in xs]  # noqa: E731
+
+    def clamp(x: float) -> float:  # the loader's accepted range
+        return min(2.0, max(0.01, x))
+
+    def gf(xs: list[float]) -> list[float]:
+        return [round(x / 1e9, 2) for x in xs]
+
     return HardwareProfile(
         name=name,
         device=f"{cpu_name()} (1 core, 1 thread)",

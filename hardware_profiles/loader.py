@@ -21,14 +21,18 @@ import functools
 import math
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pipeplan._io import atomic_write_text, check_format, read_text
+from pipeplan.choices import DTYPES
 from pipeplan.errors import UserError
-from pipeplan.hardware_profiles.profile import DTYPES, HardwareProfile, Link
+from pipeplan.hardware_profiles.profile import HardwareProfile, Link
+from pipeplan.schedules import SCHEDULE_NAMES
+from pipeplan.units import GIB, MIB
 
 PROFILE_FORMAT = "pipeplan.profile/v1"
 CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
@@ -36,8 +40,6 @@ CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
 # duplicated because hardware_profiles must not import costmodels (a test keeps them in sync).
 EFFICIENCY_KINDS = ("matmul", "conv", "attention", "embedding", "norm", "elementwise", "other", "memory")
 
-GIB = 2**30
-MIB = 2**20
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _UNIT_RE = re.compile(r"^\s*[-+]?[0-9.]+(e[-+]?[0-9]+)?\s*[a-zA-Zµ/%]+")
 
@@ -78,7 +80,6 @@ _TOP_KEYS = {
     "local": False,
     "calibration": False,
 }
-OVERHEAD_SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream")  # planner.plan.SCHEDULES (no import: layering)
 _LINK_KEYS = {"kind": True, "bandwidth_gbps": True, "latency_us": True, "notes": False}
 
 
@@ -109,7 +110,7 @@ class _Checker:
     def fail(self, field: str, problem: str, hint: str | None = None) -> UserError:
         return UserError(f"{self.path}: field '{field}' {problem}", hint or "see docs/profile-format.md")
 
-    def keys(self, doc: dict, spec: dict[str, bool], prefix: str = "") -> None:
+    def keys(self, doc: dict[Any, Any], spec: dict[str, bool], prefix: str = "") -> None:
         for key in doc:
             if not isinstance(key, str) or key not in spec:
                 close = difflib.get_close_matches(str(key), list(spec), n=1)
@@ -160,13 +161,13 @@ class _Checker:
             raise self.fail(field, f"must be a list of strings, got {value!r}")
         return tuple(value)
 
-    def schedule_map(self, doc: dict, field: str) -> dict[str, float]:
+    def schedule_map(self, doc: dict[str, Any], field: str) -> dict[str, float]:
         """An optional {schedule: non-negative number} field (the runtime's per-op overhead terms)."""
         m = self.mapping(doc.get(field) or {}, field)
-        self.keys(m, {k: False for k in OVERHEAD_SCHEDULES}, prefix=f"{field}.")
+        self.keys(m, {k: False for k in SCHEDULE_NAMES}, prefix=f"{field}.")
         return {k: self.number(v, f"{field}.{k}", field, allow_zero=True) for k, v in m.items()}
 
-    def mapping(self, value: Any, field: str) -> dict:
+    def mapping(self, value: Any, field: str) -> dict[Any, Any]:
         if not isinstance(value, dict):
             raise self.fail(field, f"must be a mapping (key: value lines), got {value!r}")
         return value
@@ -278,10 +279,10 @@ def _num(x: float) -> float | int:
     return int(r) if r.is_integer() and abs(r) < 1e15 else r
 
 
-def profile_to_dict(profile: HardwareProfile) -> dict:
+def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
     """The YAML document (datasheet units) for a profile; also the `--json` form."""
 
-    def link(l: Link) -> dict:
+    def link(l: Link) -> dict[str, Any]:
         return {"kind": l.kind, "bandwidth_gbps": _num(l.bandwidth_bytes_per_s / 1e9), "latency_us": _num(l.latency_s * 1e6)}
 
     doc: dict[str, Any] = {"format": PROFILE_FORMAT, "name": profile.name}
@@ -292,7 +293,7 @@ def profile_to_dict(profile: HardwareProfile) -> dict:
         memory_gib=_num(profile.memory_bytes / GIB),
         usable_memory_gib=_num(profile.usable_memory_bytes / GIB),
         memory_bandwidth_gbps=_num(profile.mem_bw_bytes_per_s / 1e9),
-        peak_tflops={d: (None if not profile.peak_flops.get(d) else _num(profile.peak_flops[d] / 1e12)) for d in DTYPES},
+        peak_tflops={d: (None if not (peak := profile.peak_flops.get(d)) else _num(peak / 1e12)) for d in DTYPES},
         devices_per_node=profile.devices_per_node,
         intra_node=link(profile.intra_node),
         inter_node=link(profile.inter_node),
@@ -321,7 +322,7 @@ class _Dumper(yaml.SafeDumper):
     """Block style, except short lists/maps of scalars on one line (peak_tflops, links)."""
 
 
-def _short(items) -> bool:
+def _short(items: Iterable[object]) -> bool:
     return all(not isinstance(v, (list, dict)) and len(str(v)) <= 24 for v in items)
 
 
@@ -335,12 +336,12 @@ def dump_profile(profile: HardwareProfile) -> str:
     return yaml.dump(profile_to_dict(profile), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=110)
 
 
-def save_profile(profile: HardwareProfile, path: str | os.PathLike) -> None:
+def save_profile(profile: HardwareProfile, path: str | os.PathLike[str]) -> None:
     """Write the YAML form atomically (an interrupted write never leaves half a file)."""
     atomic_write_text(path, dump_profile(profile))
 
 
-def read_profile_file(path: str | os.PathLike) -> HardwareProfile:
+def read_profile_file(path: str | os.PathLike[str]) -> HardwareProfile:
     """Load and validate one YAML file."""
     p = Path(path)
     text = read_text(p, what="profile YAML file", missing="no such profile file",
@@ -396,7 +397,7 @@ def _looks_like_path(s: str) -> bool:
     return s.endswith((".yaml", ".yml")) or "/" in s or os.sep in s or s.startswith(".")
 
 
-def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
+def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     """A profile by catalogue name/alias, user-folder name, or YAML path."""
     if isinstance(name_or_path, HardwareProfile):  # be forgiving to callers that already hold one
         return name_or_path

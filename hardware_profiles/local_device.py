@@ -107,7 +107,7 @@ def slowdown_from_probes(probes: list[tuple[list[float], list[float]]]) -> float
     """
     alone_s = [sum(a) / len(a) for a, _ in probes]
     rounds = min(len(t) for _, t in probes)
-    return sum(max(t[i] / a for a, (_, t) in zip(alone_s, probes)) for i in range(rounds)) / rounds
+    return sum(max(t[i] / a for a, (_, t) in zip(alone_s, probes, strict=True)) for i in range(rounds)) / rounds
 
 
 def rank_slowdowns(probes: list[tuple[list[float], list[float]]]) -> list[float]:

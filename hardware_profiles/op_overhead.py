@@ -25,6 +25,10 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any, Final, TypeAlias
+
+from pipeplan.schedules import ScheduleName, facts
 
 WIDTH = 512
 # name: (rows per microbatch, Linear(WIDTH) + ReLU layers per stage). Equal compute (512 row-layers,
@@ -32,9 +36,14 @@ WIDTH = 512
 SHAPES = {"small": (128, 4), "large": (512, 1)}
 MICROBATCHES = 8
 STEPS, WARMUP = 6, 2
-SCHEDULES = ("gpipe", "1f1b")
+# The schedules measured here: those of pipeplan.schedules that torch.distributed.pipelining runs with one
+# model chunk per rank (a torch class, not interleaved). The others have no figure of their own and take
+# 1F1B's (HardwareProfile.overhead_for): interleaved and PipeDream post and wait on their sends as 1F1B does.
+SCHEDULES: Final[tuple[ScheduleName, ...]] = ("gpipe", "1f1b")
+assert all(facts(s).torch_class is not None and not facts(s).interleaves for s in SCHEDULES)
 
-Event = tuple  # (kind "F"/"B", microbatch, start_s, end_s), perf_counter clock (shared by processes)
+Event: TypeAlias = tuple[str, int, float, float]
+"""(kind "F"/"B", microbatch, start_s, end_s), perf_counter clock (shared by processes)."""
 
 
 def message_bytes(shape: str) -> int:
@@ -59,15 +68,17 @@ def run_pipeline(rank: int) -> dict[str, list[list[Event]]]:
             events: list[Event] = []
             fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
 
-            def timed(fn, kind, events=events):
-                def run(chunk, *args, **kwargs):
+            def timed(fn: Callable[..., Any], kind: str, events: list[Event] = events) -> Callable[..., Any]:
+                def run(chunk: int, *args: Any, **kwargs: Any) -> Any:
                     t0 = time.perf_counter()
                     result = fn(chunk, *args, **kwargs)
                     events.append((kind, int(chunk), t0, time.perf_counter()))
                     return result
                 return run
 
-            stage.forward_one_chunk, stage.backward_one_chunk = timed(fwd, "F"), timed(bwd, "B")
+            # Instance attributes shadowing torch's methods, to time each call (mypy forbids assigning to a method).
+            stage.forward_one_chunk = timed(fwd, "F")  # type: ignore[method-assign]
+            stage.backward_one_chunk = timed(bwd, "B")  # type: ignore[method-assign]
             cls = Schedule1F1B if name == "1f1b" else ScheduleGPipe
             schedule = cls(stage, MICROBATCHES, loss_fn=lambda output, target: output.sum())
             x = torch.randn(rows * MICROBATCHES, WIDTH)
@@ -109,7 +120,9 @@ def op_gaps_s(first: list[Event], second: list[Event], transfer_s: float) -> lis
     return gaps
 
 
-def op_overhead_s(per_rank: list[dict[str, list[list[Event]]]], transfer_s) -> tuple[dict[str, float], dict[str, float], dict]:
+def op_overhead_s(
+    per_rank: list[dict[str, list[list[Event]]]], transfer_s: Callable[[int], float]
+) -> tuple[dict[str, float], dict[str, float], dict[str, Any]]:
     """Per schedule: (fixed seconds per op, seconds per byte the op sends or receives), and the raw figures.
 
     `transfer_s(nbytes)` is the idle link's time for a message. Every op of the
@@ -119,15 +132,17 @@ def op_overhead_s(per_rank: list[dict[str, list[list[Event]]]], transfer_s) -> t
     """
     fixed: dict[str, float] = {}
     per_byte: dict[str, float] = {}
-    detail: dict = {"stages": {s: f"{layers} x Linear({WIDTH}) + ReLU, {rows}-row microbatches, M={MICROBATCHES}"
-                               for s, (rows, layers) in SHAPES.items()}}
+    detail: dict[str, Any] = {
+        "stages": {s: f"{layers} x Linear({WIDTH}) + ReLU, {rows}-row microbatches, M={MICROBATCHES}"
+                   for s, (rows, layers) in SHAPES.items()}}
     for name in SCHEDULES:
         points = []
         for shape in SHAPES:
             nbytes = message_bytes(shape)
             gaps: list[float] = []
             compute: list[float] = []
-            for a, b in zip(per_rank[0][f"{shape}/{name}"], per_rank[1][f"{shape}/{name}"]):
+            # Both ranks record the same STEPS - WARMUP steps (run_pipeline).
+            for a, b in zip(per_rank[0][f"{shape}/{name}"], per_rank[1][f"{shape}/{name}"], strict=True):
                 gaps += op_gaps_s(a, b, transfer_s(nbytes))
                 compute += [t1 - t0 for _, _, t0, t1 in a + b]
             points.append((nbytes, statistics.mean(gaps)))

@@ -8,10 +8,13 @@ models never convert. The YAML files use friendlier units (GiB, TFLOP/s, GB/s,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from pipeplan.choices import DTYPES
 from pipeplan.errors import UserError
 
-DTYPES = ("fp32", "tf32", "fp16", "bf16")
+# DTYPES is pipeplan.choices' (defined there once); still importable from here for existing callers.
+__all__ = ["DTYPES", "HardwareProfile", "Link"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class HardwareProfile:
     aliases: tuple[str, ...] = ()  # other names `load_profile` accepts
     confidence: dict[str, str] = field(default_factory=dict)  # field -> V/S/M (see docs/profile-format.md)
     notes: str = ""
-    calibration: dict = field(default_factory=dict)  # raw measurements of a local profile
+    calibration: dict[str, Any] = field(default_factory=dict)  # raw measurements of a local profile
     # Time the pipeline runtime adds around every forward/backward op of one microbatch
     # (schedule bookkeeping, posting and waiting on sends/receives, waking the peer's
     # communication thread), per schedule. Measured by `profiles calibrate`; empty = not measured.

@@ -15,7 +15,7 @@ from typing import Any
 from pipeplan.errors import UserError
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
@@ -35,15 +35,15 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n")
 
 
-def read_text(path: str | os.PathLike, *, what: str, missing: str | None = None,
+def read_text(path: str | os.PathLike[str], *, what: str, missing: str | None = None,
               missing_hint: str = "check the path") -> str:
     """A user's input file as text; a missing or binary file is a one-line user error.
 
@@ -59,7 +59,7 @@ def read_text(path: str | os.PathLike, *, what: str, missing: str | None = None,
         raise UserError(f"{p}: not a text file", f"pass a {what}") from None
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+def read_json(path: str | os.PathLike[str], what: str = "JSON file") -> Any:
     """Read JSON, turning the usual failures into one-line user errors."""
     text = read_text(path, what=what)
     try:
@@ -68,7 +68,7 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
         raise UserError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", f"pass a valid {what}") from None
 
 
-def check_format(doc: Any, path: str | os.PathLike, expected: str) -> None:
+def check_format(doc: Any, path: str | os.PathLike[str], expected: str) -> None:
     """Reject documents of another kind or version with a clear message.
 
     `expected` looks like "pipeplan.plan/v1"; the kind and the version are checked

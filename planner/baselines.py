@@ -58,7 +58,7 @@ def deepspeed_parameters(param_counts: list[float], stages: int) -> list[int]:
     for j in range(m, 0, -1):
         ends.append(int(position[ends[-1], j]))
     ends.reverse()
-    return _from_sizes([b - a for a, b in zip(ends[:-1], ends[1:])])
+    return _from_sizes([b - a for a, b in zip(ends[:-1], ends[1:], strict=True)])
 
 
 def torchgpipe_balance_by_time(times: list[float], stages: int, *, max_moves: int = 1_000_000) -> list[int]:
@@ -82,11 +82,11 @@ def torchgpipe_balance_by_time(times: list[float], stages: int, *, max_moves: in
             min_size, q = min((size(i), i) for i in range(k))
             if max_size <= min_size + 1:
                 starts = [0] + splits[:-1]
-                sizes = [b - a for a, b in zip(starts, splits)]
+                sizes = [b - a for a, b in zip(starts, splits, strict=True)]
                 if min(sizes) < 1:  # torchgpipe's moves can empty a block; its result is then unusable
                     raise ValueError(f"balance_by_time left an empty stage ({sizes})")
                 return _from_sizes(sizes)
-            if any(a > b for a, b in zip([0, *splits], [*splits, n])):
+            if any(a > b for a, b in zip([0, *splits], [*splits, n], strict=True)):
                 raise ValueError(f"balance_by_time emptied a stage after {moves} moves (torchgpipe's moves can)")
             if moves >= max_moves:
                 raise ValueError(f"balance_by_time did not converge in {moves} moves")

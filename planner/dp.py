@@ -34,7 +34,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -44,6 +44,9 @@ from pipeplan.planner.problem import Problem
 
 LinkArg = Union[Link, Callable[[int], Link]]
 MemoryFn = Callable[[int, int, int], int]
+SolverInfo = dict[str, Any]
+"""What a solver reports (name, status, objective, bound, gap, time_s, and its own extras): a JSON record that
+the search copies into `Plan.solver`, so it has that field's type; its values are of mixed types."""
 
 RTOL = 1e-12
 
@@ -54,7 +57,7 @@ class Partition:
     bottleneck_s: float  # objective value
     stage_s: list[float]  # per-stage time used in the objective
     replicas: list[int]  # per stage (all 1 unless PipeDream mode)
-    solver: dict = field(default_factory=dict)  # name, status, objective, bound, gap, time_s
+    solver: SolverInfo = field(default_factory=dict)  # name, status, objective, bound, gap, time_s
 
     @property
     def stages(self) -> int:
@@ -151,12 +154,14 @@ class _Chain:
             self.sendR.append(right)
         self.memory_bytes = memory_bytes if capacity_bytes is not None else None
         self.L: list[np.ndarray | None] = [None] * stages
-        if self.memory_bytes is not None:
+        if self.memory_bytes is not None and capacity_bytes is not None:
             self.set_capacity(capacity_bytes)
 
     def set_capacity(self, capacity: int) -> None:
         """L[s][b] = smallest start a with memory(s, a, b) <= capacity (b: no start fits)."""
         n, mem = self.n, self.memory_bytes
+        if mem is None:
+            raise RuntimeError("internal: a memory cap without a memory function")
         self.capacity = capacity
         for s in range(self.K):
             lo_b, hi_b = s + 1, n - (self.K - 1 - s)
@@ -206,7 +211,8 @@ class _Chain:
         b = n
         bounds = []
         for s in range(self.K - 1, -1, -1):
-            lo = 0 if self.L[s] is None else int(self.L[s][b])
+            starts = self.L[s]
+            lo = 0 if starts is None else int(starts[b])
             a_range = np.arange(lo, b)
             if T == math.inf:
                 ok = history[s][lo:b].copy()

@@ -33,10 +33,13 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, Union, cast
 
 from pipeplan.costmodels.comm import p2p_time_s
-from pipeplan.planner.dp import LinkArg, Partition, link_fn, partition_dp
+from pipeplan.hardware_profiles.profile import Link
+from pipeplan.planner.dp import LinkArg, Partition, SolverInfo, link_fn, partition_dp
 from pipeplan.planner.problem import Problem
 
 
@@ -117,17 +120,26 @@ def _stage_windows(problem: Problem, K: int, speed: list[float], ub: float | Non
     return lo, hi
 
 
-def _memory_table(problem, stages, memory_bytes_per_layer):
+MemoryTable = Union[Sequence[float], Sequence[Sequence[float]]]
+"""Per-layer memory bytes: one list for every stage, or one list per stage."""
+
+LpTerm = Any
+"""A PuLP variable or linear expression: PuLP ships no type hints (mypy: ignore_missing_imports), so they are Any."""
+
+
+def _memory_table(problem: Problem, stages: int, memory_bytes_per_layer: MemoryTable | None) -> list[list[float]]:
+    """Per stage, per layer: the bytes a layer costs in that stage (see partition_ilp)."""
     if memory_bytes_per_layer is None:
-        row = [p + a for p, a in zip(problem.param_bytes, problem.saved_bytes)]
+        row: list[float] = [p + a for p, a in zip(problem.param_bytes, problem.saved_bytes, strict=True)]
         return [row] * stages
     if memory_bytes_per_layer and isinstance(memory_bytes_per_layer[0], (list, tuple)):
-        return [list(r) for r in memory_bytes_per_layer]
-    return [list(memory_bytes_per_layer)] * stages
+        # the first entry says which form it is; the casts record what that check established
+        return [list(r) for r in cast(Sequence[Sequence[float]], memory_bytes_per_layer)]
+    return [list(cast(Sequence[float], memory_bytes_per_layer))] * stages
 
 
 def partition_ilp(problem: Problem, stages: int, *, link: LinkArg, device_speed: list[float] | None = None,
-                  capacity_bytes: list[int] | int | None = None, memory_bytes_per_layer=None,
+                  capacity_bytes: list[int] | int | None = None, memory_bytes_per_layer: MemoryTable | None = None,
                   time_limit_s: float = 30.0, warm_start: Partition | None = None, threads: int = 1,
                   comm: str = "sum") -> Partition:
     """Min-bottleneck assignment of DAG nodes to `stages` stages (see module docstring).
@@ -151,63 +163,128 @@ def partition_ilp(problem: Problem, stages: int, *, link: LinkArg, device_speed:
                               time_limit_s=time_limit_s, warm_start=warm_start, threads=threads, comm=comm)
 
 
-def _partition_ilp(pulp, problem, stages, *, link, device_speed, capacity_bytes, memory_bytes_per_layer,
-                   time_limit_s, warm_start, threads, comm) -> Partition:
+def _partition_ilp(pulp: ModuleType, problem: Problem, stages: int, *, link: LinkArg,
+                   device_speed: list[float] | None, capacity_bytes: list[int] | int | None,
+                   memory_bytes_per_layer: MemoryTable | None, time_limit_s: float, warm_start: Partition | None,
+                   threads: int, comm: str) -> Partition:
+    """Build the model (variables, then constraints in a fixed order: CBC's path, and so which of
+    several optimal assignments it returns, depends on it), warm-start it, solve, read it back."""
     t0 = time.perf_counter()
     n, K = problem.n, stages
     if K < 1:
         raise ValueError("stages must be >= 1")
     if n < K:
         return _result([], [], K, "infeasible", math.inf, math.inf, t0, reason=f"{n} layers cannot fill {K} stages")
-    fn = link_fn(link)
     speed = list(device_speed) if device_speed is not None else [1.0] * K
     if len(speed) != K or any(s <= 0 for s in speed):
         raise ValueError("device_speed needs one positive entry per stage")
-    comp = problem.compute_s
     cons = _consumers(problem)
+    upper = _upper_bound(problem, K, link=link, speed=speed, capacity_bytes=capacity_bytes, warm_start=warm_start,
+                         comm=comm)
+    ub = upper[1] if upper is not None else None
+    model = _Model(pulp, n, K, _stage_windows(problem, K, speed, ub), ub)
+    _add_precedence(model, problem)
+    comm_s = _add_communication(model, cons, link_fn(link))
+    _add_stage_times(model, problem.compute_s, speed, comm_s, comm)
+    if capacity_bytes is not None:
+        caps = capacity_bytes if isinstance(capacity_bytes, (list, tuple)) else [capacity_bytes] * K
+        _add_memory_caps(model, caps, _memory_table(problem, K, memory_bytes_per_layer))
+    if upper is not None:
+        _set_warm_start(model, upper[0], upper[1], cons)
+    log_text = _run_cbc(model, time_limit_s, threads, warm=upper is not None)
+    return _read_solution(model, problem, link=link, speed=speed, comm=comm, log_text=log_text, t0=t0)
 
-    # An upper bound UB (warm start, else the DP on the topological order, which is
-    # feasible here) fixes most variables: with T <= UB, node v's ancestors (and v)
-    # fit only in stages 0..stage(v), its descendants only in stage(v)..K-1.
+
+def _upper_bound(problem: Problem, K: int, *, link: LinkArg, speed: list[float], capacity_bytes: list[int] | int | None,
+                 warm_start: Partition | None, comm: str) -> tuple[list[int], float] | None:
+    """A known assignment and its objective UB: the warm start, else (no memory caps) the DP on the
+    topological order, which is feasible then. With T <= UB most variables are fixed: node v's
+    ancestors (and v) fit only in stages 0..stage(v), its descendants only in stage(v)..K-1."""
     ub_part = warm_start if warm_start is not None and warm_start.assignment else None
     if ub_part is None and capacity_bytes is None:
         ub_part = partition_dp(problem, K, link=link, comm=comm)
         if ub_part.solver["status"] == "infeasible":
             ub_part = None
-    ub = max(dag_stage_times(problem, ub_part.assignment, K, link=link, device_speed=speed, comm=comm)) if ub_part else None
-    lo_st, hi_st = _stage_windows(problem, K, speed, ub)
+    if ub_part is None:
+        return None
+    times = dag_stage_times(problem, ub_part.assignment, K, link=link, device_speed=speed, comm=comm)
+    return ub_part.assignment, max(times)
 
-    prob = pulp.LpProblem("pipeplan_partition", pulp.LpMinimize)
-    T = pulp.LpVariable("T", lowBound=0, upBound=ub * (1 + 1e-9) if ub else None)
-    w = {(v, s): pulp.LpVariable(f"w_{v}_{s}", cat="Binary")
-         for v in range(n) for s in range(K - 1) if lo_st[v] <= s < hi_st[v]}
 
-    def W(v, s):
-        if s < lo_st[v]:
+class _Model:
+    """The MIP being built: the objective T and the cumulative assignment w (module docstring).
+
+    Only w[v, s] inside node v's stage window [lo, hi) are variables: below it
+    W(v, s) is the constant 0 (v cannot be in stages 0..s), from hi on the
+    constant 1, which keeps the model small and lets constraints between
+    constants be dropped.
+    """
+
+    def __init__(self, pulp: ModuleType, n: int, K: int, windows: tuple[list[int], list[int]],
+                 ub: float | None) -> None:
+        self.pulp = pulp
+        self.n, self.K = n, K
+        self.lo_st, self.hi_st = windows
+        self.prob: LpTerm = pulp.LpProblem("pipeplan_partition", pulp.LpMinimize)
+        self.T: LpTerm = pulp.LpVariable("T", lowBound=0, upBound=ub * (1 + 1e-9) if ub else None)
+        self.w: dict[tuple[int, int], LpTerm] = {
+            (v, s): pulp.LpVariable(f"w_{v}_{s}", cat="Binary")
+            for v in range(n) for s in range(K - 1) if self.lo_st[v] <= s < self.hi_st[v]}
+        self.c: dict[tuple[int, int], LpTerm] = {}  # c[u, s]: u's output crosses boundary s
+        self.lat: dict[int, LpTerm] = {}  # lat[s]: boundary s carries a message
+        self.prob += self.T
+
+    def W(self, v: int, s: int) -> int | LpTerm:
+        """1 iff stage(v) <= s: a constant outside v's window."""
+        if s < self.lo_st[v]:
             return 0
-        if s >= hi_st[v]:
+        if s >= self.hi_st[v]:
             return 1
-        return w[v, s]
+        return self.w[v, s]
 
-    def X(v, s):
-        return W(v, s) - W(v, s - 1)
+    def X(self, v: int, s: int) -> int | LpTerm:
+        """1 iff v is in stage s."""
+        return self.W(v, s) - self.W(v, s - 1)
 
-    def add(constraint_lhs, constraint_rhs):  # lhs <= rhs, skipping constant pairs
-        if isinstance(constraint_lhs, int) and isinstance(constraint_rhs, int):
+    def add_le(self, lhs: int | LpTerm, rhs: int | LpTerm) -> None:
+        """lhs <= rhs, skipped when both are constants (the windows already imply it)."""
+        if isinstance(lhs, int) and isinstance(rhs, int):
             return
-        prob.addConstraint(constraint_lhs <= constraint_rhs)
+        self.prob.addConstraint(lhs <= rhs)
 
-    prob += T
+    def assignment(self) -> list[int]:
+        """Each node's stage in the solved model: the first s with w[v, s] = 1 (K-1 if none)."""
+        out = []
+        for v in range(self.n):
+            st = self.K - 1
+            for s in range(self.K - 1):
+                ws = self.W(v, s)
+                if (ws if isinstance(ws, int) else (ws.value() or 0)) > 0.5:
+                    st = s
+                    break
+            out.append(st)
+        return out
+
+
+def _add_precedence(model: _Model, problem: Problem) -> None:
+    """w is cumulative in s, edges go forward (stage(u) <= stage(v)), and no stage is empty."""
+    K, n, W = model.K, model.n, model.W
     for v in range(n):
         for s in range(K - 2):
-            add(W(v, s), W(v, s + 1))
+            model.add_le(W(v, s), W(v, s + 1))
     for u, d, _ in problem.edges:
         for s in range(K - 1):
-            add(W(d, s), W(u, s))
+            model.add_le(W(d, s), W(u, s))
     # stage s non-empty: some node has stage <= s and not <= s-1
     for s in range(K):
-        prob += pulp.lpSum(X(v, s) for v in range(n)) >= 1
-    c: dict[tuple[int, int], object] = {}
+        model.prob += model.pulp.lpSum(model.X(v, s) for v in range(n)) >= 1
+
+
+def _add_communication(model: _Model, cons: dict[int, tuple[list[int], int]],
+                       fn: Callable[[int], Link]) -> dict[int, LpTerm]:
+    """The crossing variables c and latency indicators l; returns comm(s), boundary s's p2p time."""
+    pulp, prob, K, W = model.pulp, model.prob, model.K, model.W
+    c = model.c
     for u, (consumers, nbytes) in cons.items():
         if nbytes <= 0:
             continue
@@ -219,8 +296,9 @@ def _partition_ilp(pulp, problem, stages, *, link, device_speed, capacity_bytes,
             for d in diffs:
                 if not (isinstance(d, int) and d <= 0):
                     prob += c[u, s] >= d
-    lat = {s: pulp.LpVariable(f"l_{s}", lowBound=0, upBound=1) for s in range(K - 1)}
-    by_boundary: dict[int, list] = {s: [] for s in range(K - 1)}
+    lat = model.lat
+    lat.update({s: pulp.LpVariable(f"l_{s}", lowBound=0, upBound=1) for s in range(K - 1)})
+    by_boundary: dict[int, list[tuple[int, LpTerm]]] = {s: [] for s in range(K - 1)}
     for (u, s), var in c.items():
         by_boundary[s].append((u, var))
         prob += lat[s] >= var
@@ -229,9 +307,17 @@ def _partition_ilp(pulp, problem, stages, *, link, device_speed, capacity_bytes,
         lk = fn(s)
         comm_s[s] = pulp.lpSum((cons[u][1] / lk.bandwidth_bytes_per_s) * var for u, var in by_boundary[s]) \
             + lk.latency_s * lat[s]
+    return comm_s
+
+
+def _add_stage_times(model: _Model, comp: Sequence[float], speed: list[float], comm_s: dict[int, LpTerm],
+                     comm: str) -> None:
+    """T >= each stage's time (compute + sends, or each separately for comm="overlap"), and two valid
+    cuts (the slowest node, the average load) that tighten the LP bound."""
+    pulp, prob, K, n, T = model.pulp, model.prob, model.K, model.n, model.T
     total = sum(comp)
     for s in range(K):
-        expr = pulp.lpSum((comp[v] / speed[s]) * X(v, s) for v in range(n))
+        expr = pulp.lpSum((comp[v] / speed[s]) * model.X(v, s) for v in range(n))
         if comm == "sum":
             if s > 0:
                 expr += comm_s[s - 1]
@@ -242,43 +328,51 @@ def _partition_ilp(pulp, problem, stages, *, link, device_speed, capacity_bytes,
         prob += T >= expr
     prob += T >= max(comp) / max(speed)  # valid cuts that tighten the LP bound
     prob += T >= total / sum(speed)
-    if capacity_bytes is not None:
-        caps = capacity_bytes if isinstance(capacity_bytes, (list, tuple)) else [capacity_bytes] * K
-        mem = _memory_table(problem, K, memory_bytes_per_layer)
-        for s in range(K):
-            prob += pulp.lpSum(mem[s][v] * X(v, s) for v in range(n)) <= caps[s]
 
-    if ub_part is not None:
-        a = ub_part.assignment
-        for (v, s), var in w.items():
-            var.setInitialValue(1 if a[v] <= s else 0)
-        T.setInitialValue(ub)
-        for (u, s), var in c.items():
-            var.setInitialValue(1 if a[u] <= s < max(a[v] for v in cons[u][0]) else 0)
-        for s, var in lat.items():
-            var.setInitialValue(1 if any(a[u] <= s < max(a[v] for v in cons[u][0]) for (u, ss) in c if ss == s) else 0)
 
+def _add_memory_caps(model: _Model, caps: Sequence[int], mem: list[list[float]]) -> None:
+    """Each stage's layers fit its capacity."""
+    for s in range(model.K):
+        model.prob += model.pulp.lpSum(mem[s][v] * model.X(v, s) for v in range(model.n)) <= caps[s]
+
+
+def _set_warm_start(model: _Model, a: list[int], ub: float, cons: dict[int, tuple[list[int], int]]) -> None:
+    """Start CBC from the known assignment `a` (objective ub): every variable set to its value there."""
+    for (v, s), var in model.w.items():
+        var.setInitialValue(1 if a[v] <= s else 0)
+    model.T.setInitialValue(ub)
+    for (u, s), var in model.c.items():
+        var.setInitialValue(1 if a[u] <= s < max(a[v] for v in cons[u][0]) else 0)
+    for s, var in model.lat.items():
+        var.setInitialValue(1 if any(a[u] <= s < max(a[v] for v in cons[u][0])
+                                     for (u, ss) in model.c if ss == s) else 0)
+
+
+def _run_cbc(model: _Model, time_limit_s: float, threads: int, *, warm: bool) -> str:
+    """Solve with the bundled CBC; returns its log, which says whether it stopped on time and its bound."""
+    pulp = model.pulp
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "cbc.log")
         solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, int(math.ceil(time_limit_s))),
-                                   warmStart=ub_part is not None, threads=threads, logPath=log)
-        prob.solve(solver)
-        log_text = open(log).read() if os.path.exists(log) else ""
+                                   warmStart=warm, threads=threads, logPath=log)
+        model.prob.solve(solver)
+        if not os.path.exists(log):
+            return ""
+        with open(log) as fh:
+            return fh.read()
 
+
+def _read_solution(model: _Model, problem: Problem, *, link: LinkArg, speed: list[float], comm: str, log_text: str,
+                   t0: float) -> Partition:
+    """The solved model as a Partition: its assignment priced by dag_stage_times, "optimal" only when
+    CBC proved it (not stopped on time), else "feasible" with the bound from CBC's log."""
+    pulp, prob, K = model.pulp, model.prob, model.K
     status = pulp.LpStatus.get(prob.status, str(prob.status))
     if prob.sol_status in (pulp.LpSolutionInfeasible, pulp.LpSolutionUnbounded) or status == "Infeasible":
         return _result([], [], K, "infeasible", math.inf, math.inf, t0, reason="no assignment fits the memory caps")
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return _result([], [], K, "infeasible", math.inf, math.inf, t0, reason=f"no solution found ({status})")
-    assignment = []
-    for v in range(n):
-        st = K - 1
-        for s in range(K - 1):
-            ws = W(v, s)
-            if (ws if isinstance(ws, int) else (ws.value() or 0)) > 0.5:
-                st = s
-                break
-        assignment.append(st)
+    assignment = model.assignment()
     times = dag_stage_times(problem, assignment, K, link=link, device_speed=speed, comm=comm)
     objective = max(times)
     optimal = prob.sol_status == pulp.LpSolutionOptimal and "Stopped on time" not in log_text
@@ -298,12 +392,13 @@ def _parse_bound(log: str, objective: float) -> float:
     return 0.0
 
 
-def _result(assignment, times, K, status, objective, bound, t0, reason=None) -> Partition:
+def _result(assignment: list[int], times: list[float], K: int, status: str, objective: float, bound: float,
+            t0: float, reason: str | None = None) -> Partition:
     gap = None
     if status in ("optimal", "feasible") and objective > 0:
         gap = max(0.0, (objective - bound) / objective)
-    solver = {"name": "ilp", "status": status, "objective": objective, "bound": bound, "gap": gap,
-              "time_s": time.perf_counter() - t0}
+    solver: SolverInfo = {"name": "ilp", "status": status, "objective": objective, "bound": bound, "gap": gap,
+                          "time_s": time.perf_counter() - t0}
     if reason:
         solver["reason"] = reason
     return Partition(assignment=assignment, bottleneck_s=objective, stage_s=list(times), replicas=[1] * K,

@@ -38,12 +38,17 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from pipeplan.hardware_profiles.profile import Link
 from pipeplan.planner.dp import Partition
 from pipeplan.planner.problem import Problem
 
 RTOL = 1e-12
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int32]
+_Step = tuple[int, int, int]
+"""How a cover reached its furthest point with m units: (replicas v of the last stage, units before it, its start)."""
 
 
 @dataclass
@@ -71,7 +76,8 @@ def allreduce_pipedream_s(param_bytes: float, replicas: int, bandwidth_bytes_per
 
 
 class _Solver:
-    def __init__(self, problem: Problem, levels: list[tuple[int, Link]], memory_capacity_bytes, param_factor):
+    def __init__(self, problem: Problem, levels: list[tuple[int, Link]], memory_capacity_bytes: float | None,
+                 param_factor: float) -> None:
         self.n = problem.n
         self.C = np.concatenate([[0.0], np.cumsum(np.asarray(problem.compute_s, dtype=np.float64))])
         self.P = np.concatenate([[0.0], np.cumsum(np.asarray(problem.param_bytes, dtype=np.float64))])
@@ -83,9 +89,8 @@ class _Solver:
             self.D.append(self.D[-1] * c)
         self.total = self.D[-1] * self.counts[-1]
         # device level: stage [p, e) with v replicas meets X  <=>  h[v][e] - h[v][p] <= v X
-        self.h = {}
-        self.hl = {}
-        self.mem = {}
+        self.h: dict[int, FloatArray] = {}
+        self.mem: dict[int, FloatArray] = {}
         for v in range(1, self.counts[0] + 1):
             coef = 4.0 * (v - 1) / (self.bw[0] * v)
             self.h[v] = self.C + coef * self.P
@@ -124,11 +129,11 @@ class _Solver:
         return y >= 0 and self.cover(level - 1, p, e, y) is not None
 
     # ---- greedy furthest reach over units of one level --------------------
-    def cover(self, level: int, a: int, b: int, X: float):
+    def cover(self, level: int, a: int, b: int, X: float) -> tuple[list[int], list[_Step | None]] | None:
         """(reach, record) if [a, b) fits in `counts[level]` units at threshold X, else None."""
         N = self.counts[level]
         reach = [a] * (N + 1)
-        rec: list[tuple[int, int, int] | None] = [None] * (N + 1)
+        rec: list[_Step | None] = [None] * (N + 1)
         for m in range(1, N + 1):
             reach[m] = reach[m - 1]
             for v in range(1, m + 1):
@@ -148,10 +153,11 @@ class _Solver:
         reach, rec = got
         m, frontier, out = len(reach) - 1, b, []
         while frontier > a:
-            if rec[m] is None:
+            step = rec[m]
+            if step is None:
                 m -= 1
                 continue
-            v, prev, p = rec[m]
+            v, prev, p = step
             blk = Block(p, frontier, v)
             if level > 0:
                 blk.inner = self.blocks(level - 1, p, frontier, self._inner_budget(level, v, p, frontier, X))
@@ -179,7 +185,7 @@ def pipedream_time_s(problem: Problem, levels: list[tuple[int, Link]], blocks: l
 
 def flatten(blocks: list[Block], outer_replicas: int = 1) -> list[tuple[int, int, int, float]]:
     """Device-level stages (start, end, total replicas, stage time) in pipeline order."""
-    out = []
+    out: list[tuple[int, int, int, float]] = []
     for blk in blocks:
         if blk.inner:
             out.extend(flatten(blk.inner, outer_replicas * blk.replicas))
@@ -227,29 +233,19 @@ def partition_pipedream(problem: Problem, levels: list[tuple[int, Link]], *, mem
         n1 = levels[0][0]
         if ideals is not None and len(ideals) ** 3 * n1 * (n1 + 1) / 4 <= 1e8:
             return _partition_ideals_two_level(problem, levels, ideals, t0)
+    return _partition_ranges(problem, levels, memory_capacity_bytes, param_factor, t0)
+
+
+def _partition_ranges(problem: Problem, levels: list[tuple[int, Link]], memory_capacity_bytes: float | None,
+                      param_factor: float, t0: float) -> Partition:
+    """Stages as nested ranges of the topological order: chains, wide DAGs, deeper hierarchies, memory caps
+    on two levels. Device-level stages of the best nested configuration, in pipeline order."""
+    n = problem.n
     sol = _Solver(problem, levels, memory_capacity_bytes, param_factor)
     top = len(levels) - 1
     if sol.cover(top, 0, n, math.inf) is None:
-        return Partition(assignment=[], bottleneck_s=math.inf, stage_s=[], replicas=[], solver={
-            "name": "pipedream", "status": "infeasible", "objective": math.inf, "bound": math.inf, "gap": None,
-            "time_s": time.perf_counter() - t0, "reason": "a single layer exceeds the memory cap at every replication"})
-    best = sol.blocks(top, 0, n, math.inf)
-    hi = sol.evaluate(top, best)
-    lo = min(float(sol.C[-1]) / sol.total, hi)
-    iterations = 0
-    while hi - lo > RTOL * max(hi, 1e-300) and iterations < 200:
-        mid = lo + (hi - lo) / 2
-        if not lo < mid < hi:
-            break
-        iterations += 1
-        if sol.cover(top, 0, n, mid) is None:
-            lo = mid
-        else:
-            got = sol.blocks(top, 0, n, mid)
-            value = sol.evaluate(top, got)
-            if value <= hi:
-                best, hi = got, value
-            hi = min(hi, mid) if value <= mid else hi
+        return _infeasible(t0, "a single layer exceeds the memory cap at every replication")
+    best, lo, iterations = _bisect_threshold(sol, top, n)
     objective = sol.evaluate(top, best)
     flat = flatten(best)
     assignment = [s for s, (a, b, _, _) in enumerate(flat) for _ in range(a, b)]
@@ -272,8 +268,42 @@ def partition_pipedream(problem: Problem, levels: list[tuple[int, Link]], *, mem
     )
 
 
-def _block_dict(b: Block) -> dict:
-    d = {"start": b.start, "end": b.end, "replicas": b.replicas, "time_s": b.time_s}
+def _bisect_threshold(sol: _Solver, top: int, n: int) -> tuple[list[Block], float, int]:
+    """(best configuration, proven lower bound, iterations) of a bisection on the objective value T.
+
+    The upper end is always the time of a configuration actually found (a
+    threshold's cover can beat the threshold), so the answer is achieved, and a
+    threshold no cover meets is a proven bound; stops at relative RTOL.
+    """
+    best = sol.blocks(top, 0, n, math.inf)
+    hi = sol.evaluate(top, best)
+    lo = min(float(sol.C[-1]) / sol.total, hi)
+    iterations = 0
+    while hi - lo > RTOL * max(hi, 1e-300) and iterations < 200:
+        mid = lo + (hi - lo) / 2
+        if not lo < mid < hi:
+            break
+        iterations += 1
+        if sol.cover(top, 0, n, mid) is None:
+            lo = mid
+        else:
+            got = sol.blocks(top, 0, n, mid)
+            value = sol.evaluate(top, got)
+            if value <= hi:
+                best, hi = got, value
+            hi = min(hi, mid) if value <= mid else hi
+    return best, lo, iterations
+
+
+def _infeasible(t0: float, reason: str) -> Partition:
+    """The result when no configuration fits the memory cap (one record for the range and ideal paths)."""
+    return Partition(assignment=[], bottleneck_s=math.inf, stage_s=[], replicas=[], solver={
+        "name": "pipedream", "status": "infeasible", "objective": math.inf, "bound": math.inf, "gap": None,
+        "time_s": time.perf_counter() - t0, "reason": reason})
+
+
+def _block_dict(b: Block) -> dict[str, object]:
+    d: dict[str, object] = {"start": b.start, "end": b.end, "replicas": b.replicas, "time_s": b.time_s}
     if b.inner:
         d["inner"] = [_block_dict(x) for x in b.inner]
     return d
@@ -313,20 +343,92 @@ def enumerate_ideals(problem: Problem, limit: int) -> list[int] | None:
     return out  # BFS by size: every subset comes before its supersets
 
 
-def _partition_ideals(problem: Problem, level: tuple[int, Link], ideals: list[int], cap, param_factor, t0) -> Partition:
+# ---------------------------------------------------------------------------
+# Exact DPs over the ideal lattice (branching DAGs with few ideals)
+
+Choices = dict[tuple[int, int], tuple[int, int]]
+"""(ideal j, units m) -> (ideal k, replicas v): the best use of m units for j ends with stage j minus k on v."""
+
+
+@dataclass(frozen=True)
+class _IdealSums:
+    """Per ideal (in `ideals` order): compute, parameter and saved bytes of its nodes, and which ideals nest.
+
+    A stage is the difference of two nested ideals, so its sums are differences of these rows.
+    """
+
+    C: FloatArray
+    P: FloatArray
+    A: FloatArray
+    subset: npt.NDArray[np.bool_]  # subset[k, j]: ideal k is strictly inside ideal j
+
+
+def _ideal_sums(problem: Problem, ideals: list[int]) -> _IdealSums:
+    """Both ideal DPs start here: one matrix product per sum over the ideals' membership bits."""
+    n = problem.n
+    bits = np.array([[(I >> v) & 1 for v in range(n)] for I in ideals], dtype=np.float32)
+    b64 = bits.astype(np.float64)
+    size = bits.sum(axis=1)
+    # ideal k is strictly inside ideal j: |k \ j| == 0 and k is smaller
+    subset = ((bits @ (1.0 - bits).T) == 0) & (size[:, None] < size[None, :])
+    return _IdealSums(C=b64 @ np.asarray(problem.compute_s, dtype=np.float64),
+                      P=b64 @ np.asarray(problem.param_bytes, dtype=np.float64),
+                      A=b64 @ np.asarray(problem.saved_bytes, dtype=np.float64), subset=subset)
+
+
+def _walk_back(choice: Choices, full: int, units: int) -> list[tuple[int, int, int]]:
+    """The stages of the best configuration of ideal `full` on `units` units, first stage first,
+    as (ideal k, ideal j, replicas): the stage is j minus k."""
+    out = []
+    j, m = full, units
+    while j != 0:
+        k, v = choice[j, m]
+        out.append((k, j, v))
+        j, m = k, m - v
+    out.reverse()
+    return out
+
+
+def _partition_ideals(problem: Problem, level: tuple[int, Link], ideals: list[int], cap: float | None,
+                      param_factor: float, t0: float) -> Partition:
     """f[j][m] = min over ideals k inside j and v <= m of max(f[k][m-v], t(j minus k, v)); exact."""
     N, link = level
     bw = float(link.bandwidth_bytes_per_s)
-    n, S = problem.n, len(ideals)
-    bits = np.array([[(I >> v) & 1 for v in range(n)] for I in ideals], dtype=np.float32)
+    f, choice = _ideal_dp(_ideal_sums(problem, ideals), N, bw, cap, param_factor)
+    full = len(ideals) - 1
+    objective = float(f[full, N])
+    if not math.isfinite(objective):
+        return _infeasible(t0, "no configuration fits the memory cap")
+    stages = [(ideals[j] & ~ideals[k], v) for k, j, v in _walk_back(choice, full, N)]
+    n = problem.n
     comp = np.asarray(problem.compute_s, dtype=np.float64)
-    C = bits.astype(np.float64) @ comp
-    P = bits.astype(np.float64) @ np.asarray(problem.param_bytes, dtype=np.float64)
-    A = bits.astype(np.float64) @ np.asarray(problem.saved_bytes, dtype=np.float64)
-    size = bits.sum(axis=1)
-    # subset[k, j]: ideal k is strictly inside ideal j  (|k \ j| == 0 and smaller)
-    outside = bits @ (1.0 - bits).T
-    subset = (outside == 0) & (size[:, None] < size[None, :])
+    assignment = [0] * n
+    stage_s: list[float] = []
+    replicas: list[int] = []
+    blocks: list[dict[str, object]] = []
+    for s, (members, v) in enumerate(stages):
+        nodes = [i for i in range(n) if (members >> i) & 1]
+        for i in nodes:
+            assignment[i] = s
+        c = float(comp[nodes].sum())
+        p = float(sum(problem.param_bytes[i] for i in nodes))
+        ts = (c + allreduce_pipedream_s(p, v, bw)) / v
+        stage_s.append(ts)
+        replicas.append(v)
+        blocks.append({"layers": nodes, "replicas": v, "time_s": ts})
+    return Partition(
+        assignment=assignment, bottleneck_s=max(stage_s), stage_s=stage_s, replicas=replicas,
+        solver={"name": "pipedream", "status": "optimal", "objective": max(stage_s), "bound": objective, "gap": 0.0,
+                "time_s": time.perf_counter() - t0, "ideals": len(ideals), "devices": sum(replicas),
+                "blocks": blocks},
+    )
+
+
+def _ideal_dp(sums: _IdealSums, N: int, bw: float, cap: float | None,
+              param_factor: float) -> tuple[FloatArray, Choices]:
+    """(f, choice): f[j, m] the best time of ideal j on at most m units, every candidate last stage
+    (each ideal k inside j, each replica count v) compared at once per j (numpy)."""
+    S = len(sums.C)
     vs = np.arange(1, N + 1, dtype=np.float64)
     coef = 4.0 * (vs - 1) / (bw * vs)
     f = np.full((S, N + 1), np.inf)
@@ -334,16 +436,10 @@ def _partition_ideals(problem: Problem, level: tuple[int, Link], ideals: list[in
     ms = np.arange(1, N + 1)
     prev_m = np.clip(ms[:, None] - ms[None, :], 0, N)  # (m, v) -> m - v
     valid = (ms[None, :] <= ms[:, None])[:, :, None]  # v <= m
-    choice: dict[tuple[int, int], tuple[int, int]] = {}
+    choice: Choices = {}
     for j in range(1, S):
-        anc = np.nonzero(subset[:, j])[0]
-        dC = C[j] - C[anc]
-        dP = P[j] - P[anc]
-        t = (dC[None, :] + coef[:, None] * dP[None, :]) / vs[:, None]  # (N, len)
-        if cap is not None:
-            dA = A[j] - A[anc]
-            need = param_factor * dP[None, :] + np.ceil(N / vs)[:, None] * dA[None, :]
-            t = np.where(need <= cap, t, np.inf)
+        anc = np.nonzero(sums.subset[:, j])[0]
+        t = _last_stage_times(sums, j, anc, vs, coef, cap, param_factor)  # (N, len)
         F = f[anc]  # (len, N+1): best time of ideal k with at most m units
         # cand[m-1, v-1, k] = max(f[k][m-v], t[v][k]) for v <= m, else inf
         cand = np.maximum(F[:, prev_m].transpose(1, 2, 0), t[None, :, :])
@@ -360,50 +456,47 @@ def _partition_ideals(problem: Problem, level: tuple[int, Link], ideals: list[in
                 f[j, m] = f[j, m - 1]
                 if (j, m - 1) in choice:
                     choice[j, m] = choice[j, m - 1]
-    full = S - 1
-    objective = float(f[full, N])
-    if not math.isfinite(objective):
-        return Partition(assignment=[], bottleneck_s=math.inf, stage_s=[], replicas=[], solver={
-            "name": "pipedream", "status": "infeasible", "objective": math.inf, "bound": math.inf, "gap": None,
-            "time_s": time.perf_counter() - t0, "reason": "no configuration fits the memory cap"})
-    stages = []  # (node set bits, replicas)
-    j, m = full, N
-    while j != 0:
-        k, v = choice[j, m]
-        stages.append((ideals[j] & ~ideals[k], v))
-        j, m = k, m - v
-    stages.reverse()
-    assignment = [0] * n
-    stage_s, replicas, blocks = [], [], []
-    for s, (members, v) in enumerate(stages):
-        nodes = [i for i in range(n) if (members >> i) & 1]
-        for i in nodes:
-            assignment[i] = s
-        c = float(comp[nodes].sum())
-        p = float(sum(problem.param_bytes[i] for i in nodes))
-        ts = (c + allreduce_pipedream_s(p, v, bw)) / v
-        stage_s.append(ts)
-        replicas.append(v)
-        blocks.append({"layers": nodes, "replicas": v, "time_s": ts})
-    return Partition(
-        assignment=assignment, bottleneck_s=max(stage_s), stage_s=stage_s, replicas=replicas,
-        solver={"name": "pipedream", "status": "optimal", "objective": max(stage_s), "bound": objective, "gap": 0.0,
-                "time_s": time.perf_counter() - t0, "ideals": S, "devices": sum(replicas), "blocks": blocks},
-    )
+    return f, choice
 
 
-def _ideal_arrays(problem: Problem, ideals: list[int]):
-    n = problem.n
-    bits = np.array([[(I >> v) & 1 for v in range(n)] for I in ideals], dtype=np.float32)
-    b64 = bits.astype(np.float64)
-    C = b64 @ np.asarray(problem.compute_s, dtype=np.float64)
-    P = b64 @ np.asarray(problem.param_bytes, dtype=np.float64)
-    size = bits.sum(axis=1)
-    subset = ((bits @ (1.0 - bits).T) == 0) & (size[:, None] < size[None, :])
-    return C, P, subset
+def _last_stage_times(sums: _IdealSums, j: int, anc: npt.NDArray[np.intp], vs: FloatArray, coef: FloatArray,
+                      cap: float | None, param_factor: float) -> FloatArray:
+    """t[v-1, i]: time of stage j minus anc[i] on v = vs[v-1] replicas, coef[v-1] its all-reduce seconds
+    per parameter byte (inf where it breaks the memory cap)."""
+    N = len(vs)
+    dC = sums.C[j] - sums.C[anc]
+    dP = sums.P[j] - sums.P[anc]
+    t: FloatArray = (dC[None, :] + coef[:, None] * dP[None, :]) / vs[:, None]
+    if cap is not None:
+        dA = sums.A[j] - sums.A[anc]
+        need = param_factor * dP[None, :] + np.ceil(N / vs)[:, None] * dA[None, :]
+        t = np.where(need <= cap, t, np.inf)
+    return t
 
 
-def _partition_ideals_two_level(problem: Problem, levels, ideals: list[int], t0) -> Partition:
+@dataclass(frozen=True)
+class _InnerTables:
+    """The inner level of the two-level DP: best[k, j, m] is the best pipeline of ideal j minus ideal k
+    on at most m devices of a node; its last stage is j minus split[k, j, m] on reps[k, j, m] devices."""
+
+    best: FloatArray
+    split: IntArray
+    reps: IntArray
+
+    def stages(self, ideals: list[int], k: int, j: int, m: int) -> list[tuple[int, int]]:
+        """The inner pipeline of stage j minus k on m devices: (node set bits, replicas), first stage first."""
+        inner = []
+        jj, mm = j, m
+        while jj != k:
+            ii, v1 = int(self.split[k, jj, mm]), int(self.reps[k, jj, mm])
+            inner.append((ideals[jj] & ~ideals[ii], v1))
+            jj, mm = ii, mm - v1
+        inner.reverse()
+        return inner
+
+
+def _partition_ideals_two_level(problem: Problem, levels: list[tuple[int, Link]], ideals: list[int],
+                                t0: float) -> Partition:
     """Two levels over the ideal lattice, as PipeDream's hierarchical optimizer does over its states.
 
     Inner: F1[k, j, m] = best pipeline of ideal j minus ideal k on at most m devices of a node,
@@ -412,8 +505,50 @@ def _partition_ideals_two_level(problem: Problem, levels, ideals: list[int], t0)
     """
     (N1, link1), (N2, link2) = levels
     bw1, bw2 = float(link1.bandwidth_bytes_per_s), float(link2.bandwidth_bytes_per_s)
-    S = len(ideals)
-    C, P, subset = _ideal_arrays(problem, ideals)
+    sums = _ideal_sums(problem, ideals)
+    inner = _inner_dp(sums, N1, bw1)
+    f, choice = _outer_dp(inner.best[:, :, N1], sums, N1, N2, bw2)
+    full = len(ideals) - 1
+    if not math.isfinite(f[full, N2]):
+        raise RuntimeError("internal: two-level ideal DP found no configuration")
+    n = problem.n
+    comp = problem.compute_s
+    assignment = [0] * n
+    stage_s: list[float] = []
+    replicas: list[int] = []
+    blocks: list[dict[str, object]] = []
+    worst = 0.0
+    for k, j, v2 in _walk_back(choice, full, N2):
+        stages = inner.stages(ideals, k, j, N1)
+        inner_times = []
+        for members, v1 in stages:
+            nodes = [i for i in range(n) if (members >> i) & 1]
+            c = math.fsum(comp[i] for i in nodes)
+            p = float(sum(problem.param_bytes[i] for i in nodes))
+            ts = (c + allreduce_pipedream_s(p, v1, bw1)) / v1
+            for i in nodes:
+                assignment[i] = len(stage_s)
+            stage_s.append(ts)
+            replicas.append(v1 * v2)
+            inner_times.append(ts)
+        p_outer = float(sums.P[j] - sums.P[k])
+        t_outer = (max(inner_times) + allreduce_pipedream_s(p_outer, v2, bw2) / N1) / v2
+        worst = max(worst, t_outer)
+        blocks.append({"replicas": v2, "time_s": t_outer,
+                       "inner": [{"layers": [i for i in range(n) if (mem >> i) & 1], "replicas": v1}
+                                 for mem, v1 in stages]})
+    return Partition(
+        assignment=assignment, bottleneck_s=worst, stage_s=stage_s, replicas=replicas,
+        solver={"name": "pipedream", "status": "optimal", "objective": worst, "bound": float(f[full, N2]),
+                "gap": 0.0, "time_s": time.perf_counter() - t0, "ideals": len(ideals), "devices": sum(replicas),
+                "blocks": blocks},
+    )
+
+
+def _inner_dp(sums: _IdealSums, N1: int, bw1: float) -> _InnerTables:
+    """The inner level for every pair of nested ideals (k, j) at once: for each j, vectorised over k."""
+    C, P, subset = sums.C, sums.P, sums.subset
+    S = len(C)
     F1 = np.full((S, S, N1 + 1), np.inf)
     idx = np.arange(S)
     F1[idx, idx, :] = 0.0
@@ -439,10 +574,17 @@ def _partition_ideals_two_level(problem: Problem, levels, ideals: list[int], t0)
             F1[anc, j, m] = best
             ch_i[anc, j, m] = bi
             ch_v[anc, j, m] = bv
-    T1 = F1[:, :, N1]
+    return _InnerTables(best=F1, split=ch_i, reps=ch_v)
+
+
+def _outer_dp(T1: FloatArray, sums: _IdealSums, N1: int, N2: int, bw2: float) -> tuple[FloatArray, Choices]:
+    """The outer level's single-level DP, a stage's compute being the inner optimum T1[k, j]; the
+    all-reduce of its weights is sharded over the N1 devices of a node."""
+    P, subset = sums.P, sums.subset
+    S = len(P)
     f = np.full((S, N2 + 1), np.inf)
     f[0, :] = 0.0
-    choice: dict[tuple[int, int], tuple[int, int]] = {}
+    choice: Choices = {}
     for j in range(1, S):
         anc = np.nonzero(subset[:, j])[0]
         for m in range(1, N2 + 1):
@@ -456,49 +598,4 @@ def _partition_ideals_two_level(problem: Problem, levels, ideals: list[int], t0)
                 if cand[a] < f[j, m]:
                     f[j, m] = float(cand[a])
                     choice[j, m] = (int(anc[a]), v)
-    full = S - 1
-    if not math.isfinite(f[full, N2]):
-        raise RuntimeError("internal: two-level ideal DP found no configuration")
-    outer = []
-    j, m = full, N2
-    while j != 0:
-        k, v2 = choice[j, m]
-        outer.append((k, j, v2))
-        j, m = k, m - v2
-    outer.reverse()
-    n = problem.n
-    comp = problem.compute_s
-    assignment = [0] * n
-    stage_s, replicas, blocks = [], [], []
-    worst = 0.0
-    for k, j, v2 in outer:
-        inner = []
-        jj, mm = j, N1
-        while jj != k:
-            ii, v1 = int(ch_i[k, jj, mm]), int(ch_v[k, jj, mm])
-            inner.append((ideals[jj] & ~ideals[ii], v1))
-            jj, mm = ii, mm - v1
-        inner.reverse()
-        inner_times = []
-        for members, v1 in inner:
-            nodes = [i for i in range(n) if (members >> i) & 1]
-            c = math.fsum(comp[i] for i in nodes)
-            p = float(sum(problem.param_bytes[i] for i in nodes))
-            ts = (c + allreduce_pipedream_s(p, v1, bw1)) / v1
-            for i in nodes:
-                assignment[i] = len(stage_s)
-            stage_s.append(ts)
-            replicas.append(v1 * v2)
-            inner_times.append(ts)
-        p_outer = float(P[j] - P[k])
-        t_outer = (max(inner_times) + allreduce_pipedream_s(p_outer, v2, bw2) / N1) / v2
-        worst = max(worst, t_outer)
-        blocks.append({"replicas": v2, "time_s": t_outer,
-                       "inner": [{"layers": [i for i in range(n) if (mem >> i) & 1], "replicas": v1}
-                                 for mem, v1 in inner]})
-    return Partition(
-        assignment=assignment, bottleneck_s=worst, stage_s=stage_s, replicas=replicas,
-        solver={"name": "pipedream", "status": "optimal", "objective": worst, "bound": float(f[full, N2]),
-                "gap": 0.0, "time_s": time.perf_counter() - t0, "ideals": S, "devices": sum(replicas),
-                "blocks": blocks},
-    )
+    return f, choice

@@ -12,10 +12,13 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pipeplan._io import atomic_write_json, check_format, read_json
+from pipeplan.choices import DTYPES, OPTIMIZERS, TIMES, Dtype, Optimizer, Times
 from pipeplan.errors import UserError
+from pipeplan.schedules import ScheduleName, facts
+
+__all__ = ["PLAN_FORMAT", "Plan", "Stage", "StagePrediction", "Prediction", "load_plan"]
 
 PLAN_FORMAT = "pipeplan.plan/v1"
-SCHEDULES = ("gpipe", "1f1b", "pipedream", "interleaved")
 
 
 @dataclass
@@ -57,7 +60,7 @@ class Prediction:
 class Plan:
     graph: dict[str, Any]  # fingerprint, name, model_file, entry, layers (count)
     profile: str  # profile name (or path for a user profile)
-    schedule: str
+    schedule: ScheduleName
     microbatches: int
     batch_size: int
     stages: list[Stage]
@@ -65,17 +68,20 @@ class Plan:
     devices: int = 0  # devices the plan uses
     chunks: int = 1  # model chunks per device (interleaved schedule)
     recompute: bool = False
-    optimizer: str = "adam"
-    dtype: str = "fp32"
+    optimizer: Optimizer = "adam"
+    dtype: Dtype = "fp32"
     solver: dict[str, Any] = field(default_factory=dict)  # name, status, objective, bound, gap, time_s
     alternatives: list[dict[str, Any]] = field(default_factory=list)  # runners-up (summaries)
     notes: list[str] = field(default_factory=list)
     data_parallel: int = 1  # replicas of the whole pipeline (synchronous schedules); batch splits across them
-    times: str = "model"  # where layer times came from (costmodels.compute.layer_times_s)
+    times: Times = "model"  # where layer times came from (costmodels.compute.layer_times_s)
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise UserError(f"unknown schedule {self.schedule!r}", f"use one of {', '.join(SCHEDULES)}")
+        facts(self.schedule)  # an unknown schedule is a user error
+        for value, allowed, what in ((self.dtype, DTYPES, "dtype"), (self.optimizer, OPTIMIZERS, "optimizer"),
+                                     (self.times, TIMES, "times")):
+            if value not in allowed:
+                raise UserError(f"unknown {what} {value!r}", f"use one of {', '.join(allowed)}")
         if self.data_parallel < 1:
             raise UserError(f"data_parallel must be >= 1, got {self.data_parallel}")
         per_step = self.microbatches * self.data_parallel
@@ -96,7 +102,7 @@ class Plan:
         return {"format": PLAN_FORMAT, "microbatch_size": self.microbatch_size, **d}
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any], path: str | os.PathLike = "<plan>") -> Plan:
+    def from_dict(cls, doc: dict[str, Any], path: str | os.PathLike[str] = "<plan>") -> Plan:
         check_format(doc, path, PLAN_FORMAT)
         try:
             stage_pred = {f.name for f in fields(StagePrediction)}
@@ -121,9 +127,9 @@ class Plan:
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"{path}: malformed plan file ({type(e).__name__}: {e})", "re-create it with `pipeplan analyze -o`") from None
 
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         atomic_write_json(path, self.to_dict())
 
 
-def load_plan(path: str | os.PathLike) -> Plan:
+def load_plan(path: str | os.PathLike[str]) -> Plan:
     return Plan.from_dict(read_json(path, "plan file (pipeplan.plan/v1)"), path)

@@ -8,6 +8,7 @@ ONE microbatch on the target device, in the graph's execution (topological) orde
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeplan.costmodels.graph import Graph
@@ -43,14 +44,16 @@ class Problem:
 
     @property
     def compute_s(self) -> tuple[float, ...]:
-        return tuple(f + b for f, b in zip(self.fwd_s, self.bwd_s))
+        return tuple(f + b for f, b in zip(self.fwd_s, self.bwd_s, strict=True))
 
     def is_chain(self) -> bool:
         """Every edge goes to the next layer (no skips, no branches)."""
         return all(d == s + 1 for s, d, _ in self.edges)
 
 
-def chain_problem(compute_s, *, param_bytes=None, cut_bytes=None, saved_bytes=None, names=None) -> Problem:
+def chain_problem(compute_s: Sequence[float], *, param_bytes: Sequence[float] | None = None,
+                  cut_bytes: Sequence[int] | None = None, saved_bytes: Sequence[float] | None = None,
+                  names: Sequence[str] | None = None) -> Problem:
     """A chain problem from plain lists (tests, benchmarks): fwd = 1/3, bwd = 2/3 of compute."""
     n = len(compute_s)
     cut = list(cut_bytes) if cut_bytes is not None else [0] * (n - 1)
@@ -67,7 +70,8 @@ def chain_problem(compute_s, *, param_bytes=None, cut_bytes=None, saved_bytes=No
     )
 
 
-def dag_problem(compute_s, edges, *, param_bytes=None) -> Problem:
+def dag_problem(compute_s: Sequence[float], edges: Sequence[tuple[int, int, int]], *,
+                param_bytes: Sequence[float] | None = None) -> Problem:
     """A DAG problem from plain lists (tests, benchmarks): nodes in topological order,
     edges (src, dst, bytes); a node's output is one tensor of its largest edge's size,
     live from the node to its last consumer, which is the rule the ILP prices."""

@@ -46,12 +46,19 @@ PipeDream SOSP'19):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 from pipeplan.errors import UserError
+from pipeplan.schedules import ScheduleFacts, facts
 
-SIM_SCHEDULES = ("gpipe", "1f1b", "pipedream", "interleaved")
 COMPUTE_KINDS = ("fwd", "bwd", "recompute")
+
+Order = list[tuple[str, int, int]]
+"""One device's ops in the order it runs them: (kind "F" or "B", virtual stage, microbatch)."""
+MemDelta = tuple[float, int, int]
+"""(time, 0 for a free / 1 for an allocation, bytes): frees sort before allocations at the same instant."""
 
 
 @dataclass
@@ -94,12 +101,27 @@ def _order_1f1b(stage: int, stages: int, microbatches: int, first: int = 0) -> l
     return order
 
 
-def _orders(schedule: str, devices: int, chunks: int, microbatches: int) -> list[list[tuple[str, int, int]]]:
+def _interleaved_op(kind: str, k: int, device: int, devices: int, chunks: int) -> tuple[str, int, int]:
+    """The k-th forward (or backward) of `device` in Megatron's interleaved order, as (kind, virtual stage, mb).
+
+    Microbatches go in groups of `devices`: a group runs through chunk 0, then chunk 1, ...
+    (backwards visit the chunks in reverse), so consecutive ops of a device stay on one chunk
+    for `devices` microbatches.
+    """
+    group = k % (devices * chunks)
+    chunk = group // devices
+    if kind == "B":
+        chunk = chunks - 1 - chunk
+    mb = (k // (devices * chunks)) * devices + k % devices
+    return (kind, chunk * devices + device, mb)
+
+
+def _orders(schedule: str, devices: int, chunks: int, microbatches: int) -> list[Order]:
     """Per device, the ordered list of (kind, virtual stage, microbatch)."""
     K, v, M = devices, chunks, microbatches
     if schedule == "gpipe":
         return [[("F", d, m) for m in range(M)] + [("B", d, m) for m in range(M)] for d in range(K)]
-    if schedule in ("1f1b", "pipedream") or v == 1:  # interleaved with one chunk is plain 1F1B
+    if not facts(schedule).interleaves or v == 1:  # interleaved with one chunk is plain 1F1B
         return [[(k, d, m) for k, m in _order_1f1b(d, K, M)] for d in range(K)]
     # Interleaved: Megatron-LM forward_backward_pipelining_with_interleaving.
     total = M * v
@@ -109,128 +131,201 @@ def _orders(schedule: str, devices: int, chunks: int, microbatches: int) -> list
             warm = total  # Megatron: all-warmup when microbatches == pipeline size
         else:
             warm = min((K - d - 1) * 2 + (v - 1) * K, total)
-
-        def op(kind: str, k: int) -> tuple[str, int, int]:
-            group = k % (K * v)
-            chunk = group // K
-            if kind == "B":
-                chunk = v - 1 - chunk
-            mb = (k // (K * v)) * K + k % K
-            return (kind, chunk * K + d, mb)
-
-        order = [op("F", k) for k in range(warm)]
+        order = [_interleaved_op("F", k, d, K, v) for k in range(warm)]
         for i in range(total - warm):
-            order += [op("F", warm + i), op("B", i)]
-        order += [op("B", k) for k in range(total - warm, total)]
+            order += [_interleaved_op("F", warm + i, d, K, v), _interleaved_op("B", i, d, K, v)]
+        order += [_interleaved_op("B", k, d, K, v) for k in range(total - warm, total)]
         orders.append(order)
     return orders
 
 
 # ---------------------------------------------------------------------------
-# Simulation
+# Inputs
+
+_Num = TypeVar("_Num", int, float)
 
 
-def _check_lengths(name: str, values, n: int) -> list:
-    values = list(values)
-    if len(values) != n:
-        raise ValueError(f"{name} has {len(values)} entries, expected {n}")
-    if any(x < 0 for x in values):
-        raise ValueError(f"{name} has a negative entry")
-    return values
+@dataclass(frozen=True)
+class _SimInputs:
+    """`simulate`'s arguments once checked: every per-stage tuple has one entry per virtual stage.
 
-
-def simulate(
-    schedule: str,
-    fwd_s: list[float],
-    bwd_s: list[float],
-    send_s: list[float],
-    microbatches: int,
-    *,
-    chunks: int = 1,
-    static_bytes: list[int] | None = None,
-    activation_bytes_per_mb: list[int] | None = None,
-    allreduce_s: list[float] | None = None,
-    recompute_s: list[float] | None = None,
-    recompute_bytes: list[int] | None = None,
-    keep_events: bool = True,
-) -> SimResult:
-    """Play a pipeline schedule out and measure time, bubbles and memory.
-
-    All lists are per (virtual) stage in model order, except `static_bytes`,
-    which is per device. `send_s[i]` is the time to move one microbatch's
-    tensors across boundary i (stage i to i+1; its gradient goes back in the
-    same time); a list of K-1 entries is accepted too. Times may be any
-    numbers supporting + and max (Fractions give exact results in tests).
-    `keep_events=False` skips building the Event list (the search's fast path).
+    Absent optional lists become zeros (ints, so exact Fraction inputs stay exact).
     """
-    if schedule not in SIM_SCHEDULES:
-        raise UserError(f"unknown schedule {schedule!r}", f"use one of {', '.join(SIM_SCHEDULES)}")
-    S = len(fwd_s)
-    if S < 1:
+
+    schedule: ScheduleFacts
+    stages: int  # S, virtual stages (K * chunks)
+    devices: int  # K
+    chunks: int
+    microbatches: int  # M
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...]
+    send: tuple[float, ...]  # boundary s -> s+1; the last entry (no boundary) is never used
+    recompute: tuple[float, ...]
+    activation_bytes: tuple[int, ...]
+    recompute_bytes: tuple[int, ...]
+    static_bytes: tuple[int, ...]  # per device
+    allreduce: tuple[float, ...]  # all zero without a flush
+
+
+def _check_lengths(name: str, values: Iterable[_Num], n: int) -> tuple[_Num, ...]:
+    """`values` as a tuple, after checking it has `n` entries, none negative."""
+    out = tuple(values)
+    if len(out) != n:
+        raise ValueError(f"{name} has {len(out)} entries, expected {n}")
+    if any(x < 0 for x in out):
+        raise ValueError(f"{name} has a negative entry")
+    return out
+
+
+def _optional(name: str, values: Sequence[_Num] | None, n: int) -> tuple[_Num, ...]:
+    """A checked optional list, zeros when absent."""
+    if values is None:
+        return (0,) * n  # int zeros, exact whatever number type the other lists use
+    return _check_lengths(name, values, n)
+
+
+def _check_shape(schedule: str, stages: int, microbatches: int, chunks: int) -> ScheduleFacts:
+    """The schedule's facts after checking that stages, microbatches and chunks fit it.
+
+    Kept apart from the list checks so the errors come in the order users meet
+    them: the schedule name, then the pipeline's shape, then the per-stage lists.
+    """
+    schedule_facts = facts(schedule)
+    if stages < 1:
         raise ValueError("no stages to simulate")
     if microbatches < 1:
         raise UserError(f"microbatches must be at least 1, got {microbatches}")
-    if schedule != "interleaved" and chunks != 1:
+    if not schedule_facts.interleaves and chunks != 1:
         raise ValueError(f"chunks={chunks} only applies to the interleaved schedule")
-    if chunks < 1 or S % chunks:
-        raise ValueError(f"{S} virtual stages cannot be split into {chunks} chunks per device")
-    K = S // chunks
-    if schedule == "interleaved" and chunks > 1 and microbatches % K:
+    if chunks < 1 or stages % chunks:
+        raise ValueError(f"{stages} virtual stages cannot be split into {chunks} chunks per device")
+    K = stages // chunks
+    if schedule_facts.interleaves and chunks > 1 and microbatches % K:
         raise UserError(
-            f"the interleaved schedule needs the microbatch count to be a multiple of the {K} pipeline devices, got {microbatches}",
+            f"the interleaved schedule needs the microbatch count to be a multiple of the {K} pipeline devices, "
+            f"got {microbatches}",
             f"use {K * max(1, round(microbatches / K))} microbatches or another schedule",
         )
+    return schedule_facts
+
+
+def _allreduce_times(schedule: ScheduleFacts, allreduce_s: Sequence[float] | None, stages: int) -> tuple[float, ...]:
+    """Per-stage all-reduce times; a schedule without a flush has no iteration end to all-reduce at."""
+    if not schedule.flushes:
+        if allreduce_s is not None and any(allreduce_s):
+            raise ValueError(f"{schedule.name}: fold weight synchronisation into the stage times; "
+                             "allreduce_s is not used")
+        return (0,) * stages
+    return _optional("allreduce_s", allreduce_s, stages)
+
+
+def _validate(
+    schedule: str,
+    fwd_s: Sequence[float],
+    bwd_s: Sequence[float],
+    send_s: Sequence[float],
+    microbatches: int,
+    chunks: int,
+    static_bytes: Sequence[int] | None,
+    activation_bytes_per_mb: Sequence[int] | None,
+    allreduce_s: Sequence[float] | None,
+    recompute_s: Sequence[float] | None,
+    recompute_bytes: Sequence[int] | None,
+) -> _SimInputs:
+    """Check and normalise `simulate`'s arguments (see its docstring), raising on the first problem."""
+    S = len(fwd_s)
+    schedule_facts = _check_shape(schedule, S, microbatches, chunks)
+    K = S // chunks
     fwd = _check_lengths("fwd_s", fwd_s, S)
     bwd = _check_lengths("bwd_s", bwd_s, S)
     send = list(send_s)
     if len(send) == S - 1:
         send.append(0)
-    send = _check_lengths("send_s", send, S)
-    rec = _check_lengths("recompute_s", recompute_s, S) if recompute_s is not None else [0] * S
-    act = _check_lengths("activation_bytes_per_mb", activation_bytes_per_mb, S) if activation_bytes_per_mb is not None else [0] * S
-    rbytes = _check_lengths("recompute_bytes", recompute_bytes, S) if recompute_bytes is not None else [0] * S
-    static = _check_lengths("static_bytes", static_bytes, K) if static_bytes is not None else [0] * K
-    if schedule == "pipedream":
-        if allreduce_s is not None and any(allreduce_s):
-            raise ValueError("pipedream: fold weight synchronisation into the stage times; allreduce_s is not used")
-        allred = [0] * S
-    else:
-        allred = _check_lengths("allreduce_s", allreduce_s, S) if allreduce_s is not None else [0] * S
+    return _SimInputs(
+        schedule=schedule_facts, stages=S, devices=K, chunks=chunks, microbatches=microbatches,
+        fwd=fwd, bwd=bwd, send=_check_lengths("send_s", send, S),
+        recompute=_optional("recompute_s", recompute_s, S),
+        activation_bytes=_optional("activation_bytes_per_mb", activation_bytes_per_mb, S),
+        recompute_bytes=_optional("recompute_bytes", recompute_bytes, S),
+        static_bytes=_optional("static_bytes", static_bytes, K),
+        allreduce=_allreduce_times(schedule_facts, allreduce_s, S),
+    )
 
-    M = microbatches
-    if schedule == "pipedream":
-        # Enough microbatches that a window of M of them lies in the steady state.
-        rounds = 3 + math.ceil(2 * K / M)
-        stream = M * rounds
-        orders = _orders("pipedream", K, 1, stream)
-    else:
-        stream = M
-        orders = _orders(schedule, K, chunks, M)
 
-    dev = [s % K for s in range(S)]
-    f_start = [[None] * stream for _ in range(S)]
-    f_end = [[None] * stream for _ in range(S)]
-    f_arrive = [[None] * stream for _ in range(S)]  # F output available at the next stage's device
-    b_end = [[None] * stream for _ in range(S)]
-    b_arrive = [[None] * stream for _ in range(S)]  # B input-gradient available at the previous stage's device
-    free = [0] * K
-    link_free: dict[tuple[int, int], float] = {}
-    events: list[Event] = []
-    mem_deltas: list[list[tuple[float, int, int]]] = [[] for _ in range(K)]  # (time, order, delta)
-    ptr = [0] * K
-    remaining = sum(len(o) for o in orders)
+# ---------------------------------------------------------------------------
+# Event loop
 
-    def _send(src_dev: int, dst_dev: int, ready, dur, stage: int, mb: int):
+
+def _stream_length(inp: _SimInputs) -> int:
+    """Microbatches to play out: M, or without a flush enough that M of them lie in the steady state."""
+    M, K = inp.microbatches, inp.devices
+    if inp.schedule.flushes:
+        return M
+    rounds = 3 + math.ceil(2 * K / M)
+    return M * rounds
+
+
+@dataclass
+class _Run:
+    """What the event loop fills in, per (virtual stage, microbatch): None until that op has run."""
+
+    f_start: list[list[float | None]]
+    f_end: list[list[float | None]]
+    f_arrive: list[list[float | None]]  # forward output available at the next stage's device
+    b_end: list[list[float | None]]
+    b_arrive: list[list[float | None]]  # input gradient available at the previous stage's device
+    free: list[float]  # per device: when its last op ended
+    mem_deltas: list[list[MemDelta]]  # per device
+    events: list[Event]
+
+    @classmethod
+    def empty(cls, stages: int, devices: int, stream: int) -> _Run:
+        """Nothing run yet: every device free at time 0 (int, so Fraction times stay exact)."""
+        def slots() -> list[list[float | None]]:
+            return [[None] * stream for _ in range(stages)]
+
+        return cls(f_start=slots(), f_end=slots(), f_arrive=slots(), b_end=slots(), b_arrive=slots(),
+                   free=[0] * devices, mem_deltas=[[] for _ in range(devices)], events=[])
+
+
+class _Links:
+    """Directional device-to-device links (full duplex), each FIFO: a send starts when its tensor
+    is ready and the link has finished the previous send."""
+
+    def __init__(self, devices: int, events: list[Event] | None) -> None:
+        self.devices = devices
+        self.events = events  # None: do not record send events
+        self.free: dict[tuple[int, int], float] = {}
+
+    def send(self, src_dev: int, dst_dev: int, ready: float, dur: float, stage: int, mb: int) -> float:
+        """When a tensor ready at `ready` on src_dev has arrived at dst_dev (at once on the same device)."""
         if src_dev == dst_dev:
             return ready
         key = (src_dev, dst_dev)
-        start = max(ready, link_free.get(key, 0))
+        start = max(ready, self.free.get(key, 0))
         end = start + dur
-        link_free[key] = end
-        if keep_events and dur:
-            events.append(Event(src_dev, stage, stage // K, mb, "send", start, end, dst_dev))
+        self.free[key] = end
+        if self.events is not None and dur:
+            self.events.append(Event(src_dev, stage, stage // self.devices, mb, "send", start, end, dst_dev))
         return end
 
+
+def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) -> None:
+    """Run every device's order: each device runs its next op once its input has arrived, until all are done.
+
+    One function with the op rules inline, not a helper per op: this loop is the
+    search's inner loop and a call per attempted op doubles its time.
+    """
+    S, K = inp.stages, inp.devices
+    fwd, bwd, sends, rec, act, rbytes = inp.fwd, inp.bwd, inp.send, inp.recompute, inp.activation_bytes, \
+        inp.recompute_bytes
+    f_start, f_end, f_arrive, b_end, b_arrive = run.f_start, run.f_end, run.f_arrive, run.b_end, run.b_arrive
+    free, mem_deltas = run.free, run.mem_deltas
+    events = run.events if keep_events else None
+    send = _Links(K, events).send
+    dev = [s % K for s in range(S)]
+    ptr = [0] * K
+    remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
         for d in range(K):
@@ -245,87 +340,159 @@ def simulate(
                     end = start + fwd[s]
                     f_start[s][m] = start
                     f_end[s][m] = end
-                    f_arrive[s][m] = _send(d, dev[s + 1], end, send[s], s, m) if s + 1 < S else end
+                    f_arrive[s][m] = send(d, dev[s + 1], end, sends[s], s, m) if s + 1 < S else end
                     mem_deltas[d].append((start, 1, act[s]))
-                    if keep_events:
+                    if events is not None:
                         events.append(Event(d, s, s // K, m, "fwd", start, end))
                 else:
-                    ready = f_end[s][m] if s == S - 1 else b_arrive[s + 1][m]
-                    if ready is None or f_end[s][m] is None:
+                    forward_end = f_end[s][m]
+                    ready = forward_end if s == S - 1 else b_arrive[s + 1][m]
+                    if ready is None or forward_end is None:
                         break
-                    start = max(free[d], ready, f_end[s][m])
+                    start = max(free[d], ready, forward_end)
                     if rec[s] or rbytes[s]:
                         mem_deltas[d].append((start, 1, rbytes[s]))
-                        if keep_events and rec[s]:
+                        if events is not None and rec[s]:
                             events.append(Event(d, s, s // K, m, "recompute", start, start + rec[s]))
                         start = start + rec[s]
                     end = start + bwd[s]
                     b_end[s][m] = end
-                    b_arrive[s][m] = _send(d, dev[s - 1], end, send[s - 1], s, m) if s > 0 else end
+                    b_arrive[s][m] = send(d, dev[s - 1], end, sends[s - 1], s, m) if s > 0 else end
                     mem_deltas[d].append((end, 0, -(act[s] + rbytes[s])))
-                    if keep_events:
+                    if events is not None:
                         events.append(Event(d, s, s // K, m, "bwd", start, end))
                 free[d] = end
                 ptr[d] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
-            raise RuntimeError(f"{schedule} schedule deadlocked (internal error in the op orders)")
+            raise RuntimeError(f"{inp.schedule.name} schedule deadlocked (internal error in the op orders)")
 
-    busy = [0] * K
-    for s in range(S):
-        busy[dev[s]] += M * (fwd[s] + bwd[s] + rec[s])
 
-    if schedule == "pipedream":
-        # Steady state: time for M consecutive microbatches, measured on the last
-        # stage (it never waits on a warm-up of its own) well inside the stream.
-        i1 = stream - 2 * M - K
-        pipeline_s = b_end[S - 1][i1 + M] - b_end[S - 1][i1]
-        iteration_s = pipeline_s
-    else:
-        pipeline_s = max(max(row) for row in b_end)
-        iteration_s = pipeline_s
-        comm_free = [0] * K
-        for s in sorted(range(S), key=lambda s: max(b_end[s])):
-            if allred[s]:
-                d = dev[s]
-                start = max(max(b_end[s]), comm_free[d])
-                comm_free[d] = start + allred[s]
-                iteration_s = max(iteration_s, comm_free[d])
-                if keep_events:
-                    events.append(Event(d, s, s // K, -1, "allreduce", start, start + allred[s]))
+# ---------------------------------------------------------------------------
+# Measurements on a finished run
 
-    # Memory timeline: frees before allocations at the same instant.
+
+def _busy_s(inp: _SimInputs) -> list[float]:
+    """Compute time of each device in one iteration of M microbatches."""
+    busy: list[float] = [0] * inp.devices
+    for s in range(inp.stages):
+        busy[s % inp.devices] += inp.microbatches * (inp.fwd[s] + inp.bwd[s] + inp.recompute[s])
+    return busy
+
+
+def _steady_state_s(inp: _SimInputs, b_end: list[list[float]], stream: int) -> float:
+    """Without a flush: time for M consecutive microbatches, measured on the last stage (it never
+    waits on a warm-up of its own) well inside the stream."""
+    M = inp.microbatches
+    i1 = stream - 2 * M - inp.devices
+    return b_end[inp.stages - 1][i1 + M] - b_end[inp.stages - 1][i1]
+
+
+def _allreduce_end(inp: _SimInputs, b_end: list[list[float]], pipeline_s: float, events: list[Event] | None) -> float:
+    """When the iteration ends: each stage's all-reduce starts after its last backward, one at a time per
+    device's comm channel (stages in the order they finish), overlapping with remaining compute.
+    Appends the all-reduce events to `events` unless it is None."""
+    K = inp.devices
+    iteration_s = pipeline_s
+    comm_free: list[float] = [0] * K
+    for s in sorted(range(inp.stages), key=lambda s: max(b_end[s])):
+        if inp.allreduce[s]:
+            d = s % K
+            start = max(max(b_end[s]), comm_free[d])
+            comm_free[d] = start + inp.allreduce[s]
+            iteration_s = max(iteration_s, comm_free[d])
+            if events is not None:
+                events.append(Event(d, s, s // K, -1, "allreduce", start, start + inp.allreduce[s]))
+    return iteration_s
+
+
+def _memory_timeline(
+    static_bytes: Sequence[int], mem_deltas: list[list[MemDelta]]
+) -> tuple[list[tuple[float, int, int]], list[int]]:
+    """(time, device, bytes in use) in time order, and each device's peak. Frees before allocations at
+    the same instant, so a microbatch handing its memory to the next does not count both."""
     timeline: list[tuple[float, int, int]] = []
     peaks = []
-    for d in range(K):
-        use = static[d]
+    for d, deltas in enumerate(mem_deltas):
+        use = static_bytes[d]
         peak = use
         timeline.append((0, d, use))
-        for t, _, delta in sorted(mem_deltas[d], key=lambda x: (x[0], x[1])):
+        for t, _, delta in sorted(deltas, key=lambda x: (x[0], x[1])):
             use += delta
             peak = max(peak, use)
             timeline.append((t, d, use))
         peaks.append(int(peak))
     timeline.sort(key=lambda x: (x[0], x[1]))
+    return timeline, peaks
 
-    def _peak_count(stages_: list[int]) -> int:
-        marks = sorted([(f, 1) for s in stages_ for f in f_start[s]] + [(b, 0) for s in stages_ for b in b_end[s]])
-        n = best = 0
-        for _, up in marks:
-            n += 1 if up else -1
-            best = max(best, n)
-        return best
 
-    inflight = [_peak_count([s]) for s in range(S)]
-    inflight_device = [_peak_count(list(range(d, S, K))) for d in range(K)]
+def _peak_count(f_start: list[list[float]], b_end: list[list[float]], stages: Iterable[int]) -> int:
+    """Most microbatches whose forward on one of `stages` has started and backward not ended, at once."""
+    stages = list(stages)
+    marks = sorted([(f, 1) for s in stages for f in f_start[s]] + [(b, 0) for s in stages for b in b_end[s]])
+    n = best = 0
+    for _, up in marks:
+        n += 1 if up else -1
+        best = max(best, n)
+    return best
 
+
+def _bubbles(busy: list[float], pipeline_s: float, devices: int) -> tuple[float, float]:
+    """(idle share of the devices' time, Megatron's bubble overhead pipeline_s / busiest compute - 1)."""
     ideal = max(busy) if max(busy) else 1
     if pipeline_s:
-        bubble_fraction = 1 - sum(busy) / (K * pipeline_s)
-        bubble_overhead = pipeline_s / ideal - 1
+        return 1 - sum(busy) / (devices * pipeline_s), pipeline_s / ideal - 1
+    return 0, 0
+
+
+# ---------------------------------------------------------------------------
+# Simulation
+
+
+def simulate(
+    schedule: str,
+    fwd_s: Sequence[float],
+    bwd_s: Sequence[float],
+    send_s: Sequence[float],
+    microbatches: int,
+    *,
+    chunks: int = 1,
+    static_bytes: Sequence[int] | None = None,
+    activation_bytes_per_mb: Sequence[int] | None = None,
+    allreduce_s: Sequence[float] | None = None,
+    recompute_s: Sequence[float] | None = None,
+    recompute_bytes: Sequence[int] | None = None,
+    keep_events: bool = True,
+) -> SimResult:
+    """Play a pipeline schedule out and measure time, bubbles and memory.
+
+    All lists are per (virtual) stage in model order, except `static_bytes`,
+    which is per device. `send_s[i]` is the time to move one microbatch's
+    tensors across boundary i (stage i to i+1; its gradient goes back in the
+    same time); a list of K-1 entries is accepted too. Times may be any
+    numbers supporting + and max (Fractions give exact results in tests).
+    `keep_events=False` skips building the Event list (the search's fast path).
+    """
+    inp = _validate(schedule, fwd_s, bwd_s, send_s, microbatches, chunks, static_bytes, activation_bytes_per_mb,
+                    allreduce_s, recompute_s, recompute_bytes)
+    stream = _stream_length(inp)
+    run = _Run.empty(inp.stages, inp.devices, stream)
+    _play(inp, _orders(inp.schedule.name, inp.devices, inp.chunks, stream), run, keep_events)
+    # every op has run, so every slot is filled
+    f_start = cast(list[list[float]], run.f_start)
+    b_end = cast(list[list[float]], run.b_end)
+    events = run.events
+
+    if inp.schedule.flushes:
+        pipeline_s = max(max(row) for row in b_end)
+        iteration_s = _allreduce_end(inp, b_end, pipeline_s, events if keep_events else None)
     else:
-        bubble_fraction = bubble_overhead = 0
+        pipeline_s = iteration_s = _steady_state_s(inp, b_end, stream)
+    timeline, peaks = _memory_timeline(inp.static_bytes, run.mem_deltas)
+    S, K = inp.stages, inp.devices
+    busy = _busy_s(inp)
+    bubble_fraction, bubble_overhead = _bubbles(busy, pipeline_s, K)
     events.sort(key=lambda e: (e.start_s, e.device, e.kind))
     return SimResult(
         iteration_s=iteration_s,
@@ -336,6 +503,6 @@ def simulate(
         pipeline_s=pipeline_s,
         bubble_overhead=bubble_overhead,
         busy_s=busy,
-        inflight_peak=inflight,
-        inflight_device_peak=inflight_device,
+        inflight_peak=[_peak_count(f_start, b_end, [s]) for s in range(S)],
+        inflight_device_peak=[_peak_count(f_start, b_end, range(d, S, K)) for d in range(K)],
     )

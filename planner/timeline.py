@@ -23,6 +23,7 @@ _COLOR = {"fwd": "thread_state_running", "bwd": "rail_response", "recompute": "r
 
 
 def _get(ev: Any, key: str, default: Any = None) -> Any:
+    # Any: events are duck-typed (simulator Events, the runtime's measured records, plain dicts).
     if isinstance(ev, dict):
         return ev.get(key, default)
     return getattr(ev, key, default)
@@ -38,12 +39,12 @@ def event_name(kind: str, microbatch: int, chunk: int = 0, chunks: int = 1) -> s
     return name
 
 
-def chrome_trace(events: Iterable[Any], *, title: str = "pipeplan") -> dict:
+def chrome_trace(events: Iterable[Any], *, title: str = "pipeplan") -> dict[str, object]:
     """Trace-event JSON document for `events` (Event objects or dicts with the same keys)."""
     events = list(events)
     chunks = 1 + max((int(_get(e, "chunk", 0) or 0) for e in events), default=0)
     devices = sorted({int(_get(e, "device")) for e in events})
-    trace: list[dict] = []
+    trace: list[dict[str, object]] = []
     for d in devices:
         trace.append({"ph": "M", "name": "process_name", "pid": d, "tid": 0, "args": {"name": f"device {d}"}})
         trace.append({"ph": "M", "name": "process_sort_index", "pid": d, "tid": 0, "args": {"sort_index": d}})
@@ -54,11 +55,11 @@ def chrome_trace(events: Iterable[Any], *, title: str = "pipeplan") -> dict:
         mb = int(_get(e, "microbatch", -1))
         chunk = int(_get(e, "chunk", 0) or 0)
         start, end = float(_get(e, "start_s")), float(_get(e, "end_s"))
-        args = {"stage": int(_get(e, "stage", -1)), "chunk": chunk, "microbatch": mb, "kind": kind}
+        args: dict[str, object] = {"stage": int(_get(e, "stage", -1)), "chunk": chunk, "microbatch": mb, "kind": kind}
         peer = _get(e, "peer", -1)
         if peer is not None and peer >= 0:
             args["peer"] = int(peer)
-        item = {
+        item: dict[str, object] = {
             "name": event_name(kind, mb, chunk, chunks),
             "cat": kind,
             "ph": "X",
@@ -74,6 +75,6 @@ def chrome_trace(events: Iterable[Any], *, title: str = "pipeplan") -> dict:
     return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": {"title": title, "generator": "pipeplan"}}
 
 
-def write_chrome_trace(path: str | os.PathLike, events: Iterable[Any], *, title: str = "pipeplan") -> None:
+def write_chrome_trace(path: str | os.PathLike[str], events: Iterable[Any], *, title: str = "pipeplan") -> None:
     """Write the trace atomically (never a half-written file)."""
     atomic_write_json(path, chrome_trace(events, title=title))

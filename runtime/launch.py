@@ -43,6 +43,9 @@ class LaunchOptions:
     resume: bool = False
     dump_params: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    worker_script: str | None = None
+    """A script torchrun starts instead of `-m pipeplan.runtime.worker`, with the same arguments. Tests only:
+    tests/runtime_fault_worker.py wraps the real worker's main with a step hook that kills a rank."""
 
 
 def devices_used(plan) -> int:
@@ -51,13 +54,9 @@ def devices_used(plan) -> int:
 
 def check_plan(plan, opts: LaunchOptions) -> int:
     """Everything checkable before starting processes; returns processes per node."""
-    from pipeplan.runtime.worker import stage_ranks
+    from pipeplan.runtime.worker import stage_ranks, torch_schedule_class
 
-    if plan.schedule == "pipedream":
-        raise UserError(
-            "asynchronous PipeDream (weight stashing, no flush) is not supported by the runtime yet",
-            "plan with --schedule 1f1b (PipeDream-Flush), which runs with the same partition",
-        )
+    torch_schedule_class(plan.schedule)  # async PipeDream: refused before any process starts
     stage_ranks(plan)  # replicas / placement checks
     if plan.graph.get("model_file") is None:
         raise UserError("this plan was made from an imported graph (no model file), so there is nothing to run",
@@ -93,14 +92,15 @@ def check_plan(plan, opts: LaunchOptions) -> int:
 
 
 def torchrun_command(plan_path: str, per_node: int, opts: LaunchOptions, run_dir: str) -> list[str]:
+    """torchrun starting the worker (opts.worker_script in tests) on this node, with the run's options."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(per_node), "--max-restarts", "0"]
     if opts.nnodes == 1 and opts.master_addr is None:
         cmd += ["--standalone"]
     else:
         cmd += ["--nnodes", str(opts.nnodes), "--node-rank", str(opts.node_rank),
                 "--master-addr", opts.master_addr or "127.0.0.1", "--master-port", str(opts.master_port or 29500)]
-    cmd += ["-m", "pipeplan.runtime.worker", os.path.abspath(plan_path), "--steps", str(opts.steps),
-            "--warmup", str(opts.warmup), "--run-dir", run_dir]
+    cmd += [os.path.abspath(opts.worker_script)] if opts.worker_script else ["-m", "pipeplan.runtime.worker"]
+    cmd += [os.path.abspath(plan_path), "--steps", str(opts.steps), "--warmup", str(opts.warmup), "--run-dir", run_dir]
     if opts.lr is not None:
         cmd += ["--lr", repr(opts.lr)]
     if opts.optimizer:
@@ -129,7 +129,7 @@ def failed_rank(log: str, run_dir: Path, world: int) -> tuple[int | None, str]:
 
 
 def launch(plan_path: str, opts: LaunchOptions, *, progress=None) -> dict[str, Any]:
-    """Run the plan; returns rank 0's result document (see worker.run) plus "log"."""
+    """Run the plan; returns rank 0's result document (see worker.teardown)."""
     from pipeplan.planner.plan import load_plan
 
     plan = load_plan(plan_path)

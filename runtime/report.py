@@ -4,6 +4,7 @@ Iteration time is the slowest rank's step (the pipeline is done when its last
 rank is), median over the measured steps. Per stage, compute is the summed
 forward/backward time of its microbatches in one step and everything else in
 the step is waiting/communication, the same split the planner predicts.
+This module only computes (the `--json` document); cli/run_report.py draws the table.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from pipeplan.runtime.measure import median
+from pipeplan.schedules import facts
 
 
 def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
@@ -67,44 +69,14 @@ def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
 def measured_events(result: dict[str, Any], plan) -> list[dict[str, Any]]:
     """The last measured step's forward/backward spans, as timeline events (planner.timeline format)."""
     out = []
+    interleaves = facts(plan.schedule).interleaves  # several stages (chunks) per device
     for r in result["ranks"]:
         if r is None:
             continue
         for stage, events in r["events"].items():
             for kind, mb, start, end in events:
-                chunk = int(stage) // max(1, plan.devices or 1) if plan.schedule == "interleaved" else 0
+                chunk = int(stage) // max(1, plan.devices or 1) if interleaves else 0
                 out.append({"device": r["rank"], "stage": int(stage), "chunk": chunk, "microbatch": mb,
                             "kind": kind, "start_s": start, "end_s": end})
     return out
 
-
-def render_table(doc: dict[str, Any], console) -> None:
-    """Measured vs. predicted, per stage and for the iteration (rich)."""
-    from rich.table import Table
-
-    m, p = doc["measured"], doc["predicted"]
-    pstages = {s["index"]: s for s in p.get("stages", [])}
-    mb = doc["plan"]["microbatches"]
-    t = Table(title=f"pipeplan run: {doc['plan']['schedule']}, {doc['plan']['stages']} stages, M={mb}, "
-                    f"{m['steps_measured']} measured step(s)")
-    for col in ("stage", "rank", "fwd ms/mb", "pred", "bwd ms/mb", "pred", "compute ms/step", "wait ms/step", "peak MiB", "pred"):
-        t.add_column(col, justify="right")
-    for s in m["stages"]:
-        ps = pstages.get(s["index"], {})
-        t.add_row(
-            str(s["index"]), str(s["rank"]),
-            _ms(s["fwd_s"]), _ms(ps.get("fwd_s")), _ms(s["bwd_s"]), _ms(ps.get("bwd_s")),
-            _ms(s["compute_s"]), _ms(s["wait_s"]),
-            f"{s['peak_memory_bytes'] / 2**20:.1f}", f"{ps.get('memory_bytes', 0) / 2**20:.1f}" if ps else "-",
-        )
-    console.print(t)
-    it, pit = m["iteration_s"], p.get("iteration_s") or 0.0
-    err = f" ({(it - pit) / pit * 100:+.1f}% vs predicted)" if pit else ""
-    console.print(f"iteration: measured {it * 1e3:.2f} ms, predicted {pit * 1e3:.2f} ms{err}; "
-                  f"samples/s: measured {m['samples_per_s']:.1f}, predicted {p.get('samples_per_s', 0):.1f}")
-    if doc["losses"]:
-        console.print("losses: " + ", ".join(f"{x:.5g}" for x in doc["losses"]))
-
-
-def _ms(x) -> str:
-    return "-" if x is None else f"{x * 1e3:.2f}"

@@ -21,7 +21,8 @@ import io
 import os
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,18 @@ from pipeplan._io import atomic_write_bytes, atomic_write_json
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.local_device import become_local_device
 from pipeplan.runtime import checkpoint as ckpt
-from pipeplan.runtime.measure import (SavedTensorMeter, StageStats, StepClock, instrument, median, optimizer_state_bytes, tensor_bytes,
-                                      weight_storages)
-from pipeplan.runtime.split import flat_inputs, split_program, unflatten_output
+from pipeplan.runtime.measure import (
+    SavedTensorMeter,
+    StageStats,
+    StepClock,
+    instrument,
+    median,
+    optimizer_state_bytes,
+    tensor_bytes,
+    weight_storages,
+)
+from pipeplan.runtime.split import Split, flat_inputs, split_program, unflatten_output
+from pipeplan.schedules import facts
 
 SEED = 1234  # every rank builds the model with this seed, so replicas of a tensor start identical
 # gloo/NCCL timeout of every collective and send/receive: a rank whose neighbour vanished (on another
@@ -59,6 +69,7 @@ class Options:
 
 
 def parse(argv: list[str]) -> Options:
+    """The worker's command line, as launch.torchrun_command writes it."""
     p = argparse.ArgumentParser(prog="pipeplan-worker")
     p.add_argument("plan", nargs="+", help="several plans run one after the other in the same processes "
                    "(results in RUN_DIR/<i>/, parameter dumps in DUMP_PARAMS/<i>/): the tests' way to save start-up time")
@@ -83,7 +94,7 @@ def stage_ranks(plan) -> dict[int, list[int]]:
     whose ranks are in increasing order, so each replica's pipeline devices must
     increase with the stage index (both of planner.evaluate.place's layouts do).
     """
-    if plan.schedule == "pipedream" or any(len(s.devices) != s.replicas for s in plan.stages):
+    if not facts(plan.schedule).replicates_whole_pipeline or any(len(s.devices) != s.replicas for s in plan.stages):
         raise UserError(
             "this plan replicates stages individually (PipeDream); the runtime runs only whole-pipeline replicas",
             "plan with --schedule 1f1b or gpipe",
@@ -118,6 +129,7 @@ def rank_stages(ranks: dict[int, list[int]], rank: int) -> tuple[int, list[int]]
 
 
 def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    """The optimizer by the names plans use (the single-process reference in the tests uses it too)."""
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr)
     if name == "momentum":
@@ -132,24 +144,37 @@ def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
 DEFAULT_LR = {"sgd": 0.01, "momentum": 0.01, "adam": 1e-3, "adamw": 1e-3}
 
 
-def build_schedule(plan, stages: list, loss_fn, *, scale_grads: bool = True):
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+def torch_schedule_class(schedule: str) -> str:
+    """The torch.distributed.pipelining class that runs `schedule` (pipeplan.schedules), else the refusal.
 
-    m = plan.microbatches
-    if plan.schedule == "pipedream":
+    One place for the message: the launcher checks before starting processes, the worker again.
+    """
+    name = facts(schedule).torch_class
+    if name is None:
         raise UserError(
             "asynchronous PipeDream (weight stashing, no flush) is not supported by the runtime yet",
             "plan with --schedule 1f1b (PipeDream-Flush), which runs with the same partition",
         )
-    if plan.schedule == "interleaved":
+    return name
+
+
+def build_schedule(plan, stages: list, loss_fn, *, scale_grads: bool = True):
+    """The torch schedule object for the plan's schedule, with user errors for what it cannot run.
+
+    An interleaving schedule takes all of a device's stages (model chunks); the others exactly one.
+    """
+    from torch.distributed import pipelining
+
+    cls = getattr(pipelining, torch_schedule_class(plan.schedule))
+    m = plan.microbatches
+    if facts(plan.schedule).interleaves:
         try:
-            return ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=scale_grads)
+            return cls(stages, m, loss_fn=loss_fn, scale_grads=scale_grads)
         except ValueError as e:
             raise UserError(f"interleaved schedule: {e}", "pick a microbatch count the schedule accepts") from None
     if len(stages) != 1:
         raise UserError(f"schedule {plan.schedule} runs one stage per device, but the plan puts {len(stages)} on one device",
                         "use the interleaved schedule or re-plan")
-    cls = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
     return cls(stages[0], m, loss_fn=loss_fn, scale_grads=scale_grads)
 
 
@@ -171,9 +196,22 @@ def batches(spec, batch_size: int):
 
 
 # ---------------------------------------------------------------- the run
-def run_all(opts: Options) -> None:
+StepHook = Callable[[int, int], None]
+"""Called as hook(rank, steps done) after every training step."""
+
+
+def no_step_hook(rank: int, steps_done: int) -> None:
+    """Production's step hook: nothing.
+
+    The seam lets a test act between steps (tests/runtime_fault_worker.py kills a rank)
+    without the training loop branching on test settings.
+    """
+
+
+def run_all(opts: Options, after_step: StepHook = no_step_hook) -> None:
+    """Every plan on the command line, one after the other in the same processes (the tests save start-up time)."""
     if len(opts.plan) == 1:
-        run(opts, opts.plan[0], Path(opts.run_dir), opts.dump_params and Path(opts.dump_params))
+        run(opts, opts.plan[0], Path(opts.run_dir), opts.dump_params and Path(opts.dump_params), after_step)
         return
     for i, plan in enumerate(opts.plan):
         out = Path(opts.run_dir) / str(i)
@@ -182,14 +220,74 @@ def run_all(opts: Options) -> None:
         if opts.dump_params:
             dump = Path(opts.dump_params) / str(i)
             dump.mkdir(parents=True, exist_ok=True)
-        run(opts, plan, out, dump)
+        run(opts, plan, out, dump, after_step)
 
 
-def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> None:
-    from torch.distributed.pipelining import PipelineStage
+@dataclass
+class RunState:
+    """What setup builds for one plan on this rank; the step loop and teardown work from it.
 
-    from pipeplan.costmodels.model_file import load_model_file
-    from pipeplan.costmodels.trace import export_structure
+    stats, meter and clock are filled in by the instrumented stages while the steps run.
+    """
+
+    plan: Any
+    spec: Any  # the model file (costmodels.model_file)
+    gm: Any  # the exported program's module: flattens inputs and unflattens outputs
+    device: torch.device
+    rank: int
+    world: int
+    replica: int  # which data-parallel copy of the pipeline this rank belongs to
+    dp: int
+    mine: list[int]  # this rank's stages
+    modules: dict[int, torch.nn.Module]
+    optimizers: dict[int, torch.optim.Optimizer]
+    shared: dict[str, list[int]]  # tied parameter -> the stages holding a copy
+    my_ranks: dict[int, int]  # stage -> rank in this replica's pipeline
+    tied_groups: dict[tuple[int, ...], Any]
+    dp_groups: dict[int, Any]
+    stats: dict[int, StageStats]
+    meter: SavedTensorMeter | None
+    clock: StepClock
+    schedule: Any
+    mean_loss: bool
+    first_step: int
+
+    @property
+    def has_first(self) -> bool:
+        """This rank feeds the pipeline its inputs."""
+        return 0 in self.mine
+
+    @property
+    def has_last(self) -> bool:
+        """This rank computes the loss."""
+        return (len(self.plan.stages) - 1) in self.mine
+
+
+@dataclass
+class StepLog:
+    """What the steps produce for the results: the last stage's losses and the measured step times."""
+
+    losses: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+
+
+def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None,
+        after_step: StepHook = no_step_hook) -> None:
+    """One plan on this rank: setup, the training steps, then the results gathered on rank 0.
+
+    Three parts so that each reads on its own; RunState carries what setup built.
+    """
+    st = setup(opts, plan_path)
+    log = train(opts, st, after_step)
+    teardown(st, log, out_dir, dump_dir)
+
+
+def setup(opts: Options, plan_path: str) -> RunState:
+    """Check the launch, build this rank's stages, optimizers and process groups, and resume.
+
+    Every check that can fail with a UserError runs here, before the first step, and
+    the process groups are created in the same order on every rank (a collective requirement).
+    """
     from pipeplan.planner.plan import load_plan
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -197,8 +295,30 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     plan = load_plan(plan_path)
     ranks = stage_ranks(plan)
-    used = len({r for rs in ranks.values() for r in rs})
     dp = len(ranks[0])
+    check_launch(plan, ranks, world)
+    spec, gm, split = load_split_model(plan)
+    replica, mine = rank_stages(ranks, rank)
+    pp_groups, dp_groups = data_parallel_groups(ranks, dp)
+    modules = {s: split.module(s).to(device) for s in mine}
+    optimizers = make_optimizers(opts, plan, modules)
+    shared = split.shared_attrs()
+    tied = tied_groups(ranks, dp, shared)
+    my_ranks = {s: ranks[s][replica] for s in ranks}  # this replica's pipeline
+    first_step = resume_step(opts, plan, modules, optimizers)
+    meter = SavedTensorMeter(weight_storages(modules.values())) if device.type == "cpu" else None
+    clock = StepClock()
+    stats = {s: StageStats(index=s) for s in mine}
+    schedule, mean_loss = build_pipeline(plan, spec, gm, modules, pp_groups[replica], device, stats, clock, meter)
+    return RunState(plan=plan, spec=spec, gm=gm, device=device, rank=rank, world=world, replica=replica, dp=dp,
+                    mine=mine, modules=modules, optimizers=optimizers, shared=shared, my_ranks=my_ranks,
+                    tied_groups=tied, dp_groups=dp_groups, stats=stats, meter=meter, clock=clock,
+                    schedule=schedule, mean_loss=mean_loss, first_step=first_step)
+
+
+def check_launch(plan, ranks: dict[int, list[int]], world: int) -> None:
+    """One process per device of the plan, and a model file to run: else nothing could train."""
+    used = len({r for rs in ranks.values() for r in rs})
     if used > world:
         raise UserError(f"the plan uses {used} devices but only {world} processes were launched",
                         f"launch {used} processes (e.g. more --nnodes or a larger --nproc-per-node)")
@@ -207,6 +327,16 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
     if plan.graph.get("model_file") is None:
         raise UserError("this plan was made from an imported graph (no model file), so there is nothing to run",
                         "plan from `pipeplan trace model.py` to run it")
+
+
+def load_split_model(plan) -> tuple[Any, Any, Split]:
+    """(model file, exported module, split program): the model rebuilt with the shared seed, cut into the plan's stages.
+
+    The graph fingerprint must match the plan's, else the plan's layer names and cuts
+    describe another model.
+    """
+    from pipeplan.costmodels.model_file import load_model_file
+    from pipeplan.costmodels.trace import export_structure
 
     spec = load_model_file(plan.graph["model_file"], plan.graph.get("entry") or "build_model")
     torch.manual_seed(SEED)
@@ -224,134 +354,192 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None) -> 
     missing = [n for n in layer_nodes if n not in layer_stage]
     if missing:
         raise UserError(f"the plan assigns no stage to layer {missing[0]!r}", "re-plan")
-    split = split_program(gm, layer_nodes, layer_stage, len(plan.stages))
-    replica, mine = rank_stages(ranks, rank)
-    # process groups, created in the same order on every rank (a collective requirement)
-    pp_groups = [dist.new_group(sorted({ranks[s][r] for s in ranks})) for r in range(dp)] if dp > 1 else [None]
-    dp_groups = {s: dist.new_group(ranks[s]) for s in sorted(ranks) if s < len({ranks[t][0] for t in ranks})} if dp > 1 else {}
+    return spec, gm, split_program(gm, layer_nodes, layer_stage, len(plan.stages))
 
-    modules = {s: split.module(s).to(device) for s in mine}
-    opt_name = opts.optimizer or plan.optimizer or "adam"
-    lr = opts.lr if opts.lr is not None else DEFAULT_LR.get(opt_name, 1e-3)
-    optimizers = {s: make_optimizer(opt_name, [p for p in modules[s].parameters() if p.requires_grad], lr) for s in mine}
-    # tied parameters: one process group per set of holder ranks, created in the same order on every rank
-    shared = split.shared_attrs()
+
+def data_parallel_groups(ranks: dict[int, list[int]], dp: int) -> tuple[list[Any], dict[int, Any]]:
+    """(each replica's pipeline group, each pipeline position's replica group); ([None], {}) without replicas.
+
+    new_group is a collective: every rank creates the same groups in the same order.
+    """
+    if dp == 1:
+        return [None], {}
+    pp_groups = [dist.new_group(sorted({ranks[s][r] for s in ranks})) for r in range(dp)]
+    positions = len({ranks[t][0] for t in ranks})
+    return pp_groups, {s: dist.new_group(ranks[s]) for s in sorted(ranks) if s < positions}
+
+
+def tied_groups(ranks: dict[int, list[int]], dp: int, shared: dict[str, list[int]]) -> dict[tuple[int, ...], Any]:
+    """Tied parameters: one process group per set of holder ranks (several ranks sum their gradients).
+
+    Created in the same order on every rank, as new_group requires.
+    """
     groups: dict[tuple[int, ...], Any] = {}
     for r in range(dp):
         for fqn in sorted(shared):
             holder_ranks = tuple(sorted({ranks[s][r] for s in shared[fqn]}))
             if len(holder_ranks) > 1 and holder_ranks not in groups:
                 groups[holder_ranks] = dist.new_group(list(holder_ranks))
-    my_ranks = {s: ranks[s][replica] for s in ranks}  # this replica's pipeline
+    return groups
 
-    first_step = 0
-    if opts.resume and opts.checkpoint_dir:
-        manifest = ckpt.latest(opts.checkpoint_dir, stages=len(plan.stages), fingerprint=plan.graph["fingerprint"])
-        if manifest is not None:
-            for s in mine:
-                ckpt.load_shard(manifest, s, modules[s], optimizers[s])
-            first_step = int(manifest["step"])
 
-    meter = SavedTensorMeter(weight_storages(modules.values())) if device.type == "cpu" else None
-    clock = StepClock()
-    stats = {s: StageStats(index=s) for s in mine}
+def make_optimizers(opts: Options, plan, modules: dict[int, torch.nn.Module]) -> dict[int, torch.optim.Optimizer]:
+    """One optimizer per stage: --optimizer, else the plan's (what its memory prediction assumed), else adam."""
+    opt_name = opts.optimizer or plan.optimizer or "adam"
+    lr = opts.lr if opts.lr is not None else DEFAULT_LR.get(opt_name, 1e-3)
+    return {s: make_optimizer(opt_name, [p for p in m.parameters() if p.requires_grad], lr) for s, m in modules.items()}
+
+
+def resume_step(opts: Options, plan, modules: dict[int, torch.nn.Module],
+                optimizers: dict[int, torch.optim.Optimizer]) -> int:
+    """The step to start from: with --resume, the last complete checkpoint's (its shards loaded), else 0."""
+    if not (opts.resume and opts.checkpoint_dir):
+        return 0
+    manifest = ckpt.latest(opts.checkpoint_dir, stages=len(plan.stages), fingerprint=plan.graph["fingerprint"])
+    if manifest is None:
+        return 0
+    for s in modules:
+        ckpt.load_shard(manifest, s, modules[s], optimizers[s])
+    return int(manifest["step"])
+
+
+def build_pipeline(plan, spec, gm, modules: dict[int, torch.nn.Module], group, device: torch.device,
+                   stats: dict[int, StageStats], clock: StepClock, meter: SavedTensorMeter | None) -> tuple[Any, bool]:
+    """(schedule, mean_loss): this rank's instrumented PipelineStages under the plan's torch schedule.
+
+    mean_loss says whether the model file's loss is a batch mean (its loss_fn) or a sum
+    (no loss_fn: the sum of the outputs); the microbatch gradients are averaged or summed
+    to match, so the pipelined step equals the whole-batch step.
+    """
+    from torch.distributed.pipelining import PipelineStage
+
     pipe_stages = []
-    for s in mine:
-        st = PipelineStage(modules[s], s, len(plan.stages), device, group=pp_groups[replica])
-        keep_buffers_through_shape_inference(st)
-        instrument(st, stats[s], clock, meter)
-        pipe_stages.append(st)
-
-    # Without loss_fn the model file's loss is the sum of the outputs: a sum over the batch, so the
-    # microbatch gradients must be summed, not averaged, to equal the whole-batch step.
+    for s in modules:
+        stage = PipelineStage(modules[s], s, len(plan.stages), device, group=group)
+        keep_buffers_through_shape_inference(stage)
+        instrument(stage, stats[s], clock, meter)
+        pipe_stages.append(stage)
     mean_loss = callable(getattr(spec.module, "loss_fn", None)) and callable(getattr(spec.module, "example_target", None))
 
     def loss_fn(output, target):
         return spec.loss(unflatten_output(output, gm), target if mean_loss else None)
 
-    schedule = build_schedule(plan, pipe_stages, loss_fn, scale_grads=mean_loss)
-    has_first = 0 in mine
-    has_last = (len(plan.stages) - 1) in mine
+    return build_schedule(plan, pipe_stages, loss_fn, scale_grads=mean_loss), mean_loss
 
-    kill_rank = os.environ.get("PIPEPLAN_TEST_KILL_RANK")
-    kill_step = int(os.environ.get("PIPEPLAN_TEST_KILL_STEP", "-1"))
-    data = batches(spec, plan.batch_size)
-    rows = plan.batch_size // dp  # this replica's share of every global batch
-    for _ in range(first_step):  # resume: skip the batches already trained on
+
+def train(opts: Options, st: RunState, after_step: StepHook) -> StepLog:
+    """The steps from st.first_step to opts.steps, with checkpoints every opts.checkpoint_every.
+
+    A resumed run skips the batches already trained on, so it sees the data an
+    uninterrupted run would. after_step runs after every step (see no_step_hook).
+    """
+    data = batches(st.spec, st.plan.batch_size)
+    for _ in range(st.first_step):  # resume: skip the batches already trained on
         next(data)
-    losses: list[float] = []
-    step_s: list[float] = []
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    for step in range(first_step, opts.steps):
-        if kill_rank is not None and int(kill_rank) == rank and step == kill_step:
-            os._exit(9)  # test hook: die like a crashed process (no cleanup, no message)
-        inputs, target = next(data)
-        if dp > 1:
-            inputs = tuple(t.tensor_split(dp)[replica] if isinstance(t, torch.Tensor) else t for t in inputs)
-            target = target.tensor_split(dp)[replica] if isinstance(target, torch.Tensor) else target
-        for opt in optimizers.values():
-            opt.zero_grad(set_to_none=True)
-        measured = step - first_step >= opts.warmup
-        if meter is not None:  # saved-tensor hooks slow the forward: meter untimed steps (and the first) only
-            meter.enabled = not measured or step == first_step
-        dist.barrier()
-        clock.start(measured)
-        args = tuple(t.to(device) for t in flat_inputs(inputs, gm)) if has_first else ()
-        kwargs: dict[str, Any] = {}
-        mb_losses: list[torch.Tensor] = []
-        if has_last:
-            if not mean_loss or target is None:  # the schedule splits a target per microbatch even when unused
-                target = torch.zeros(rows)
-            kwargs["target"] = target.to(device) if isinstance(target, torch.Tensor) else target
-            kwargs["losses"] = mb_losses
-        # return_outputs=False: the losses come through `losses`; merging the last stage's outputs
-        # would only concatenate (and keep alive) every microbatch's logits
-        schedule.step(*args, return_outputs=False, **kwargs)
-        sum_shared_grads(shared, modules, my_ranks, groups)
-        if dp > 1:
-            average_replica_grads(modules, dp_groups, dp, mean_loss)
-        for opt in optimizers.values():
-            opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed = time.perf_counter() - clock.origin
-        if measured:
-            step_s.append(elapsed)
-        if has_last:
-            per_mb = torch.stack([l.detach().float() for l in mb_losses])
-            losses.append(float(per_mb.mean() if mean_loss else per_mb.sum()))
+    log = StepLog()
+    if st.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(st.device)
+    for step in range(st.first_step, opts.steps):
+        inputs, target = replica_share(*next(data), st.dp, st.replica)
+        train_step(st, inputs, target, measured=step - st.first_step >= opts.warmup,
+                   first=step == st.first_step, log=log)
         if opts.checkpoint_dir and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
-            for s in mine if replica == 0 else ():  # replicas are identical: replica 0 writes
-                ckpt.save_shard(opts.checkpoint_dir, step + 1, s, modules[s], optimizers[s])
-            all_losses = gather_losses(losses, has_last, mean_loss)
-            dist.barrier()
-            if rank == 0:
-                ckpt.save_manifest(opts.checkpoint_dir, step + 1, stages=len(plan.stages),
-                                   fingerprint=plan.graph["fingerprint"], losses=all_losses)
-            dist.barrier()
-        clock.recording = False
+            save_checkpoint(opts.checkpoint_dir, st, step + 1, log.losses)
+        st.clock.recording = False
+        after_step(st.rank, step + 1)
+    return log
 
-    # ---- results, gathered on rank 0
+
+def replica_share(inputs: tuple, target: Any, dp: int, replica: int) -> tuple[tuple, Any]:
+    """This replica's rows of a global batch: data parallelism splits every batch dp ways."""
+    if dp > 1:
+        inputs = tuple(t.tensor_split(dp)[replica] if isinstance(t, torch.Tensor) else t for t in inputs)
+        target = target.tensor_split(dp)[replica] if isinstance(target, torch.Tensor) else target
+    return inputs, target
+
+
+def train_step(st: RunState, inputs: tuple, target: Any, *, measured: bool, first: bool, log: StepLog) -> None:
+    """One optimizer step: the schedule's forwards/backwards, gradient sums, update; time and loss into log.
+
+    Every rank starts its clock after a barrier, so the slowest rank's step is the iteration time.
+    """
+    for opt in st.optimizers.values():
+        opt.zero_grad(set_to_none=True)
+    if st.meter is not None:  # saved-tensor hooks slow the forward: meter untimed steps (and the first) only
+        st.meter.enabled = not measured or first
+    dist.barrier()
+    st.clock.start(measured)
+    args = tuple(t.to(st.device) for t in flat_inputs(inputs, st.gm)) if st.has_first else ()
+    kwargs: dict[str, Any] = {}
+    mb_losses: list[torch.Tensor] = []
+    if st.has_last:
+        if not st.mean_loss or target is None:  # the schedule splits a target per microbatch even when unused
+            target = torch.zeros(st.plan.batch_size // st.dp)  # this replica's share of the global batch
+        kwargs["target"] = target.to(st.device) if isinstance(target, torch.Tensor) else target
+        kwargs["losses"] = mb_losses
+    # return_outputs=False: the losses come through `losses`; merging the last stage's outputs
+    # would only concatenate (and keep alive) every microbatch's logits
+    st.schedule.step(*args, return_outputs=False, **kwargs)
+    sum_shared_grads(st.shared, st.modules, st.my_ranks, st.tied_groups)
+    if st.dp > 1:
+        average_replica_grads(st.modules, st.dp_groups, st.dp, st.mean_loss)
+    for opt in st.optimizers.values():
+        opt.step()
+    if st.device.type == "cuda":
+        torch.cuda.synchronize(st.device)
+    elapsed = time.perf_counter() - st.clock.origin
+    if measured:
+        log.step_s.append(elapsed)
+    if st.has_last:
+        per_mb = torch.stack([l.detach().float() for l in mb_losses])
+        log.losses.append(float(per_mb.mean() if st.mean_loss else per_mb.sum()))
+
+
+def save_checkpoint(checkpoint_dir: str, st: RunState, steps_done: int, losses: list[float]) -> None:
+    """Shards of replica 0 (replicas are identical), then rank 0's manifest once every shard is written.
+
+    The manifest is what makes a checkpoint complete: a rank dying before it leaves the previous one latest.
+    """
+    for s in st.mine if st.replica == 0 else ():
+        ckpt.save_shard(checkpoint_dir, steps_done, s, st.modules[s], st.optimizers[s])
+    all_losses = gather_losses(losses, st.has_last, st.mean_loss)
+    dist.barrier()
+    if st.rank == 0:
+        ckpt.save_manifest(checkpoint_dir, steps_done, stages=len(st.plan.stages),
+                           fingerprint=st.plan.graph["fingerprint"], losses=all_losses)
+    dist.barrier()
+
+
+def teardown(st: RunState, log: StepLog, out_dir: Path, dump_dir: Path | None) -> None:
+    """Each rank's measurements gathered on rank 0 into out_dir/result.json (the launcher reads it).
+
+    With dump_dir, each stage's final parameters too: the tests compare them with single-process training.
+    """
     record = {
-        "rank": rank,
-        "replica": replica,
-        "loss_reduction": "mean" if mean_loss else "sum",
-        "step_s": step_s,
-        "losses": losses if has_last else None,
-        "stages": [stage_record(s, stats[s], modules[s], optimizers[s], meter, device, len(mine)) for s in mine],
-        "events": {s: stats[s].events[-2 * plan.microbatches:] for s in mine},
+        "rank": st.rank,
+        "replica": st.replica,
+        "loss_reduction": "mean" if st.mean_loss else "sum",
+        "step_s": log.step_s,
+        "losses": log.losses if st.has_last else None,
+        "stages": [stage_record(s, st.stats[s], st.modules[s], st.optimizers[s], st.meter, st.device, len(st.mine))
+                   for s in st.mine],
+        "events": {s: st.stats[s].events[-2 * st.plan.microbatches:] for s in st.mine},
     }
     if dump_dir:
-        for s in mine:
-            buf = io.BytesIO()
-            torch.save({k: v.detach().cpu() for k, v in modules[s].state_dict().items()}, buf)
-            name = f"stage-{s}.pt" if replica == 0 else f"stage-{s}-replica{replica}.pt"
-            atomic_write_bytes(Path(dump_dir) / name, buf.getvalue())
-    records: list[Any] = [None] * world if rank == 0 else None
+        dump_parameters(st, dump_dir)
+    records: list[Any] | None = [None] * st.world if st.rank == 0 else None
     dist.gather_object(record, records, dst=0)
-    if rank == 0:
-        atomic_write_json(Path(out_dir) / "result.json", {"first_step": first_step, "ranks": records})
+    if st.rank == 0:
+        atomic_write_json(Path(out_dir) / "result.json", {"first_step": st.first_step, "ranks": records})
+
+
+def dump_parameters(st: RunState, dump_dir: Path) -> None:
+    """This rank's stages' state dicts, one file per stage (and replica), for the equivalence tests."""
+    for s in st.mine:
+        buf = io.BytesIO()
+        torch.save({k: v.detach().cpu() for k, v in st.modules[s].state_dict().items()}, buf)
+        name = f"stage-{s}.pt" if st.replica == 0 else f"stage-{s}-replica{st.replica}.pt"
+        atomic_write_bytes(Path(dump_dir) / name, buf.getvalue())
 
 
 def keep_buffers_through_shape_inference(stage) -> None:
@@ -404,7 +592,7 @@ def combine_losses(per_replica: list[list[float]], mean: bool) -> list[float]:
     """Global loss per step from each replica's: the mean for batch-mean losses, else the sum."""
     if not per_replica:
         return []
-    steps = zip(*per_replica)
+    steps = zip(*per_replica, strict=True)  # every replica's last stage logs one loss per step of the same loop
     return [sum(xs) / len(xs) if mean else sum(xs) for xs in steps]
 
 
@@ -449,6 +637,7 @@ def sum_shared_grads(shared: dict[str, list[int]], modules: dict, ranks: dict[in
 
 
 def stage_record(s: int, st: StageStats, module, optimizer, meter, device, stages_on_rank: int) -> dict[str, Any]:
+    """One stage's measured times and memory, in the terms of the plan's prediction (runtime/report.py compares)."""
     params = [p for p in module.parameters()]
     weights = tensor_bytes(params) + tensor_bytes(module.buffers())
     grads = tensor_bytes(p for p in params if p.requires_grad)  # gradients are kept between steps (same size)
@@ -474,7 +663,8 @@ def stage_record(s: int, st: StageStats, module, optimizer, meter, device, stage
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, after_step: StepHook = no_step_hook) -> int:
+    """torchrun's entry: one rank's run(s), UserErrors written for the launcher; after_step: see no_step_hook."""
     opts = parse(sys.argv[1:] if argv is None else argv)
     rank = int(os.environ.get("RANK", 0))
     run_dir = Path(opts.run_dir)
@@ -485,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
         become_local_device(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     try:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=TIMEOUT_S))
-        run_all(opts)
+        run_all(opts, after_step)
     except UserError as e:
         atomic_write_json(run_dir / f"error-rank{rank}.json", {"rank": rank, "message": str(e)})
         (run_dir / f"status-rank{rank}").write_text("error\n")

@@ -69,7 +69,7 @@ def reference_steps(model_file: str, batch_size: int, steps: int, *, microbatche
     for _ in range(steps):
         opt.zero_grad()
         total = 0.0
-        for xi, yi in zip(xs, ys):
+        for xi, yi in zip(xs, ys, strict=True):
             loss = spec.loss(model(*xi), yi if mean_loss else None)
             (loss / microbatches if mean_loss else loss).backward()
             total += float(loss.detach())

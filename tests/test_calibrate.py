@@ -8,20 +8,16 @@ did not measure (other shapes, another buffer size).
 
 import json
 import math
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+import pipeplan.hardware_profiles.calibrate as calibrate_mod
+from pipeline_timeline import timeline
 from pipeplan.cli.main import cli
 from pipeplan.errors import UserError
-import pipeplan.hardware_profiles.calibrate as calibrate_mod
 from pipeplan.hardware_profiles import load_profile, op_overhead, save_profile
-
-sys.path.insert(0, str(Path(__file__).parent))
-from pipeline_timeline import timeline  # noqa: E402
 
 MIB = 2**20
 

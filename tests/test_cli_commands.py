@@ -8,21 +8,20 @@ from __future__ import annotations
 
 import json
 import struct
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parent))
-from cli_fixtures import chain_graph  # noqa: E402
-
+import pipeplan.planner.predict as evaluate_mod
+import pipeplan.planner.replay as replay_mod
+import pipeplan.planner.search as search_mod
+from cli_fixtures import chain_graph
 from pipeplan.cli.main import cli
 from pipeplan.hardware_profiles import load_profile
 from pipeplan.planner.plan import Plan, load_plan
+from pipeplan.planner.request import PlanRequest
 
-search_mod = pytest.importorskip("pipeplan.planner.search")
-evaluate_mod = pytest.importorskip("pipeplan.planner.evaluate")
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -68,7 +67,7 @@ def planned(graph_file, tmp_path_factory):
 def test_plan_json_matches_search_called_directly(planned, graph):
     doc, out = planned
     profile = load_profile("a100-80gb-sxm")
-    direct = search_mod.search(graph, profile, 4, 32, dtype="bf16")  # dtype auto = bf16 on a catalogue profile
+    direct = search_mod.search(graph, profile, PlanRequest(devices=4, batch_size=32, dtype="bf16"))  # dtype auto = bf16 on a catalogue profile
     assert doc["plan"]["dtype"] == "bf16"
     assert doc["plan"]["predicted"] == direct.best.to_dict()["predicted"]
     assert [s["layers"] for s in doc["plan"]["stages"]] == [s.layers for s in direct.best.stages]
@@ -81,7 +80,7 @@ def test_plan_json_matches_search_called_directly(planned, graph):
     assert load_plan(out / "plan.json").to_dict() == doc["plan"]
     # the predictions are the evaluation of the plan's own partition
     assignment = [s.index for s in direct.best.stages for _ in s.layers]
-    again = evaluate_mod.evaluate(graph, profile, assignment, replicas=direct.best.data_parallel,
+    again = evaluate_mod.evaluate(graph, profile, assignment, data_parallel=direct.best.data_parallel,
                                   schedule=direct.best.schedule, microbatches=direct.best.microbatches, batch_size=32,
                                   dtype="bf16", optimizer="adam", recompute=direct.best.recompute, chunks=direct.best.chunks,
                                   layout=direct.best.solver.get("layout", "stage-major"))
@@ -94,7 +93,7 @@ def test_plan_outputs_png_and_chrome_trace(planned, graph):
     assert 900 <= w <= 2500 and 400 <= h <= 2500
     trace = json.loads((out / "trace.json").read_text())
     plan = Plan.from_dict(doc["plan"])
-    sim = evaluate_mod.simulate_plan(plan, graph, load_profile("a100-80gb-sxm"))
+    sim = replay_mod.simulate_plan(plan, graph, load_profile("a100-80gb-sxm"))
     x = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     fwd = [e for e in x if e["args"]["kind"] == "fwd"]
     bwd = [e for e in x if e["args"]["kind"] == "bwd"]
@@ -117,7 +116,7 @@ def test_plan_outputs_png_and_chrome_trace(planned, graph):
 def test_option_families_reach_the_search(graph_file, graph, flags, kwargs):
     doc = run_json(["plan", graph_file, "--profile", "h100-sxm", "--gpus", "4", "--batch-size", "16"] + flags)
     kwargs = {"dtype": "bf16", **kwargs}
-    direct = search_mod.search(graph, load_profile("h100-sxm"), 4, 16, **kwargs)
+    direct = search_mod.search(graph, load_profile("h100-sxm"), PlanRequest(devices=4, batch_size=16, **kwargs))
     assert doc["plan"]["predicted"] == direct.best.to_dict()["predicted"]
     assert doc["plan"]["dtype"] == kwargs["dtype"]
     if "stages" in kwargs:
@@ -177,7 +176,7 @@ def test_compare_rows_match_search_per_profile(graph_file, graph, tmp_path):
     # dtype auto: bf16 mixed precision, fp16 on a V100 (no bf16 there)
     assert [r["dtype"] for r in doc["profiles"]] == ["fp16", "bf16", "bf16"]
     for row in doc["profiles"]:
-        best = search_mod.search(graph, load_profile(row["profile"]), 4, 32, dtype=row["dtype"]).best
+        best = search_mod.search(graph, load_profile(row["profile"]), PlanRequest(devices=4, batch_size=32, dtype=row["dtype"])).best
         assert row["samples_per_s"] == best.predicted.samples_per_s
         assert row["stages"] == len(best.stages) and row["microbatches"] == best.microbatches
         assert row["schedule"] == best.schedule
@@ -204,7 +203,7 @@ def test_analyze_traces_a_model_once_at_batch_1(tmp_path):
     assert doc["graph"]["trace_batch_size"] == 1
     assert doc["graph"]["source"]["model_file"] == str((ROOT / "examples" / "mlp.py").resolve())
     widths = [256, 2048, 512, 4096, 256, 1024, 128, 10]
-    assert doc["graph"]["parameters"] == sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
+    assert doc["graph"]["parameters"] == sum(a * b + b for a, b in zip(widths[:-1], widths[1:], strict=True))
     assert doc["plan"]["batch_size"] == 16 and doc["plan"]["graph"]["trace_batch_size"] == 1
     assert png_size(tmp_path / "mlp.png")[0] > 900
 
@@ -233,8 +232,7 @@ def test_show_retraces_the_same_timeline_from_the_plan_alone(graph_file, graph, 
     plan = doc["plan"]
     if "interleaved" in flags:
         assert plan["schedule"] == "interleaved" and plan["chunks"] >= 2 and len(plan["stages"]) == 2 * plan["chunks"]
-        direct = search_mod.search(graph, load_profile("a100-80gb-sxm"), 2, 16, dtype="bf16", schedule="interleaved",
-                                   stages=2, microbatches=4)
+        direct = search_mod.search(graph, load_profile("a100-80gb-sxm"), PlanRequest(devices=2, batch_size=16, dtype="bf16", schedule="interleaved", stages=2, microbatches=4))
         assert plan["predicted"] == direct.best.to_dict()["predicted"]
     run(["show", tmp_path / "p.json", "--chrome-trace", tmp_path / "b.json"])
     a, b = ([e for e in json.loads((tmp_path / n).read_text())["traceEvents"] if e["ph"] == "X"] for n in ("a.json", "b.json"))

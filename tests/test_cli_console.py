@@ -3,7 +3,7 @@
 import io
 
 from pipeplan.cli.console import stdout_console
-from pipeplan.runtime.report import render_table
+from pipeplan.cli.run_report import render_table
 
 DOC = {  # the shape runtime.report.summarize returns
     "plan": {"schedule": "1f1b", "stages": 2, "microbatches": 8},

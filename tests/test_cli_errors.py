@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parent))
-from cli_fixtures import chain_graph, hand_plan  # noqa: E402
-
+from cli_fixtures import chain_graph, hand_plan
 from pipeplan.cli.main import cli
 
 

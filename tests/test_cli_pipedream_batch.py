@@ -1,12 +1,12 @@
 """A PipeDream graph.txt's times are per profiled minibatch; --profiled-batch-size says how big that was."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from cli_fixtures import chain_graph
 from pipeplan.cli.main import cli
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
@@ -29,9 +29,6 @@ def test_profiled_batch_size_scales_measured_times_per_sample():
 
 
 def test_profiled_batch_size_is_refused_for_a_pipeplan_graph(tmp_path):
-    sys.path.insert(0, str(Path(__file__).parent))
-    from cli_fixtures import chain_graph
-
     path = tmp_path / "graph.json"
     chain_graph().save(path)
     result = CliRunner().invoke(cli, ["plan", str(path), "--profile", "v100-32gb", "--gpus", "2",

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import struct
-import sys
-from pathlib import Path
 
 import pytest
 from matplotlib.figure import Figure
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).parent))
-from cli_fixtures import chain_graph, hand_plan  # noqa: E402
-
+from cli_fixtures import chain_graph, hand_plan
 from pipeplan.cli.fmt import fmt_bytes, fmt_count, fmt_flops, fmt_ms, fmt_pct, fmt_seconds, shorten
 from pipeplan.cli.plots import GIB, compare_png, draw_gantt, draw_memory, schedule_png
 from pipeplan.cli.report import baseline_line, compare_table, plan_report, stage_table
@@ -50,7 +46,7 @@ def test_units():
 def test_graph_summary_counts_per_sample():
     g = chain_graph(batch=4)
     s = graph_summary(g)
-    params = sum((p * w + w) for p, w in zip((256,) + tuple(l for l in (256, 256, 1024, 256, 256, 256, 2048, 256, 256, 512, 256)), (256, 256, 1024, 256, 256, 256, 2048, 256, 256, 512, 256, 256)))
+    params = sum((p * w + w) for p, w in zip((256,) + tuple(l for l in (256, 256, 1024, 256, 256, 256, 2048, 256, 256, 512, 256)), (256, 256, 1024, 256, 256, 256, 2048, 256, 256, 512, 256, 256), strict=True))
     assert s["parameters"] == params == parameter_count(g.param_bytes)
     assert s["fwd_flops_per_sample"] == g.fwd_flops / 4
     assert s["bwd_flops_per_sample"] == 2 * s["fwd_flops_per_sample"]
@@ -193,15 +189,18 @@ def test_progress_phases_become_lines_and_counters_stay_one_line():
 def test_dtype_auto():
     from dataclasses import replace
 
-    from pipeplan.cli.options import resolve_dtype
     from pipeplan.hardware_profiles import load_profile
+    from pipeplan.planner.request import PlanRequest
+
+    def resolve(dtype, profile):
+        return PlanRequest(devices=1, batch_size=1, dtype=dtype).for_profile(profile).dtype
 
     a100, v100, tpu = (load_profile(n) for n in ("a100-80gb-sxm", "v100-32gb", "tpu-v5p"))
-    assert resolve_dtype("auto", a100) == "bf16"
-    assert resolve_dtype("auto", v100) == "fp16"  # Volta has fp16 tensor cores, no bf16
-    assert resolve_dtype("auto", tpu) == "bf16"
-    assert resolve_dtype("auto", replace(a100, local=True)) == "fp32"
-    assert resolve_dtype("tf32", a100) == "tf32"
+    assert resolve("auto", a100) == "bf16"
+    assert resolve("auto", v100) == "fp16"  # Volta has fp16 tensor cores, no bf16
+    assert resolve("auto", tpu) == "bf16"
+    assert resolve("auto", replace(a100, local=True)) == "fp32"
+    assert resolve("tf32", a100) == "tf32"
 
 
 def test_memory_bars_per_device_for_interleaved_plans():

@@ -70,7 +70,7 @@ def _all_bounds(n, k):
 
     for cuts in itertools.combinations(range(1, n), k - 1):
         ends = [0, *cuts, n]
-        yield list(zip(ends[:-1], ends[1:]))
+        yield list(zip(ends[:-1], ends[1:], strict=True))
 
 
 def test_uniform_chain_hand_value():

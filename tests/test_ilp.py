@@ -85,7 +85,7 @@ def test_heterogeneous_devices_and_memory_match_brute_force(case, data):
         used = [0] * k
         for v, s in enumerate(got.assignment):
             used[s] += mem[v]
-        assert all(u <= c for u, c in zip(used, caps))
+        assert all(u <= c for u, c in zip(used, caps, strict=True))
 
 
 def test_ilp_beats_the_dp_where_branches_can_be_split():

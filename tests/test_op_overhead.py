@@ -4,19 +4,14 @@ both stored in the profile and validated like every other field."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from click.testing import CliRunner
 
+from pipeline_timeline import timeline
 from pipeplan.cli.main import cli
 from pipeplan.hardware_profiles import load_profile
 from pipeplan.hardware_profiles.loader import save_profile
 from pipeplan.hardware_profiles.op_overhead import SCHEDULES, SHAPES, message_bytes, op_gaps_s, op_overhead_s
-
-sys.path.insert(0, str(Path(__file__).parent))
-from pipeline_timeline import timeline  # noqa: E402
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

@@ -95,8 +95,8 @@ def test_wide_dags_solve_without_blowing_up(name):
             # flat: recompute the objective from the returned stages, independently
             times = []
             for s, r in enumerate(got.replicas):
-                c = sum(x for x, a in zip(problem.compute_s, got.assignment) if a == s)
-                p = sum(x for x, a in zip(problem.param_bytes, got.assignment) if a == s)
+                c = sum(x for x, a in zip(problem.compute_s, got.assignment, strict=True) if a == s)
+                p = sum(x for x, a in zip(problem.param_bytes, got.assignment, strict=True) if a == s)
                 times.append((c + 4 * (r - 1) * p / (GBPS * r)) / r)
             assert max(times) == pytest.approx(got.bottleneck_s, rel=1e-9)
         assert got.bottleneck_s < total

@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from search_fixtures import gpt_like, profile  # noqa: E402
-
 from pipeplan.errors import UserError
-from pipeplan.planner.evaluate import evaluate
 from pipeplan.planner.plan import PLAN_FORMAT, Plan, load_plan
+from pipeplan.planner.predict import evaluate
+from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.search import search
+from search_fixtures import gpt_like, profile
 
 
 @pytest.fixture(scope="module")
 def searched():
     g = gpt_like(blocks=8, hidden=512, seq=256, vocab=8000, batch=4)
-    return g, search(g, profile(2.0), 8, 32)
+    return g, search(g, profile(2.0), PlanRequest(devices=8, batch_size=32))
 
 
 def test_round_trip_is_exact(tmp_path, searched):
@@ -56,7 +53,7 @@ def test_required_fields(tmp_path, searched):
 
 def test_evaluated_plan_round_trips_with_data_parallel(tmp_path):
     g = gpt_like(blocks=4, hidden=256, seq=128, vocab=1000, batch=4)
-    plan = evaluate(g, profile(), [0, 0, 0, 1, 1, 1], replicas=2, schedule="gpipe", microbatches=2, batch_size=16)
+    plan = evaluate(g, profile(), [0, 0, 0, 1, 1, 1], data_parallel=2, schedule="gpipe", microbatches=2, batch_size=16)
     path = tmp_path / "p.json"
     plan.save(path)
     back = load_plan(path)

@@ -12,13 +12,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_steps, run_cli  # noqa: E402
+from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_steps, run_cli
 
 TESTS = REPO / "tests"
 CASES = {  # name -> (model file, batch size, microbatches)
@@ -89,7 +87,7 @@ def test_pipelined_steps_equal_single_process(case, schedule, pipelined):
     assert len(list((dump / str(i)).glob("stage-*.pt"))) == SCHEDULES[schedule][0]  # one replica: one file per stage
     for fqn, copies in dumped.items():
         for t in copies:  # a tied weight's copies on different stages must all equal the reference
-            torch.testing.assert_close(t, ref_state[fqn], rtol=1e-4, atol=1e-6, msg=lambda s: f"{fqn}: {s}")
+            torch.testing.assert_close(t, ref_state[fqn], rtol=1e-4, atol=1e-6, msg=lambda s, fqn=fqn: f"{fqn}: {s}")
     for names in aliases:  # every parameter of the model was trained by some stage
         assert any(n in dumped for n in names), f"no stage holds {names}"
     # the run really moved the parameters (else equal-to-reference would prove little)
@@ -146,4 +144,4 @@ def test_data_parallel_pipeline_equals_single_process(tmp_path):
                 continue  # BatchNorm statistics are per replica (not synchronized, like DDP without broadcast_buffers)
             assert len(copies) >= 2  # every replica's copy checked
             for t in copies:
-                torch.testing.assert_close(t, ref_state[fqn], rtol=1e-4, atol=1e-6, msg=lambda s: f"{case} {fqn}: {s}")
+                torch.testing.assert_close(t, ref_state[fqn], rtol=1e-4, atol=1e-6, msg=lambda s, case=case, fqn=fqn: f"{case} {fqn}: {s}")

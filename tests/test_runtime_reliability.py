@@ -1,8 +1,9 @@
 """Reliability of `pipeplan run`: a killed rank stops the run quickly and names its stage, a
 resumed run reproduces the uninterrupted losses, and bad plans exit 2 with one line.
 
-Two torchrun runs share a module fixture: run A checkpoints every 2 steps and has rank 0
-killed at step 3; run B resumes from A's checkpoint. B's losses must equal an
+Two torchrun runs share a module fixture: run A checkpoints every 2 steps and has rank 1
+killed at step 3 (tests/runtime_fault_worker.py, started instead of the worker through the
+hidden --worker-script option); run B resumes from A's checkpoint. B's losses must equal an
 uninterrupted single-process run's (which test_runtime_equivalence shows equals an
 uninterrupted pipelined run). Adam, so the optimizer state must be restored too.
 """
@@ -12,15 +13,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from runtime_helpers import REPO, hand_plan, reference_steps, run_cli  # noqa: E402
+from runtime_helpers import REPO, hand_plan, reference_steps, run_cli
 
 MODEL = REPO / "tests" / "runtime_model_unet.py"
+FAULT_WORKER = REPO / "tests" / "runtime_fault_worker.py"  # the worker, with a step hook that kills a rank
 BATCH, M, STEPS, LR = 8, 4, 4, 0.01
 
 
@@ -36,7 +36,7 @@ def killed_run(plan_path, tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("ckpt")
     t0 = time.monotonic()
     r = run_cli("run", str(plan_path), "--steps", str(STEPS), "--warmup", "0", "--lr", str(LR),
-                "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
+                "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--worker-script", str(FAULT_WORKER),
                 env={"PIPEPLAN_TEST_KILL_RANK": "1", "PIPEPLAN_TEST_KILL_STEP": "3"}, timeout=120)
     return r, time.monotonic() - t0, ckpt
 

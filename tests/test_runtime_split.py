@@ -3,16 +3,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from pipeplan.runtime.split import flat_inputs, run_sequential, split_program, unflatten_output
-
-sys.path.insert(0, str(Path(__file__).parent))
-from runtime_models import MODELS  # noqa: E402
+from runtime_models import MODELS
 
 
 def even_layers(gm, stages: int):

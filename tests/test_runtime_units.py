@@ -4,6 +4,7 @@ combination, the saved-tensor memory meter. No processes are started here."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,9 +12,10 @@ import torch
 from pipeplan.errors import UserError
 from pipeplan.planner.plan import Plan, Prediction, Stage
 from pipeplan.runtime import checkpoint as ckpt
-from pipeplan.runtime.launch import failed_rank
+from pipeplan.runtime.launch import LaunchOptions, failed_rank, torchrun_command
 from pipeplan.runtime.measure import SavedTensorMeter
-from pipeplan.runtime.worker import combine_losses, rank_stages, stage_ranks
+from pipeplan.runtime.worker import combine_losses, rank_stages, stage_ranks, torch_schedule_class
+from pipeplan.schedules import SCHEDULES
 
 
 def _plan(devices: list[list[int]], schedule="1f1b", data_parallel=1) -> Plan:
@@ -83,6 +85,27 @@ def test_stage_placement():
         stage_ranks(_plan([[0], [1]], schedule="pipedream"))
     with pytest.raises(UserError, match="data_parallel"):
         stage_ranks(_plan([[0, 1], [2]]))
+
+
+def test_schedules_map_to_torch_classes_or_are_refused():
+    """pipeplan.schedules names the torch class; the runtime runs it, or refuses with the one message."""
+    from torch.distributed import pipelining
+
+    for name, f in SCHEDULES.items():
+        if f.torch_class is None:
+            with pytest.raises(UserError, match="asynchronous PipeDream .* not supported"):
+                torch_schedule_class(name)
+        else:
+            assert torch_schedule_class(name) == f.torch_class and hasattr(pipelining, f.torch_class)
+
+
+def test_torchrun_starts_the_worker_module_unless_a_test_names_a_script(tmp_path):
+    cmd = torchrun_command("p.json", 2, LaunchOptions(steps=3), str(tmp_path))
+    assert cmd[cmd.index("--standalone") + 1:][:3] == ["-m", "pipeplan.runtime.worker", str(Path("p.json").resolve())]
+    script = tmp_path / "fault.py"
+    cmd = torchrun_command("p.json", 2, LaunchOptions(steps=3, worker_script=str(script)), str(tmp_path))
+    assert cmd[cmd.index("--standalone") + 1:][:2] == [str(script), str(Path("p.json").resolve())]
+    assert "pipeplan.runtime.worker" not in cmd
 
 
 def test_saved_tensor_meter_counts_each_storage_once_and_releases():

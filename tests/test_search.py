@@ -6,22 +6,24 @@ from __future__ import annotations
 import itertools
 import random
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from search_fixtures import gpt_like, profile  # noqa: E402
-
 from pipeplan.costmodels.comm import allreduce_time_s, group_link
 from pipeplan.costmodels.graph import Edge, Graph, Layer
-from pipeplan.costmodels.memory import model_state_bytes, stage_memory
+from pipeplan.costmodels.memory import RangeMemory, model_state_bytes, stage_memory
 from pipeplan.errors import InfeasibleError, UserError
+from pipeplan.planner.baselines import equal_layers
+from pipeplan.planner.bounds import min_bottleneck
+from pipeplan.planner.configs import Config
 from pipeplan.planner.dp import partition_dp
-from pipeplan.planner.evaluate import boundary_bytes, evaluate, place, simulate_plan
+from pipeplan.planner.partition import link_fn
+from pipeplan.planner.predict import boundary_bytes, evaluate, place
 from pipeplan.planner.problem import build_problem
-from pipeplan.planner.search import Config, StageMemoryModel, equal_layers, min_bottleneck, search
+from pipeplan.planner.replay import simulate_plan
+from pipeplan.planner.request import PlanRequest
+from pipeplan.planner.search import search
+from search_fixtures import gpt_like, profile
 
 
 def uniform_graph(n=8, f=1e-3, b=2e-3, batch=8, params=4096, saved=1024):
@@ -32,7 +34,8 @@ def uniform_graph(n=8, f=1e-3, b=2e-3, batch=8, params=4096, saved=1024):
 
 
 def plan_config(plan):
-    return dict(replicas=[s.replicas for s in plan.stages] if plan.schedule == "pipedream" else plan.data_parallel,
+    pipedream = plan.schedule == "pipedream"
+    return dict(data_parallel=plan.data_parallel, stage_replicas=[s.replicas for s in plan.stages] if pipedream else (),
                 schedule=plan.schedule, microbatches=plan.microbatches, batch_size=plan.batch_size, dtype=plan.dtype,
                 optimizer=plan.optimizer, recompute=plan.recompute, times=plan.times, chunks=plan.chunks)
 
@@ -67,8 +70,8 @@ def test_runtime_op_overhead_is_added_to_every_simulated_op_but_not_to_stage_com
     with its own o; the stage times stay pure compute, and re-simulating the saved plan gives the same time."""
     import dataclasses
 
-    from pipeplan.cli.workflow import simulate_from_plan
     from pipeplan.planner.plan import load_plan
+    from pipeplan.planner.replay import simulate_from_plan
 
     g = uniform_graph(n=8)
     prof = dataclasses.replace(profile(40), op_overhead_s={"gpipe": 4e-4, "1f1b": 1e-4})
@@ -147,7 +150,7 @@ def test_data_parallel_adds_allreduce():
     g = gpt_like(blocks=4, hidden=256, seq=128, vocab=1000, batch=4)
     prof = profile(40, per_node=2)
     one = evaluate(g, prof, [0, 0, 0, 1, 1, 1], schedule="1f1b", microbatches=4, batch_size=16)
-    two = evaluate(g, prof, [0, 0, 0, 1, 1, 1], replicas=2, schedule="1f1b", microbatches=2, batch_size=16)
+    two = evaluate(g, prof, [0, 0, 0, 1, 1, 1], data_parallel=2, schedule="1f1b", microbatches=2, batch_size=16)
     assert two.devices == 4 and two.data_parallel == 2 and two.microbatch_size == 4
     assert [s.devices for s in two.stages] == [[0, 1], [2, 3]]  # stage-major: replicas share a node
     for s, st in enumerate(two.stages):
@@ -185,7 +188,9 @@ def test_stage_memory_model_equals_costmodel(schedule, chunks, dtype, optimizer,
     g = gpt_like(blocks=6, hidden=128, seq=64, vocab=500, batch=2)
     prob = build_problem(g, profile(), microbatch_size=2, dtype=dtype)
     P, M = 4, 8
-    model = StageMemoryModel(prob, Config(schedule, P, 1, M, chunks, recompute), optimizer=optimizer, dtype=dtype)
+    model = RangeMemory(param_bytes=prob.param_bytes, saved_bytes=prob.saved_bytes, cut_bytes=prob.cut_bytes,
+                        input_bytes=prob.input_bytes, schedule=schedule, stages=P, microbatches=M, chunks=chunks,
+                        recompute=recompute, optimizer=optimizer, dtype=dtype)
     rng = random.Random(0)
     n = prob.n
     for _ in range(40):
@@ -208,7 +213,7 @@ def test_min_bottleneck_brute_force():
         comp = [rng.uniform(0.1, 5) for _ in range(n)]
         K = rng.randint(1, n)
         best = min(
-            max(sum(comp[a:b]) for a, b in zip((0, *cuts), (*cuts, n)))
+            max(sum(comp[a:b]) for a, b in zip((0, *cuts), (*cuts, n), strict=True))
             for cuts in itertools.combinations(range(1, n), K - 1)
         )
         got = min_bottleneck(comp, K)
@@ -221,7 +226,7 @@ def test_min_bottleneck_brute_force():
 def test_search_plan_equals_evaluate_of_its_partition():
     g = gpt_like(blocks=12, hidden=768, seq=1024, batch=8)
     prof = profile(16)
-    res = search(g, prof, 8, 64)
+    res = search(g, prof, PlanRequest(devices=8, batch_size=64))
     best = res.best
     again = evaluate(g, prof, assignment_of(best, g), layout=best.solver["layout"], **plan_config(best))
     assert again.predicted == best.predicted
@@ -246,7 +251,7 @@ def test_pruning_does_not_change_the_best():
     g = gpt_like(blocks=6, hidden=512, seq=256, vocab=8000, batch=4)
     prof = profile(1.2)
     N, B = 4, 16
-    res = search(g, prof, N, B, schedule="1f1b", recompute="off")
+    res = search(g, prof, PlanRequest(devices=N, batch_size=B, schedule="1f1b", recompute="off"))
     best_ref = None
     for K in range(1, N + 1):
         for d in range(1, N // K + 1):
@@ -254,17 +259,17 @@ def test_pruning_does_not_change_the_best():
                 continue
             for M in [m for m in range(1, B // d + 1) if (B // d) % m == 0]:
                 prob = build_problem(g, prof, microbatch_size=B // (d * M))
-                from pipeplan.planner.search import _Searcher
-
-                sr = _Searcher(g, prof, B, dtype="fp32", optimizer="adam", times="model", top=1)
-                cfg = Config("1f1b", K, d, M, 1, False)
+                mem = RangeMemory(param_bytes=prob.param_bytes, saved_bytes=prob.saved_bytes,
+                                  cut_bytes=prob.cut_bytes, input_bytes=prob.input_bytes, schedule="1f1b", stages=K,
+                                  microbatches=M, chunks=1, recompute=False, optimizer="adam", dtype="fp32")
                 layouts = ["stage-major"] + (["pipeline-major"] if d > 1 and K > 1 and K * d > prof.devices_per_node else [])
                 for layout in layouts:
-                    part = partition_dp(prob, K, link=sr.link_fn(cfg, layout), memory_bytes=sr.memory_fn(cfg, prob),
-                                        capacity_bytes=sr.cap)
+                    cfg = Config(schedule="1f1b", stages=K, data_parallel=d, microbatches=M, layout=layout)
+                    part = partition_dp(prob, K, link=link_fn(prof, cfg), memory_bytes=mem,
+                                        capacity_bytes=int(prof.usable_memory_bytes))
                     if not part.assignment:
                         continue
-                    plan = evaluate(g, prof, part.assignment, replicas=d, schedule="1f1b", microbatches=M,
+                    plan = evaluate(g, prof, part.assignment, data_parallel=d, schedule="1f1b", microbatches=M,
                                     batch_size=B, layout=layout)
                     if plan.predicted.fits and (best_ref is None or plan.predicted.samples_per_s > best_ref):
                         best_ref = plan.predicted.samples_per_s
@@ -278,7 +283,7 @@ def test_search_near_brute_force_over_partitions():
     g = gpt_like(blocks=5, hidden=512, seq=256, vocab=8000, batch=4)
     prof = profile(40)
     n, B = len(g.layers), 8
-    res = search(g, prof, 3, B, schedule="1f1b", recompute="off", data_parallel=1)
+    res = search(g, prof, PlanRequest(devices=3, batch_size=B, schedule="1f1b", recompute="off", data_parallel=1))
     best = 0.0
     for K in (1, 2, 3):
         for cuts in itertools.combinations(range(1, n), K - 1):
@@ -294,33 +299,33 @@ def test_search_near_brute_force_over_partitions():
 def test_fixed_options_restrict_the_enumeration():
     g = gpt_like(blocks=8, hidden=512, seq=256, vocab=8000, batch=4)
     prof = profile(40)
-    res = search(g, prof, 8, 32, schedule="gpipe", stages=4, microbatches=8, recompute="on")
+    res = search(g, prof, PlanRequest(devices=8, batch_size=32, schedule="gpipe", stages=4, microbatches=8, recompute="on"))
     for p in [res.best, *res.alternatives]:
         assert p.schedule == "gpipe" and len(p.stages) == 4 and p.microbatches == 8 and p.recompute
-    res = search(g, prof, 8, 32, schedule="interleaved", stages=2, chunks=2, data_parallel=1)
+    res = search(g, prof, PlanRequest(devices=8, batch_size=32, schedule="interleaved", stages=2, chunks=2, data_parallel=1))
     assert res.best.schedule == "interleaved" and res.best.chunks == 2 and len(res.best.stages) == 4
     assert [s.devices for s in res.best.stages] == [[0], [1], [0], [1]]
-    res = search(g, prof, 4, 32, schedule="pipedream", stages=4)
+    res = search(g, prof, PlanRequest(devices=4, batch_size=32, schedule="pipedream", stages=4))
     assert res.best.schedule == "pipedream" and res.best.microbatches >= 4
-    res = search(g, prof, 4, 32, schedule="all")
+    res = search(g, prof, PlanRequest(devices=4, batch_size=32, schedule="all"))
     assert res.best.schedule in ("gpipe", "1f1b", "interleaved", "pipedream")
 
 
 def test_bad_options_are_user_errors():
     g = gpt_like(blocks=2, hidden=64, seq=16, vocab=50, batch=2)
     with pytest.raises(UserError, match="schedule"):
-        search(g, profile(), 2, 8, schedule="zb-h1")
+        search(g, profile(), PlanRequest(devices=2, batch_size=8, schedule="zb-h1"))
     with pytest.raises(UserError, match="does not divide"):
-        search(g, profile(), 2, 8, microbatches=3)
+        search(g, profile(), PlanRequest(devices=2, batch_size=8, microbatches=3))
     with pytest.raises(UserError, match="layers"):
-        search(g, profile(), 8, 8, stages=8)
+        search(g, profile(), PlanRequest(devices=8, batch_size=8, stages=8))
 
 
 def test_infeasible_says_by_how_much_and_is_true():
     g = gpt_like(blocks=24, hidden=1024, seq=1024, batch=4)  # ~355M parameters: ~5.7 GB of Adam state
     prof = profile(5.0, name="small-gpu")
     with pytest.raises(InfeasibleError) as ei:
-        search(g, prof, 2, 16, recompute="off")
+        search(g, prof, PlanRequest(devices=2, batch_size=16, recompute="off"))
     msg = str(ei.value)
     m = re.search(r"needs ([0-9.]+) GiB on stage \d+ but small-gpu has 5.0 GiB usable "
                   r"\(([0-9.]+) GiB, (\d+)% over\)", msg)
@@ -329,15 +334,15 @@ def test_infeasible_says_by_how_much_and_is_true():
     assert over == pytest.approx(need - 5.0, abs=0.06) and pct == pytest.approx(100 * (need - 5) / 5, abs=3)
     assert "more devices" in msg and "recomputation" in msg
     # The number is real: with that much memory something fits, with clearly less nothing does.
-    search(g, profile(need + 0.06), 2, 16, recompute="off")
+    search(g, profile(need + 0.06), PlanRequest(devices=2, batch_size=16, recompute="off"))
     with pytest.raises(InfeasibleError):
-        search(g, profile(need * 0.97), 2, 16, recompute="off")
+        search(g, profile(need * 0.97), PlanRequest(devices=2, batch_size=16, recompute="off"))
 
 
 def test_infeasible_model_state_alone():
     g = gpt_like(blocks=48, hidden=1600, batch=1)  # ~1.5B parameters
     with pytest.raises(InfeasibleError, match=r"model state alone.*more devices \(about \d+\)"):
-        search(g, profile(16), 1, 8)
+        search(g, profile(16), PlanRequest(devices=1, batch_size=8))
 
 
 def test_progress_and_speed():
@@ -346,7 +351,8 @@ def test_progress_and_speed():
     g = gpt_like()  # GPT-2 small shape
     calls = []
     t0 = time.perf_counter()
-    res = search(g, profile(40, name="a100-40gb-like"), 8, 64, progress=lambda d, i, n: calls.append((d, i, n)))
+    res = search(g, profile(40, name="a100-40gb-like"), PlanRequest(devices=8, batch_size=64),
+                 progress=lambda d, i, n: calls.append((d, i, n)))
     elapsed = time.perf_counter() - t0
     assert calls[-1][1] == calls[-1][2] and len(calls) > 2
     assert res.evaluated >= 1 and res.best.solver["search"]["evaluated"] == res.evaluated
@@ -356,7 +362,7 @@ def test_progress_and_speed():
 def test_graph_without_times_is_a_user_error():
     g = uniform_graph(f=0.0, b=0.0)
     with pytest.raises(UserError, match="no layer times"):
-        search(g, profile(), 2, 8, times="measured")
+        search(g, profile(), PlanRequest(devices=2, batch_size=8, times="measured"))
 
 
 def test_tied_parameter_is_copied_and_synchronised():
@@ -415,7 +421,7 @@ def test_ilp_refinement_on_a_dag():
     layers.sort(key=lambda l: order.index(l.name))
     g = Graph(name="diamond", layers=layers, edges=edges, batch_size=4, source={"device": "cpu"})
     prof = profile(40)
-    res = search(g, prof, 2, 8, schedule="1f1b", stages=2, data_parallel=1, solver="ilp", times="measured")
+    res = search(g, prof, PlanRequest(devices=2, batch_size=8, schedule="1f1b", stages=2, data_parallel=1, solver="ilp", times="measured"))
     best = res.best
     assert best.predicted.fits
     again = evaluate(g, prof, assignment_of(best, g), layout=best.solver["layout"], **plan_config(best))
@@ -431,8 +437,9 @@ def test_memory_model_charges_tied_copies_like_evaluate():
     g.shared_params = [SharedParam("wte.weight", 1000 * 256 * 4, ["embed", "head"])]
     prof = profile(40)
     prob = build_problem(g, prof, microbatch_size=4)
-    model = StageMemoryModel(prob, Config("1f1b", 2, 1, 4, 1, False), optimizer="adam", dtype="fp32",
-                             shared=[(1000 * 256 * 4, [0, 5])])
+    model = RangeMemory(param_bytes=prob.param_bytes, saved_bytes=prob.saved_bytes, cut_bytes=prob.cut_bytes,
+                        input_bytes=prob.input_bytes, schedule="1f1b", stages=2, microbatches=4, chunks=1,
+                        recompute=False, optimizer="adam", dtype="fp32", shared=[(1000 * 256 * 4, [0, 5])])
     for cut in range(1, 6):
         plan = evaluate(g, prof, [0] * cut + [1] * (6 - cut), schedule="1f1b", microbatches=4, batch_size=16)
         assert [model(0, 0, cut), model(1, cut, 6)] == [s.predicted.memory_bytes for s in plan.stages]

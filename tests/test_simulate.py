@@ -123,7 +123,7 @@ def test_dependencies_are_respected_with_sends():
         # No device runs two compute ops at once.
         for d in range(4):
             ops = sorted((e.start_s, e.end_s) for e in r.events if e.device == d and e.kind in ("fwd", "bwd"))
-            assert all(a[1] <= b[0] + 1e-12 for a, b in zip(ops, ops[1:]))
+            assert all(a[1] <= b[0] + 1e-12 for a, b in zip(ops, ops[1:], strict=False))
 
 
 def test_interleaved_dependencies_and_device_order():
@@ -148,7 +148,7 @@ def test_interleaved_dependencies_and_device_order():
     assert (K - 1, 0) in sends and (0, K - 1) in sends  # chunk hand-over and its gradient
     for d in range(K):
         ops = sorted((e.start_s, e.end_s) for e in r.events if e.device == d and e.kind in ("fwd", "bwd"))
-        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(ops, ops[1:]))
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(ops, ops[1:], strict=False))
     assert r.iteration_s >= max(M * sum(fwd[s] + bwd[s] for s in range(d, S, K)) for d in range(K))
 
 

@@ -29,7 +29,7 @@ def test_lower_bounds(p, schedule):
     K, fwd, bwd, send, M = p
     r = simulate(schedule, fwd, bwd, send, M)
     # Each device must do all its work.
-    assert r.iteration_s >= max(M * (f + b) for f, b in zip(fwd, bwd))
+    assert r.iteration_s >= max(M * (f + b) for f, b in zip(fwd, bwd, strict=True))
     # One microbatch's path: down through every stage and sends, and back.
     assert r.iteration_s >= sum(fwd) + sum(bwd) + 2 * sum(send)
     # Fill + drain: the first microbatch's forward reaches the last stage, which then does all of its work.
@@ -64,7 +64,7 @@ def test_pipedream_rate_bounds(p):
     """Steady state is at least the slowest stage's work (and each link's occupancy) per microbatch."""
     K, fwd, bwd, send, M = p
     r = simulate("pipedream", fwd, bwd, send, M)
-    assert r.iteration_s >= M * max(f + b for f, b in zip(fwd, bwd))
+    assert r.iteration_s >= M * max(f + b for f, b in zip(fwd, bwd, strict=True))
     assert r.iteration_s >= M * max(send, default=0)
 
 

@@ -1,0 +1,41 @@
+"""The measured-vs-predicted table of `pipeplan run` (rich).
+
+runtime/report.py computes the numbers (the `--json` document); this module only
+draws them, so the runtime layer does no display work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def render_table(doc: dict[str, Any], console) -> None:
+    """Measured vs. predicted, per stage and for the iteration (rich)."""
+    from rich.table import Table
+
+    m, p = doc["measured"], doc["predicted"]
+    pstages = {s["index"]: s for s in p.get("stages", [])}
+    mb = doc["plan"]["microbatches"]
+    t = Table(title=f"pipeplan run: {doc['plan']['schedule']}, {doc['plan']['stages']} stages, M={mb}, "
+                    f"{m['steps_measured']} measured step(s)")
+    for col in ("stage", "rank", "fwd ms/mb", "pred", "bwd ms/mb", "pred", "compute ms/step", "wait ms/step", "peak MiB", "pred"):
+        t.add_column(col, justify="right")
+    for s in m["stages"]:
+        ps = pstages.get(s["index"], {})
+        t.add_row(
+            str(s["index"]), str(s["rank"]),
+            _ms(s["fwd_s"]), _ms(ps.get("fwd_s")), _ms(s["bwd_s"]), _ms(ps.get("bwd_s")),
+            _ms(s["compute_s"]), _ms(s["wait_s"]),
+            f"{s['peak_memory_bytes'] / 2**20:.1f}", f"{ps.get('memory_bytes', 0) / 2**20:.1f}" if ps else "-",
+        )
+    console.print(t)
+    it, pit = m["iteration_s"], p.get("iteration_s") or 0.0
+    err = f" ({(it - pit) / pit * 100:+.1f}% vs predicted)" if pit else ""
+    console.print(f"iteration: measured {it * 1e3:.2f} ms, predicted {pit * 1e3:.2f} ms{err}; "
+                  f"samples/s: measured {m['samples_per_s']:.1f}, predicted {p.get('samples_per_s', 0):.1f}")
+    if doc["losses"]:
+        console.print("losses: " + ", ".join(f"{x:.5g}" for x in doc["losses"]))
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.2f}"

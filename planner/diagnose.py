@@ -1,0 +1,131 @@
+"""When nothing fits: by how much the least-overflowing configuration misses, and what would fit it.
+
+The search records a `Failure` for every configuration it rejects for memory,
+with how the shortfall is known; this module turns the closest one into the one
+line (and hint) of the `InfeasibleError` a user sees. A number in that line is
+real: with that much memory per device the configuration fits (tests check it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from pipeplan.costmodels.graph import Graph
+from pipeplan.costmodels.memory import RangeMemory, model_state_bytes
+from pipeplan.hardware_profiles.profile import HardwareProfile
+from pipeplan.planner.configs import Config
+from pipeplan.planner.dp import partition_dp
+from pipeplan.planner.feasibility import least_capacity
+from pipeplan.planner.partition import link_fn
+from pipeplan.planner.predict import predict
+from pipeplan.planner.problem import Problem
+from pipeplan.planner.request import PlanRequest
+from pipeplan.units import GIB
+
+__all__ = ["Failure", "Shortfall", "infeasible_message"]
+
+Shortfall = Literal["state", "greedy", "exact"]
+"""How a failure's bytes are known: a model-state lower bound, the greedy packing (sized on demand), or exact."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A configuration rejected for memory."""
+
+    need_bytes: int
+    """Bytes per device it would need (-1 for a greedy failure not yet sized)."""
+    how: Shortfall
+    config: Config
+
+
+@dataclass(frozen=True)
+class SearchView:
+    """What the diagnosis reads of a finished search."""
+
+    graph: Graph
+    profile: HardwareProfile
+    request: PlanRequest
+    failures: Sequence[Failure]
+    problem: Callable[[int, bool], Problem]
+    """(microbatch size, recompute) -> the problem the search used."""
+    memory: Callable[[Config, Problem], RangeMemory]
+
+
+def _sized(view: SearchView) -> list[Failure]:
+    """Greedy failures get their bytes: the least capacity the greedy packing fits."""
+    out, sized = [], {}
+    for f in view.failures:
+        if f.how == "greedy":
+            cfg = f.config
+            mem = view.memory(cfg, view.problem(cfg.microbatch_size(view.request.batch_size), cfg.recompute))
+            key = (id(mem), cfg.virtual_stages)
+            if key not in sized:
+                sized[key] = least_capacity(mem, cfg.virtual_stages, int(view.profile.usable_memory_bytes))
+            f = replace(f, need_bytes=sized[key])
+        out.append(f)
+    return out
+
+
+def _worst_stage(view: SearchView, f: Failure) -> tuple[int, str]:
+    """Partition the closest configuration with just enough memory and name its fullest device."""
+    cfg, need = f.config, f.need_bytes
+    mb = cfg.microbatch_size(view.request.batch_size)
+    prob = view.problem(mb, cfg.recompute)
+    part = None
+    for capacity in (need + max(1, need // 500), 2 * need):
+        part = partition_dp(prob, cfg.virtual_stages, link=link_fn(view.profile, cfg),
+                            memory_bytes=view.memory(cfg, prob), capacity_bytes=capacity)
+        if part.assignment:
+            break
+    if part is None or not part.assignment:
+        return need, " (model state alone)"  # as before issue 14: no split found even at twice the bytes
+    plan = predict(view.graph, view.profile, part.assignment, replace(cfg, stage_replicas=()), view.request,
+                   problem=view.problem(mb, False)).plan
+    worst = max(plan.stages, key=lambda s: s.predicted.memory_bytes)
+    where = f" on stage {worst.index}" if cfg.chunks == 1 else f" on pipeline device {worst.index % cfg.stages}"
+    return worst.predicted.memory_bytes, where
+
+
+def _hints(view: SearchView, f: Failure, need: int) -> list[str]:
+    req, cap = view.request, int(view.profile.usable_memory_bytes)
+    one_mb = view.problem(1, False)
+    hints = []
+    state = model_state_bytes(sum(one_mb.param_bytes), optimizer=req.optimizer, dtype=req.training_dtype).total_bytes
+    largest = max(range(one_mb.n), key=lambda i: one_mb.param_bytes[i])
+    one = model_state_bytes(one_mb.param_bytes[largest], optimizer=req.optimizer,
+                            dtype=req.training_dtype).total_bytes
+    if one > cap:
+        hints.append(f"layer {view.graph.layers[largest].name} alone needs {one / GIB:.1f} GiB of weights and "
+                     f"optimizer state: no pipeline split fits it; use a device with more memory or a lighter optimizer")
+    else:
+        want = max(req.devices + 1, math.ceil(req.devices * need / cap), math.ceil(state / cap))
+        hints.append(f"more devices (about {want})")
+    if req.recompute == "off" and f.how != "state":
+        hints.append("recomputation (--recompute on)")
+    mb = f.config.microbatch_size(req.batch_size)
+    if req.batch_size > 1 and f.how != "state" and mb > 1:
+        hints.append(f"smaller microbatches (the smallest plan uses {mb} samples each; "
+                     "more microbatches or a smaller batch)")
+    if req.optimizer in ("adam", "adamw"):
+        hints.append("a lighter optimizer (sgd keeps no state)")
+    return hints
+
+
+def infeasible_message(view: SearchView) -> tuple[str, str]:
+    """One line saying by how much the least-overflowing configuration misses, and what would fit it."""
+    req, cap, profile = view.request, int(view.profile.usable_memory_bytes), view.profile
+    if not view.failures:
+        return (f"no pipeline configuration of {req.devices} devices and batch {req.batch_size} could be built",
+                "check --stages/--microbatches against the batch size and the graph's layer count")
+    failures = _sized(view)
+    measured = [f for f in failures if f.how != "state"]
+    # State-only bounds may understate; prefer configurations whose partition was tried.
+    f = min(measured or failures, key=lambda x: x.need_bytes)
+    need, stage_txt = (f.need_bytes, " (model state alone)") if f.how == "state" else _worst_stage(view, f)
+    over = need - cap
+    msg = (f"nothing fits: the smallest plan ({f.config.describe()}) needs {need / GIB:.1f} GiB{stage_txt} but "
+           f"{profile.name} has {cap / GIB:.1f} GiB usable ({over / GIB:.1f} GiB, {100 * over / cap:.0f}% over)")
+    return msg, "would fit with: " + "; ".join(_hints(view, f, need))

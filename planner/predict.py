@@ -1,0 +1,190 @@
+"""Predictions for one given partition: the function every plan's numbers come from.
+
+The search, the baselines (equal layers, DeepSpeed's "parameters", torchgpipe's
+balance_by_time) and `pipeplan show` must predict a partition the same way, or
+comparisons between them mean nothing. So all of them go through `predict`:
+cost models for stage times, sends and all-reduce, `costmodels.memory.stage_memory`
+for memory, and the event simulator (`planner/simulate.py`) for the iteration.
+
+Conventions (docs/plan-format.md):
+- "stage" is a virtual stage in model order. Synchronous schedules: stage s runs
+  on pipeline device s % P (P = stages / chunks) of every data-parallel replica.
+- Synchronous schedules replicate the whole pipeline `data_parallel` times; the
+  global batch splits evenly, microbatch = batch / (data_parallel * M), and each
+  stage all-reduces its gradients across replicas once per iteration.
+- "pipedream" replicates stages individually (`replicas` per stage, PipeDream
+  SOSP'19 §3.1): a stage with r replicas takes every r-th microbatch, so its
+  per-microbatch occupancy is (fwd + bwd + weight all-reduce) / r, as in
+  PipeDream's optimizer; microbatch = batch / M.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipeplan.choices import DtypeRequest, Layout, Optimizer, Times
+from pipeplan.costmodels.graph import Graph
+from pipeplan.errors import UserError
+from pipeplan.hardware_profiles.profile import HardwareProfile
+from pipeplan.planner.configs import Config
+from pipeplan.planner.plan import Plan
+from pipeplan.planner.predict_inputs import StageInputs, boundary_bytes, stage_inputs
+from pipeplan.planner.predict_report import assemble_plan
+from pipeplan.planner.problem import Problem, build_problem
+from pipeplan.planner.request import PlanRequest
+from pipeplan.planner.simulate import SimResult, simulate
+from pipeplan.schedules import facts
+
+__all__ = ["Evaluation", "predict", "evaluate", "graph_summary", "place", "boundary_bytes"]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A predicted plan and the simulation it came from (events only when asked for)."""
+
+    plan: Plan
+    sim: SimResult
+
+
+def graph_summary(graph: Graph) -> dict[str, Any]:
+    """Plan.graph: what identifies the traced model (the runtime checks the fingerprint)."""
+    src = graph.source or {}
+    return {
+        "fingerprint": graph.fingerprint(),
+        "name": graph.name,
+        "model_file": src.get("model_file"),
+        "entry": src.get("entry"),
+        "depth": src.get("depth"),
+        "trace_batch_size": graph.batch_size,
+        "layers": len(graph.layers),
+    }
+
+
+def place(pipeline_devices: int, data_parallel: int, layout: str = "stage-major") -> list[list[int]]:
+    """Global ranks of each pipeline device's replicas.
+
+    stage-major: a stage's replicas take consecutive ranks (all-reduce stays inside
+    a node, sends may cross nodes; PipeDream's placement, `dp.boundary_links`).
+    pipeline-major: each pipeline replica takes consecutive ranks (sends stay inside
+    a node, the all-reduce crosses nodes).
+    """
+    P, d = pipeline_devices, data_parallel
+    if layout == "stage-major":
+        return [[p * d + r for r in range(d)] for p in range(P)]
+    if layout == "pipeline-major":
+        return [[r * P + p for r in range(d)] for p in range(P)]
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+def _stage_count(assignment: Sequence[int], n: int, chunks: int) -> int:
+    """Virtual stages of a valid assignment (every stage used, divisible into chunks)."""
+    if len(assignment) != n:
+        raise ValueError(f"assignment has {len(assignment)} entries for {n} layers")
+    S = max(assignment) + 1
+    if sorted(set(assignment)) != list(range(S)):
+        raise ValueError("every stage needs at least one layer")
+    if S % chunks:
+        raise ValueError(f"{S} stages cannot be split into {chunks} chunks per device")
+    return S
+
+
+def _replicas(config: Config, S: int) -> tuple[list[int], int]:
+    """(replicas of each virtual stage, data-parallel degree of the whole pipeline)."""
+    if not facts(config.schedule).replicates_whole_pipeline:
+        reps = list(config.stage_replicas) if config.stage_replicas else [config.data_parallel] * S
+        if len(reps) != S:
+            raise ValueError(f"replicas has {len(reps)} entries for {S} stages")
+        return reps, 1
+    if config.stage_replicas and len(set(config.stage_replicas)) > 1:
+        raise ValueError(f"{config.schedule} replicates the whole pipeline: replicas must be equal, "
+                         f"got {list(config.stage_replicas)}")
+    dp = config.stage_replicas[0] if config.stage_replicas else config.data_parallel
+    return [dp] * S, dp
+
+
+def _ranks(config: Config, reps: Sequence[int], S: int, dp: int) -> list[list[int]]:
+    """Global ranks of each virtual stage's replicas."""
+    if not facts(config.schedule).replicates_whole_pipeline:
+        ranks, off = [], 0
+        for r in reps:
+            ranks.append(list(range(off, off + r)))
+            off += r
+        return ranks
+    P = S // config.chunks
+    per_device = place(P, dp, config.layout)
+    return [per_device[s % P] for s in range(S)]
+
+
+def _microbatch_size(request: PlanRequest, M: int, dp: int) -> int:
+    B = request.batch_size
+    if B % (M * dp):
+        raise UserError(f"batch size {B} is not divisible into {M} microbatches" + (f" x {dp} replicas" if dp > 1 else ""),
+                        "pick a microbatch count that divides the batch")
+    return B // (M * dp)
+
+
+def _simulate(config: Config, x: StageInputs, overhead_s: Sequence[float], keep_events: bool) -> SimResult:
+    """The event simulation of one iteration; the runtime's per-op time is part of every op."""
+    rule = facts(config.schedule)
+    rc = config.recompute
+    return simulate(config.schedule, [f + oh for f, oh in zip(x.fwd, overhead_s, strict=True)],
+                    [b + oh for b, oh in zip(x.bwd, overhead_s, strict=True)], x.send, config.microbatches,
+                    chunks=config.chunks if rule.interleaves else 1,
+                    static_bytes=x.static, activation_bytes_per_mb=x.act,
+                    allreduce_s=x.allreduce if rule.replicates_whole_pipeline else None,
+                    recompute_s=x.rec if rc else None, recompute_bytes=x.rbytes if rc else None,
+                    keep_events=keep_events)
+
+
+def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], config: Config, request: PlanRequest,
+            *, ranks: list[list[int]] | None = None, problem: Problem | None = None,
+            solver: dict[str, Any] | None = None, summary: dict[str, Any] | None = None,
+            keep_events: bool = False) -> Evaluation:
+    """The plan for partition `assignment` (virtual stage of every layer, in graph order) under `config`.
+
+    `request` supplies what is not the configuration's (batch, dtype, optimizer,
+    times); `problem` may be passed when already built for this microbatch;
+    `ranks` overrides the placement (a saved plan's own devices).
+    """
+    facts(config.schedule)
+    n = len(graph.layers)
+    S = _stage_count(assignment, n, config.chunks)
+    reps, dp = _replicas(config, S)
+    mb = _microbatch_size(request, config.microbatches, dp)
+    dtype = request.training_dtype
+    if problem is None:
+        problem = build_problem(graph, profile, microbatch_size=mb, dtype=dtype, times=request.times)
+    if ranks is None:
+        ranks = _ranks(config, reps, S, dp)
+    devices = len({r for rs in ranks for r in rs})
+    # Devices computing side by side on one machine slow each other (local profiles; 1 on GPUs).
+    slow = profile.concurrency_slowdown if devices > 1 else 1.0
+    x = stage_inputs(problem, profile, graph, assignment, config, request, reps, ranks, slow=slow)
+    # The runtime's own time around every op (calibrated on local profiles, else 0) is part of
+    # the iteration but not of the stage's compute: simulated, reported apart from fwd_s/bwd_s.
+    overhead_s = [profile.overhead_for(config.schedule, nbytes) for nbytes in x.msg_bytes]
+    sim = _simulate(config, x, overhead_s, keep_events)
+    plan = assemble_plan(graph, profile, problem, assignment, config, request, x, sim, ranks=ranks, reps=reps,
+                         dp=dp, mb=mb, devices=devices, slow=slow, overhead_s=overhead_s, solver=solver,
+                         graph_info=dict(summary) if summary is not None else graph_summary(graph))
+    return Evaluation(plan, sim)
+
+
+def evaluate(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], *, schedule: str, microbatches: int,
+             batch_size: int, data_parallel: int = 1, stage_replicas: Sequence[int] = (), chunks: int = 1,
+             recompute: bool = False, layout: Layout = "stage-major", dtype: DtypeRequest = "fp32",
+             optimizer: Optimizer = "adam", times: Times = "model", problem: Problem | None = None,
+             solver: dict[str, Any] | None = None) -> Plan:
+    """`predict` with its configuration and request spelled as keywords: a one-off prediction of a split.
+
+    `data_parallel` replicates the whole pipeline (synchronous schedules);
+    `stage_replicas` gives each stage's replica count (PipeDream).
+    """
+    config = Config(schedule=facts(schedule).name, stages=(max(assignment) + 1) // chunks, microbatches=microbatches,
+                    data_parallel=data_parallel, stage_replicas=tuple(stage_replicas), chunks=chunks,
+                    recompute=recompute, layout=layout)
+    request = PlanRequest(devices=sum(config.replica_counts()), batch_size=batch_size, dtype=dtype,
+                          optimizer=optimizer, times=times)
+    return predict(graph, profile, assignment, config, request, problem=problem, solver=solver).plan

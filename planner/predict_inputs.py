@@ -1,0 +1,194 @@
+"""Per-stage inputs of a prediction: compute, sends, all-reduce and memory of each virtual stage.
+
+`planner/predict.py` turns a partition into these numbers, then simulates and
+reports them; the arithmetic lives here so each cost has one short function
+with its source (sends: `costmodels.comm.p2p_time_s`; all-reduce:
+`allreduce_time_s`; memory: `costmodels.memory.stage_memory`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeplan.costmodels.comm import allreduce_time_s, group_link, p2p_time_s
+from pipeplan.costmodels.graph import Graph
+from pipeplan.costmodels.memory import MemoryBreakdown, model_state_bytes, stage_memory
+from pipeplan.hardware_profiles.profile import HardwareProfile
+from pipeplan.planner.configs import Config
+from pipeplan.planner.problem import Problem
+from pipeplan.planner.request import PlanRequest
+from pipeplan.schedules import facts
+
+__all__ = ["StageInputs", "stage_inputs", "boundary_bytes", "contiguous", "shared_stages"]
+
+
+@dataclass
+class StageInputs:
+    """Everything the simulator and the memory model need, per virtual stage / device."""
+
+    fwd: list[float]
+    bwd: list[float]
+    rec: list[float]
+    send: list[float]
+    allreduce: list[float]
+    send_bytes: list[int]
+    static: list[int]
+    act: list[int]
+    rbytes: list[int]
+    memory: list[MemoryBreakdown]  # per pipeline device
+    msg_bytes: list[int]  # per stage: what each of its ops sends and receives (activation out + in, or their gradients)
+
+
+def contiguous(assignment: Sequence[int]) -> bool:
+    return all(b - a in (0, 1) for a, b in zip(assignment, assignment[1:], strict=False)) and (not assignment or assignment[0] == 0)
+
+
+def boundary_bytes(problem: Problem, assignment: Sequence[int], stages: int) -> list[int]:
+    """Bytes per microbatch crossing each stage boundary (index s: from stage s to s+1).
+
+    Contiguous assignments use the problem's cut bytes (exact, a tensor counted once
+    per boundary it spans). For DAG assignments a producer's bytes crossing a
+    boundary are the sum of its crossing edges, capped at its output size (one
+    tensor read by several later stages crosses once).
+    """
+    if contiguous(assignment):
+        out = [0] * stages
+        for i in range(len(assignment) - 1):
+            if assignment[i] != assignment[i + 1]:
+                out[assignment[i]] = problem.cut_bytes[i]
+        return out
+    per_src: dict[tuple[int, int], int] = {}
+    for src, dst, nbytes in problem.edges:
+        for b in range(assignment[src], assignment[dst]):
+            per_src[(src, b)] = per_src.get((src, b), 0) + nbytes
+    out = [0] * stages
+    for (src, b), nbytes in per_src.items():
+        out[b] += min(nbytes, problem.output_bytes[src])
+    return out
+
+
+def shared_stages(graph: Graph, names: Sequence[str], assignment: Sequence[int]) -> list[tuple[int, list[int]]]:
+    """(bytes, stages using it) for each parameter tied across stages."""
+    stage_of = {names[i]: assignment[i] for i in range(len(names))}
+    shared = []
+    for sp in graph.shared_params:
+        used = sorted({stage_of[name] for name in sp.layers if name in stage_of})
+        if len(used) > 1:
+            shared.append((int(sp.bytes), used))
+    return shared
+
+
+@dataclass(frozen=True)
+class _Sums:
+    f: list[float]
+    b: list[float]
+    params: list[int]
+    own_params: list[int]
+    saved: list[int]
+
+
+def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float,
+                shared: Sequence[tuple[int, list[int]]]) -> _Sums:
+    """Per-stage compute and bytes. A parameter tied across stages (e.g. GPT-2's embedding and
+    LM head) is owned by its first user's stage; every other stage using it keeps a copy with
+    its own gradients and optimizer state, as Megatron-LM does with its embedding group."""
+    f, b = [0.0] * S, [0.0] * S
+    params, saved = [0] * S, [0] * S
+    for i in range(problem.n):
+        s = assignment[i]
+        f[s] += slow * problem.fwd_s[i]
+        b[s] += slow * problem.bwd_s[i]
+        params[s] += problem.param_bytes[i]
+        saved[s] += problem.saved_bytes[i]
+    own_params = list(params)
+    for nbytes, used in shared:
+        for s in used[1:]:
+            params[s] += nbytes
+    return _Sums(f, b, params, own_params, saved)
+
+
+def _send_times(profile: HardwareProfile, schedule: str, out_bytes: Sequence[int], reps: Sequence[int],
+                ranks: Sequence[Sequence[int]]) -> list[float]:
+    """Per stage: sending its output to the next stage, one microbatch (the slowest replica pair)."""
+    S = len(out_bytes)
+    send = []
+    for s in range(S):
+        if s == S - 1 or out_bytes[s] == 0:
+            send.append(0.0)
+        elif not facts(schedule).replicates_whole_pipeline:
+            link = profile.link_between(ranks[s][-1], ranks[s + 1][0])
+            # r_s x r_{s+1} replicas share the boundary; each microbatch crosses one link.
+            send.append(p2p_time_s(out_bytes[s], link) / min(reps[s], reps[s + 1]))
+        else:
+            send.append(max(p2p_time_s(out_bytes[s], profile.link_between(a, c))
+                            for a, c in zip(ranks[s], ranks[s + 1], strict=False)))
+    return send
+
+
+def _allreduce_times(profile: HardwareProfile, own_params: Sequence[int], reps: Sequence[int],
+                     ranks: Sequence[Sequence[int]], shared: Sequence[tuple[int, list[int]]], *, optimizer: str,
+                     dtype: str) -> list[float]:
+    """Per stage: the gradient all-reduce among its replicas, once per iteration; the tied copies'
+    gradients are one all-reduce over every copy, charged to the owner."""
+    allreduce = []
+    for s in range(len(own_params)):
+        grad = model_state_bytes(own_params[s], optimizer=optimizer, dtype=dtype).grad_bytes
+        allreduce.append(allreduce_time_s(grad, reps[s], group_link(profile, ranks[s])) if reps[s] > 1 else 0.0)
+    for nbytes, used in shared:
+        group = sorted({r for s in used for r in ranks[s]})
+        grad = model_state_bytes(nbytes, optimizer=optimizer, dtype=dtype).grad_bytes
+        allreduce[used[0]] += allreduce_time_s(grad, len(group), group_link(profile, group))
+    return allreduce
+
+
+def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: Sequence[int],
+                   out_bytes: Sequence[int]) -> list[MemoryBreakdown]:
+    """Peak memory of each pipeline device (all its chunks), from `stage_memory`."""
+    rule = facts(config.schedule)
+    S = len(in_bytes)
+    P = S // config.chunks
+    memory = []
+    for p in range(P):
+        mine = list(range(p, S, P))
+        memory.append(stage_memory(
+            param_bytes=sum(sums.params[s] for s in mine),
+            saved_bytes_per_mb=sum(sums.saved[s] for s in mine),
+            input_bytes_per_mb=max(in_bytes[s] for s in mine),
+            output_bytes_per_mb=max(out_bytes[s] for s in mine),
+            schedule=config.schedule, stages=P, stage=p,
+            # async PipeDream keeps K - s in flight whatever M is (no flush)
+            microbatches=config.microbatches if rule.flushes else max(config.microbatches, P),
+            optimizer=request.optimizer, dtype=request.training_dtype, recompute=config.recompute,
+            chunks=config.chunks if rule.interleaves else 1,
+        ))
+    return memory
+
+
+def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assignment: Sequence[int], config: Config,
+                 request: PlanRequest, reps: Sequence[int], ranks: Sequence[Sequence[int]], *,
+                 slow: float = 1.0) -> StageInputs:
+    """The per-stage numbers of a partition, ready for the simulator and the report."""
+    S = len(reps)
+    shared = shared_stages(graph, problem.names, assignment)
+    sums = _stage_sums(problem, assignment, S, slow, shared)
+    out_bytes = boundary_bytes(problem, assignment, S)
+    in_bytes = [problem.input_bytes] + out_bytes[:-1]
+    send = _send_times(profile, config.schedule, out_bytes, reps, ranks)
+    allreduce = _allreduce_times(profile, sums.own_params, reps, ranks, shared, optimizer=request.optimizer,
+                                 dtype=request.training_dtype)
+    rc = config.recompute
+    rec = [sums.f[s] if rc else 0.0 for s in range(S)]
+    fwd, bwd = list(sums.f), list(sums.b)
+    if not facts(config.schedule).replicates_whole_pipeline:  # a stage with r replicas takes every r-th microbatch
+        fwd = [sums.f[s] / reps[s] for s in range(S)]
+        bwd = [(sums.b[s] + allreduce[s]) / reps[s] for s in range(S)]
+        rec = [rec[s] / reps[s] for s in range(S)]
+    memory = _device_memory(config, request, sums, in_bytes, out_bytes)
+    # Simulator memory: the device's fixed part, and per microbatch what stays until its backward.
+    static = [m.weights_bytes + m.optimizer_bytes + m.buffer_bytes for m in memory]
+    act = [in_bytes[s] if rc else sums.saved[s] for s in range(S)]
+    rbytes = [sums.saved[s] if rc else 0 for s in range(S)]
+    # An op's messages: a forward receives its input and sends its output, a backward the gradients of both.
+    msg = [(in_bytes[s] if s > 0 else 0) + (out_bytes[s] if s < S - 1 else 0) for s in range(S)]
+    return StageInputs(fwd, bwd, rec, send, allreduce, out_bytes, static, act, rbytes, memory, msg)

@@ -1,0 +1,123 @@
+"""A prediction's numbers as a `Plan`: per-stage predictions, the iteration's, and the notes a user must read.
+
+Kept apart from the arithmetic (`predict_inputs`) and the simulation (`predict`)
+so that what a plan records, and in which units, is read in one place
+(docs/plan-format.md describes the same fields).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from pipeplan.costmodels.compute import local_times_note
+from pipeplan.costmodels.graph import Graph
+from pipeplan.costmodels.memory import MemoryBreakdown
+from pipeplan.hardware_profiles.profile import HardwareProfile
+from pipeplan.planner.configs import Config
+from pipeplan.planner.plan import Plan, Prediction, Stage, StagePrediction
+from pipeplan.planner.predict_inputs import StageInputs
+from pipeplan.planner.problem import Problem
+from pipeplan.planner.request import PlanRequest
+from pipeplan.planner.simulate import SimResult
+from pipeplan.units import GIB, MIB
+
+__all__ = ["assemble_plan"]
+
+
+def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, chunks: int, recompute: bool,
+            ranks: Sequence[Sequence[int]], reps: Sequence[int], slow: float,
+            overhead_s: Sequence[float]) -> list[Stage]:
+    n, S = problem.n, len(reps)
+    P = S // chunks
+    stages = []
+    for s in range(S):
+        mem = x.memory[s % P]
+        f_s = slow * float(sum(problem.fwd_s[i] for i in range(n) if assignment[i] == s))
+        b_s = slow * float(sum(problem.bwd_s[i] for i in range(n) if assignment[i] == s))
+        stages.append(Stage(
+            index=s,
+            layers=[problem.names[i] for i in range(n) if assignment[i] == s],
+            devices=list(ranks[s]),
+            replicas=reps[s],
+            predicted=StagePrediction(
+                fwd_s=f_s, bwd_s=b_s, compute_s=f_s + b_s + (f_s if recompute else 0.0),
+                send_s=float(x.send[s]), send_bytes=int(x.send_bytes[s]), allreduce_s=float(x.allreduce[s]),
+                memory_bytes=int(mem.total_bytes), weights_bytes=int(mem.weights_bytes),
+                optimizer_bytes=int(mem.optimizer_bytes),
+                activation_bytes=int(mem.activation_bytes + mem.buffer_bytes), op_overhead_s=float(overhead_s[s]),
+            ),
+        ))
+    return stages
+
+
+def _prediction(graph: Graph, profile: HardwareProfile, request: PlanRequest, memory: Sequence[MemoryBreakdown],
+                sim: SimResult, devices: int) -> Prediction:
+    cap = int(profile.usable_memory_bytes)
+    B = request.batch_size
+    peak = max(m.total_bytes for m in memory)
+    model_flops = (graph.fwd_flops + graph.bwd_flops) * B / graph.batch_size
+    try:
+        peak_flops = profile.flops_for(request.training_dtype)
+    except ValueError:
+        peak_flops = 0.0
+    it = float(sim.iteration_s)
+    return Prediction(
+        iteration_s=it,
+        samples_per_s=B / it if it > 0 else math.inf,
+        bubble_fraction=float(sim.bubble_fraction),
+        peak_memory_bytes=int(peak),
+        achieved_flops_fraction=model_flops / it / (devices * peak_flops) if it > 0 and peak_flops else 0.0,
+        memory_capacity_bytes=cap,
+        fits=peak <= cap,
+    )
+
+
+def _notes(graph: Graph, profile: HardwareProfile, request: PlanRequest, problem: Problem,
+           assignment: Sequence[int], memory: Sequence[MemoryBreakdown], mb: int) -> list[str]:
+    """Memory overflows, tied parameters' copies, and whether local stage times are the device's own."""
+    cap = int(profile.usable_memory_bytes)
+    notes = []
+    for p, m in enumerate(memory):
+        if m.total_bytes > cap:
+            notes.append(f"device {p} of each pipeline needs {m.total_bytes / GIB:.2f} GiB but {profile.name} has "
+                         f"{cap / GIB:.2f} GiB usable")
+    stage_of = {problem.names[i]: assignment[i] for i in range(problem.n)}
+    for sp in graph.shared_params:
+        used = sorted({stage_of[name] for name in sp.layers if name in stage_of})
+        if len(used) > 1:
+            notes.append(f"shared parameter {sp.name} ({sp.bytes / MIB:.1f} MiB) is used by stages "
+                         f"{', '.join(map(str, used))}: each keeps a copy (counted in its memory) and their "
+                         f"gradients are all-reduced at the end of the iteration (charged to stage {used[0]})")
+    local_note = local_times_note(graph, profile, dtype=request.training_dtype, times=request.times, samples=mb)
+    if local_note:
+        notes.append(local_note)
+    return notes
+
+
+def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assignment: Sequence[int], config: Config,
+                  request: PlanRequest, x: StageInputs, sim: SimResult, *, ranks: Sequence[Sequence[int]],
+                  reps: Sequence[int], dp: int, mb: int, devices: int, slow: float, overhead_s: Sequence[float],
+                  solver: dict[str, Any] | None, graph_info: dict[str, Any]) -> Plan:
+    """The `Plan` of a predicted partition."""
+    stages = _stages(problem, assignment, x, chunks=config.chunks, recompute=config.recompute, ranks=ranks,
+                     reps=reps, slow=slow, overhead_s=overhead_s)
+    return Plan(
+        graph=graph_info,
+        profile=profile.name,
+        schedule=config.schedule,
+        microbatches=config.microbatches,
+        batch_size=request.batch_size,
+        stages=stages,
+        predicted=_prediction(graph, profile, request, x.memory, sim, devices),
+        devices=devices,
+        chunks=config.chunks,
+        recompute=bool(config.recompute),
+        optimizer=request.optimizer,
+        dtype=request.training_dtype,
+        solver=dict(solver or {}),
+        notes=_notes(graph, profile, request, problem, assignment, x.memory, mb),
+        data_parallel=dp,
+        times=request.times,
+    )

@@ -1,0 +1,89 @@
+"""Replaying a saved plan: its configuration and request, and its simulated timeline.
+
+`pipeplan show`, `--plot` and `--chrome-trace` draw a plan that may have been
+made elsewhere. With the graph and profile at hand the plan is re-predicted
+exactly (`simulate_plan`); from the plan file alone, its stored per-stage
+predictions are re-simulated (`simulate_from_plan`), which is all the
+schedule's timing depends on, so the Gantt of `show` is the one the search
+predicted.
+"""
+
+from __future__ import annotations
+
+from pipeplan.costmodels.graph import Graph
+from pipeplan.errors import UserError
+from pipeplan.hardware_profiles.profile import HardwareProfile
+from pipeplan.planner.configs import Config
+from pipeplan.planner.plan import Plan
+from pipeplan.planner.predict import predict
+from pipeplan.planner.request import PlanRequest
+from pipeplan.planner.simulate import SimResult, simulate
+from pipeplan.schedules import facts
+
+__all__ = ["config_of", "request_of", "assignment_of", "simulate_plan", "simulate_from_plan"]
+
+
+def config_of(plan: Plan) -> Config:
+    """The configuration a plan fixes (its partition aside)."""
+    rule = facts(plan.schedule)
+    stage_replicas = () if rule.replicates_whole_pipeline else tuple(st.replicas for st in plan.stages)
+    return Config(schedule=rule.name, stages=len(plan.stages) // plan.chunks, data_parallel=plan.data_parallel,
+                  microbatches=plan.microbatches, chunks=plan.chunks, recompute=plan.recompute,
+                  stage_replicas=stage_replicas, layout=plan.solver.get("layout", "stage-major"))
+
+
+def request_of(plan: Plan) -> PlanRequest:
+    """The request settings a plan was predicted under (batch, dtype, optimizer, times)."""
+    return PlanRequest(devices=max(1, plan.devices), batch_size=plan.batch_size, dtype=plan.dtype,
+                       optimizer=plan.optimizer, times=plan.times)
+
+
+def assignment_of(plan: Plan, graph: Graph) -> list[int]:
+    """The stage of every graph layer; a layer the graph lacks is a user error (wrong graph)."""
+    index = {name: i for i, name in enumerate(layer.name for layer in graph.layers)}
+    assignment = [0] * len(graph.layers)
+    try:
+        for st in plan.stages:
+            for name in st.layers:
+                assignment[index[name]] = st.index
+    except KeyError as e:
+        raise UserError(f"plan names layer {e.args[0]!r}, which the graph does not have",
+                        "use the graph the plan was made from") from None
+    return assignment
+
+
+def simulate_plan(plan: Plan, graph: Graph, profile: HardwareProfile) -> SimResult:
+    """The plan's timeline (events and memory over time) for plots and Chrome traces, re-predicted exactly."""
+    return predict(graph, profile, assignment_of(plan, graph), config_of(plan), request_of(plan),
+                   ranks=[st.devices for st in plan.stages], keep_events=True).sim
+
+
+def simulate_from_plan(plan: Plan) -> SimResult:
+    """Re-simulate from the per-stage predictions stored in the plan (no graph needed; used by `show`).
+
+    The plan keeps each stage's per-microbatch forward, backward, recompute
+    (compute_s - fwd_s - bwd_s) and send times and its all-reduce time.
+    """
+    rule = facts(plan.schedule)
+    stages = sorted(plan.stages, key=lambda s: s.index)
+    p = [s.predicted for s in stages]
+    allreduce = [x.allreduce_s for x in p]
+    per_stage = not rule.replicates_whole_pipeline
+    # PipeDream: a stage with r replicas takes every r-th microbatch and folds its weight all-reduce
+    # into the backward (PipeDream SOSP'19 §3.1), as planner/predict_inputs.py does; other schedules: r = 1.
+    r = [max(1, s.replicas) if per_stage else 1 for s in stages]
+    folded = allreduce if per_stage else [0.0] * len(p)
+    # every op also carries the runtime's time around it, as the search simulated it
+    fwd = [x.fwd_s / k + x.op_overhead_s for x, k in zip(p, r, strict=True)]
+    bwd = [(x.bwd_s + a) / k + x.op_overhead_s for x, a, k in zip(p, folded, r, strict=True)]
+    recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) / k for x, k in zip(p, r, strict=True)]
+    return simulate(
+        plan.schedule,
+        fwd,
+        bwd,
+        [x.send_s for x in p],
+        plan.microbatches,
+        chunks=plan.chunks if rule.interleaves else 1,
+        allreduce_s=allreduce if any(allreduce) and not per_stage else None,
+        recompute_s=recompute if any(recompute) else None,
+    )

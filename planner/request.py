@@ -1,0 +1,154 @@
+"""What the user asks the planner: one typed object, built once and passed whole.
+
+The CLI builds a `PlanRequest` from its flags (cli/options.py), library users
+build one by hand; `search` and the prediction take it as it is. A capability
+that adds an option (sharding, tensor parallelism, mixed clusters) adds a field
+here, with its check, and every consumer sees it without new parameters.
+Modelled on torchtitan's `ParallelismConfig`: a keyword-only dataclass whose
+fields say what they mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from pipeplan.choices import (
+    DTYPE_CHOICES,
+    OPTIMIZERS,
+    RECOMPUTE_CHOICES,
+    SOLVERS,
+    TIMES,
+    Dtype,
+    DtypeRequest,
+    Optimizer,
+    Recompute,
+    Solver,
+    Times,
+)
+from pipeplan.errors import UserError
+from pipeplan.schedules import AUTO_SCHEDULES, SCHEDULE_NAMES, SEARCH_SCHEDULE_CHOICES, ScheduleName, ScheduleRequest
+
+if TYPE_CHECKING:
+    from pipeplan.hardware_profiles.profile import HardwareProfile
+
+__all__ = ["PlanRequest", "TOP"]
+
+TOP = 5
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    """A planning request. Fields left None are searched; the others restrict the search."""
+
+    devices: int
+    """Accelerators available (the plan may use fewer)."""
+    batch_size: int
+    """Global batch: samples per training iteration, over all data-parallel replicas."""
+    schedule: ScheduleRequest = "auto"
+    """One schedule, "auto" (the synchronous ones) or "all" (async PipeDream too)."""
+    stages: int | None = None
+    """Pipeline devices K (an interleaved plan has K x chunks virtual stages)."""
+    data_parallel: int | None = None
+    """Replicas of the whole pipeline (synchronous schedules) or per stage (PipeDream)."""
+    microbatches: int | None = None
+    """Microbatches per iteration and replica; must divide the per-replica batch."""
+    chunks: int | None = None
+    """Model chunks per device for the interleaved schedule (default: 2, 4 and 8 are tried)."""
+    recompute: Recompute = "auto"
+    """Activation recomputation: tried both ways ("auto"), always ("on") or never ("off")."""
+    dtype: DtypeRequest = "fp32"
+    """Training precision; "auto" is resolved per profile by `for_profile`."""
+    optimizer: Optimizer = "adam"
+    """Sets the optimizer-state bytes per parameter."""
+    times: Times = "model"
+    """Layer times from the cost model ("model") or as measured while tracing ("measured")."""
+    solver: Solver = "auto"
+    """"dp" partitions with the DP only; "ilp" re-partitions the best with the ILP; "auto" does so for DAGs."""
+    top: int = TOP
+    """Plans kept: the best and its runners-up."""
+    ilp_time_limit_s: float = 10.0
+    """Time the ILP refinement may take."""
+    heuristics: bool = True
+    """Also simulate the equal-layers and torchgpipe splits of each configuration (never predicted worse)."""
+
+    def __post_init__(self) -> None:
+        self._check_choices()
+        self._check_counts()
+
+    def _check_choices(self) -> None:
+        for value, allowed, what in ((self.schedule, SEARCH_SCHEDULE_CHOICES, "schedule"),
+                                     (self.solver, SOLVERS, "solver"), (self.optimizer, OPTIMIZERS, "optimizer"),
+                                     (self.dtype, DTYPE_CHOICES, "dtype"), (self.times, TIMES, "times")):
+            if value not in allowed:
+                raise UserError(f"unknown {what} {value!r}", f"use one of {', '.join(allowed)}")
+        if self.recompute not in RECOMPUTE_CHOICES:
+            raise UserError(f"unknown recompute setting {self.recompute!r}", "use auto, on or off")
+
+    def _check_counts(self) -> None:
+        if self.devices < 1:
+            raise UserError(f"--devices must be at least 1, got {self.devices}")
+        if self.batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.stages is not None and not 1 <= self.stages <= self.devices:
+            raise UserError(f"--stages {self.stages} must be between 1 and the {self.devices} devices")
+        M = self.microbatches
+        if M is not None and (M < 1 or self.batch_size % M):
+            raise UserError(f"--microbatches {M} does not divide the batch size {self.batch_size}",
+                            "pick a microbatch count that divides the batch")
+        d = self.data_parallel
+        if d is not None and (d < 1 or d * (self.stages or 1) > self.devices):
+            raise UserError(f"--data-parallel {d} does not fit on {self.devices} devices")
+        if self.chunks is not None and self.chunks < 1:
+            raise UserError(f"--chunks must be at least 1, got {self.chunks}")
+        if self.top < 1:
+            raise UserError(f"top must be at least 1, got {self.top}")
+
+    def check_graph(self, n_layers: int) -> None:
+        """The checks that need the graph: a stage needs a layer."""
+        if self.stages is not None and self.stages > n_layers:
+            raise UserError(f"--stages {self.stages} exceeds the graph's {n_layers} layers",
+                            "trace with a larger --depth or use fewer stages")
+
+    @property
+    def schedules(self) -> tuple[ScheduleName, ...]:
+        """The schedules the search tries."""
+        if self.schedule == "auto":
+            return AUTO_SCHEDULES
+        if self.schedule == "all":
+            return SCHEDULE_NAMES
+        return (self.schedule,)
+
+    @property
+    def recompute_options(self) -> tuple[bool, ...]:
+        """Recomputation settings the search tries (without first: cheaper plans found early)."""
+        return {"auto": (False, True), "on": (True,), "off": (False,)}[self.recompute]
+
+    @property
+    def training_dtype(self) -> Dtype:
+        """The concrete dtype; "auto" must have been resolved with `for_profile` first."""
+        if self.dtype == "auto":
+            raise ValueError("dtype 'auto' is resolved per profile: call PlanRequest.for_profile(profile)")
+        return self.dtype
+
+    def for_profile(self, profile: HardwareProfile) -> PlanRequest:
+        """This request with dtype "auto" resolved for `profile` (unchanged when a dtype was given)."""
+        if self.dtype != "auto":
+            return self
+        return replace(self, dtype=default_dtype(profile))
+
+
+def default_dtype(profile: HardwareProfile) -> Dtype:
+    """fp32 on a calibrated local profile; elsewhere bf16 mixed precision, or fp16 where the device has no bf16.
+
+    Accelerators are trained in mixed precision in practice (bf16 where the
+    tensor cores have it; fp16 with loss scaling on V100/T4, which would run
+    bf16 at their fp32 rate), and a CPU calibration measures fp32, so each
+    default matches how the target would really run.
+    """
+    if profile.local:
+        return "fp32"
+    peaks = profile.peak_flops or {}
+    if not peaks.get("bf16") and peaks.get("fp16"):
+        return "fp16"
+    return "bf16"
