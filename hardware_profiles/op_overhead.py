@@ -17,7 +17,7 @@ link's transfer time). That gap grows with the tensors the op sends and
 receives, so two stage shapes with the same compute but 4x different
 activations are run, and per schedule the gaps are fitted as
 `fixed + per_byte x bytes the op sends and receives`. The schedule simulator adds
-that to every op (planner/evaluate.py). Both ranks are pinned to a core each, as
+that to every op (planner/predict.py). Both ranks are pinned to a core each, as
 the runtime's are.
 """
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeplan.costmodels.compute import layer_times_s
 from pipeplan.costmodels.graph import Graph
+from pipeplan.costmodels.memory import activation_bytes_scale
 from pipeplan.hardware_profiles.profile import HardwareProfile
 
 
@@ -104,9 +106,6 @@ def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_s
     mixed precision). Parameter bytes stay fp32: the memory model applies the
     dtype to weights itself.
     """
-    from pipeplan.costmodels.compute import layer_times_s
-    from pipeplan.costmodels.memory import activation_bytes_scale
-
     if microbatch_size < 1:
         raise ValueError(f"microbatch_size must be >= 1, got {microbatch_size}")
     if profile is None:  # measured times need no device model (e.g. imported PipeDream profiles)

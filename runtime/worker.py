@@ -92,7 +92,7 @@ def stage_ranks(plan) -> dict[int, list[int]]:
 
     torch's schedules run stage i on rank i mod P of a pipeline's process group,
     whose ranks are in increasing order, so each replica's pipeline devices must
-    increase with the stage index (both of planner.evaluate.place's layouts do).
+    increase with the stage index (both of planner.predict.place's layouts do).
     """
     if not facts(plan.schedule).replicates_whole_pipeline or any(len(s.devices) != s.replicas for s in plan.stages):
         raise UserError(

@@ -24,7 +24,7 @@ def hand_plan(model_file: str, *, stages: int, devices: int, schedule: str, micr
     """A plan with layers split evenly (or at `cuts`) and stage i on pipeline device i mod devices.
 
     With data_parallel d the whole pipeline is replicated d times, stage-major
-    (pipeline device p's replicas are ranks p*d .. p*d+d-1, as planner.evaluate.place).
+    (pipeline device p's replicas are ranks p*d .. p*d+d-1, as planner.predict.place).
     """
     spec = load_model_file(model_file, entry)
     torch.manual_seed(0)
