@@ -66,16 +66,19 @@ def run_analysis(
 @planning_options()
 @trace_options
 @output_options
-def analyze(model, profile, request, entry, trace_batch_size, depth, repeats, output, as_json, plot, chrome_trace):
+def analyze(model, profile, request, entry, trace_batch_size, depth, repeats, seq_len, output, as_json, plot, chrome_trace):
     """Trace MODEL.py (or read a saved graph.json / PipeDream graph.txt), find the best pipeline plan, report it.
 
     The model is traced once at a small batch (--trace-batch-size, default 1);
     per-layer FLOPs, bytes and times scale per sample to the microbatch size.
+    Layers are timed only when the plan uses the times (a local profile, or
+    --times measured); otherwise the model is traced without weights.
     """
-    from pipeplan.cli.workflow import load_input_graph
+    from pipeplan.cli.workflow import layer_times_wanted, load_input_graph, load_profile
 
     def load(phases):
+        timed = layer_times_wanted([load_profile(profile)], request)
         return load_input_graph(model, entry=entry, trace_batch_size=trace_batch_size, depth=depth, repeats=repeats,
-                                progress=phases("trace: "))
+                                seq_len=seq_len, progress=phases("trace: "), time_layers=timed)
 
     run_analysis(load, profile_name=profile, request=request, output=output, as_json=as_json, plot=plot, chrome_trace=chrome_trace)

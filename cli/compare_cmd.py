@@ -32,14 +32,14 @@ def _split_profiles(value: str) -> list[str]:
 @trace_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout (schema: docs/cli.md).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG bar chart of samples/s per profile.")
-def compare(model, profiles_arg, request, entry, trace_batch_size, depth, repeats, as_json, plot):
+def compare(model, profiles_arg, request, entry, trace_batch_size, depth, repeats, seq_len, as_json, plot):
     """Compare the best pipeline plan for MODEL.py (or a saved graph) across hardware profiles."""
     from pipeplan._io import atomic_write_bytes
     from pipeplan.cli.analyze_cmd import quiet_stdout
     from pipeplan.cli.options import check_output_paths
     from pipeplan.cli.progress import progress_display
     from pipeplan.cli.summary import compare_row, graph_summary
-    from pipeplan.cli.workflow import load_input_graph, load_profile, run_search
+    from pipeplan.cli.workflow import layer_times_wanted, load_input_graph, load_profile, run_search
     from pipeplan.errors import InfeasibleError, UserError
 
     check_output_paths(plot=plot)
@@ -47,7 +47,8 @@ def compare(model, profiles_arg, request, entry, trace_batch_size, depth, repeat
     rows = []
     with quiet_stdout(as_json), progress_display() as phases:
         graph = load_input_graph(model, entry=entry, trace_batch_size=trace_batch_size, depth=depth, repeats=repeats,
-                                 progress=phases("trace: "))
+                                 seq_len=seq_len, progress=phases("trace: "),
+                                 time_layers=layer_times_wanted(profiles, request))
         for profile in profiles:
             resolved = request.for_profile(profile)
             dtype = resolved.training_dtype

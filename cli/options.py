@@ -28,6 +28,7 @@ DEFAULT_BATCH_SIZE = 64
 # bytes scale linearly with the batch, so the cost models only need one small
 # trace. Batch 1 keeps GPT-2-small's trace well inside the 90 s budget.
 DEFAULT_TRACE_BATCH_SIZE = 1
+DEFAULT_MAX_SEQ_LEN = 4096  # costmodels/hf_config.py's cap on the default --seq-len (kept equal by a test)
 
 
 def check_flags(*, gpus: int, batch_size: int, microbatches: int | None, schedule: str, stages: int | None) -> None:
@@ -92,13 +93,15 @@ def profile_option(f):
 
 
 def trace_options(f):
-    """Flags that only matter when the input is a model.py that must be traced first."""
+    """Flags that only matter when the input is a model.py (or a Hugging Face config.json) that must be traced first."""
     decorators = [
         click.option("--entry", default=None, help="Builder function in model.py [default: build_model]."),
         click.option("--trace-batch-size", type=click.IntRange(min=1), default=None,
                      help=f"Batch size to trace at [default: {DEFAULT_TRACE_BATCH_SIZE}]; costs scale per sample."),
         click.option("--depth", type=click.IntRange(min=1), default=None, help="Module depth to group layers at [default: leaf modules]."),
         click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timed repeats per layer while tracing [default: adaptive]."),
+        click.option("--seq-len", type=click.IntRange(min=1), default=None,
+                     help=f"Training sequence length of a Hugging Face config.json model [default: its max_position_embeddings, at most {DEFAULT_MAX_SEQ_LEN}]."),
     ]
     for d in reversed(decorators):
         f = d(f)

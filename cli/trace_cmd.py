@@ -32,21 +32,30 @@ from pipeplan.errors import UserError
               help="Group ops by modules at this nesting depth [default: leaf modules].")
 @click.option("--repeats", type=click.IntRange(min=1), default=None,
               help="Timed training steps after the warm-up [default: as many as fit in ~10 s, 1 to 10].")
+@click.option("--seq-len", type=click.IntRange(min=1), default=None,
+              help="Training sequence length when MODEL_FILE is a Hugging Face config.json "
+                   "[default: its max_position_embeddings, at most 4096].")
+@click.option("--no-times", is_flag=True,
+              help="Do not time layers: trace without weights (no parameter memory) for planning on catalogue "
+                   "profiles, whose roofline needs FLOPs and bytes only.")
 @click.option("--no-fvcore-check", is_flag=True, help="Skip the fvcore FLOP cross-check.")
 @click.option("--json", "as_json", is_flag=True, help="Print the graph document to stdout instead of the summary.")
 @click.option("--debug", is_flag=True, hidden=True)
-def trace(model_file, batch_size, output, entry, depth, repeats, no_fvcore_check, as_json, debug):
-    """Trace MODEL_FILE (defines build_model and example_inputs) into a measured layer graph."""
+def trace(model_file, batch_size, output, entry, depth, repeats, seq_len, no_times, no_fvcore_check, as_json, debug):
+    """Trace MODEL_FILE (defines build_model and example_inputs, or is a Hugging Face config.json) into a measured layer graph."""
     from pipeplan.costmodels.trace import trace as run_trace
 
     folder = Path(output).parent
     if str(folder) and not folder.is_dir():
         raise UserError(f"-o {output}: folder {folder} does not exist", "create it or pick another output path")
+    if no_times and repeats is not None:
+        raise UserError("--repeats counts timed steps, but --no-times times nothing", "drop one of them")
     # With --json, stdout carries the document only: whatever the user's code prints goes to stderr.
     quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
     with quiet, progress_display(enabled=True) as phases:
         graph = run_trace(model_file, batch_size, entry=entry, depth=depth, repeats=repeats,
-                          progress=phases("trace: "), fvcore_check=not no_fvcore_check)
+                          progress=phases("trace: "), fvcore_check=not no_fvcore_check, seq_len=seq_len,
+                          time_layers=not no_times)
     graph.save(output)
     if as_json:
         click.echo(json.dumps(graph.to_dict(), indent=1))
@@ -66,22 +75,32 @@ def print_summary(graph, output: str | None = None, console: Console | None = No
     head.add_row("forward FLOPs", fmt_flops(t["fwd_flops"]))
     head.add_row("backward FLOPs", fmt_flops(t["bwd_flops"]))
     head.add_row("peak saved activations", fmt_bytes(t["peak_activation_bytes"]))
-    head.add_row("measured step (fwd + bwd)", f"{fmt_seconds(step_s)} (median of {graph.source.get('repeats')})")
+    timed = graph.source.get("timed") is not False
+    if timed:
+        head.add_row("measured step (fwd + bwd)", f"{fmt_seconds(step_s)} (median of {graph.source.get('repeats')})")
+    else:
+        how = "without weights" if graph.source.get("weights") == "meta" else "with real weights"
+        head.add_row("measured step (fwd + bwd)", f"not timed (--no-times; traced {how})")
     for s in graph.shared_params:
         head.add_row("shared parameter", f"{s.name} ({fmt_bytes(s.bytes)}) used by {', '.join(s.layers)}")
     if output:
         head.add_row("written", str(output))
     console.print(head)
 
-    heavy = sorted(graph.layers, key=lambda l: l.fwd_s + l.bwd_s, reverse=True)[:top]
-    table = Table(title=f"heaviest {len(heavy)} layers by time")
+    def weight(l):
+        return l.fwd_s + l.bwd_s if timed else l.fwd_flops + l.bwd_flops
+
+    heavy = sorted(graph.layers, key=weight, reverse=True)[:top]
+    table = Table(title=f"heaviest {len(heavy)} layers by {'time' if timed else 'FLOPs'}")
     for col in ("layer", "kind"):
         table.add_column(col)
     for col in ("fwd ms", "bwd ms", "share", "fwd FLOPs", "params", "saved", "output"):
         table.add_column(col, justify="right")
+    total = sum(weight(l) for l in graph.layers)
     for l in heavy:
-        share = (l.fwd_s + l.bwd_s) / step_s if step_s else 0.0
-        table.add_row(shorten(l.name, 32), l.kind, fmt_ms(l.fwd_s), fmt_ms(l.bwd_s), f"{share:.1%}",
+        share = weight(l) / total if total else 0.0
+        fwd_ms, bwd_ms = (fmt_ms(l.fwd_s), fmt_ms(l.bwd_s)) if timed else ("-", "-")
+        table.add_row(shorten(l.name, 32), l.kind, fwd_ms, bwd_ms, f"{share:.1%}",
                       fmt_flops(l.fwd_flops), fmt_bytes(l.param_bytes), fmt_bytes(l.saved_bytes),
                       fmt_bytes(l.output_bytes))
     console.print(table)

@@ -6,6 +6,7 @@ Heavy imports (torch, the planner) happen inside the functions so `pipeplan
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -13,10 +14,27 @@ from pipeplan._io import atomic_write_bytes, atomic_write_json
 from pipeplan.errors import UserError
 
 MODEL_SUFFIXES = (".py",)
+MAX_SNIFF_BYTES = 4 * 1024 * 1024  # a Hugging Face config.json is a few KiB; a bigger .json is a graph
+
+
+def json_kind(path: str) -> str:
+    """What a .json file is, by content: "graph" (has "format"), "config" (has "model_type") or "other"."""
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_SNIFF_BYTES:
+            return "graph"
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "other"
+    if isinstance(doc, dict) and "format" in doc:
+        return "graph"
+    return "config" if isinstance(doc, dict) and "model_type" in doc else "other"
 
 
 def is_model_file(path: str) -> bool:
-    return Path(path).suffix.lower() in MODEL_SUFFIXES
+    """A model.py, or a Hugging Face config.json (by content: a graph.json is a .json too)."""
+    suffix = Path(path).suffix.lower()
+    return suffix in MODEL_SUFFIXES or (suffix == ".json" and Path(path).is_file() and json_kind(path) == "config")
 
 
 def load_input_graph(
@@ -26,14 +44,20 @@ def load_input_graph(
     trace_batch_size: int | None = None,
     depth: int | None = None,
     repeats: int | None = None,
+    seq_len: int | None = None,
     progress: Callable | None = None,
+    time_layers: bool = True,
 ):
-    """A model.py is traced (once, at a small batch); a graph.json or PipeDream graph.txt is loaded."""
+    """A model.py or a Hugging Face config.json is traced (once, at a small batch); a graph.json or
+    PipeDream graph.txt is loaded. A .json that is neither a graph nor a config goes to the config
+    reader, whose error says what a config needs.
+
+    time_layers=False (see `layer_times_wanted`) traces without weights and without timing."""
     if not Path(path).exists():
         raise UserError(f"{path}: no such file", "pass a model.py, a graph.json from `pipeplan trace`, or a PipeDream graph.txt")
     if Path(path).is_dir():
         raise UserError(f"{path}: is a folder", "pass a model.py, a graph.json or a PipeDream graph.txt")
-    if is_model_file(path):
+    if is_model_file(path) or (Path(path).suffix.lower() == ".json" and json_kind(path) == "other"):
         from pipeplan.cli.options import DEFAULT_TRACE_BATCH_SIZE
         from pipeplan.costmodels.trace import trace
 
@@ -44,10 +68,12 @@ def load_input_graph(
             depth=depth,
             repeats=repeats,
             progress=progress,
+            seq_len=seq_len,
+            time_layers=time_layers,
         )
-    used = [flag for flag, value in (("--entry", entry), ("--trace-batch-size", trace_batch_size), ("--depth", depth), ("--repeats", repeats)) if value is not None]
+    used = [flag for flag, value in (("--entry", entry), ("--trace-batch-size", trace_batch_size), ("--depth", depth), ("--repeats", repeats), ("--seq-len", seq_len)) if value is not None]
     if used:
-        raise UserError(f"{' and '.join(used)} only apply when tracing a model.py, but {path} is a saved graph", f"drop {', '.join(used)}")
+        raise UserError(f"{' and '.join(used)} only apply when tracing a model.py or a Hugging Face config.json, but {path} is a saved graph", f"drop {', '.join(used)}")
     return load_saved_graph(path)
 
 
@@ -73,10 +99,40 @@ def load_profile(name: str):
     return _load(name)
 
 
+def layer_times_wanted(profiles, request) -> bool:
+    """Whether planning `request` on any of `profiles` uses measured layer times, so a model.py is timed.
+
+    Only a local profile (this machine) in fp32 or --times measured use them; on a catalogue
+    profile the roofline prices layers from FLOPs and bytes, which a weight-free trace gives exactly.
+    """
+    from pipeplan.costmodels.compute import measured_times_wanted
+
+    return any(measured_times_wanted(p, times=request.times, dtype=request.for_profile(p).training_dtype)
+               for p in profiles)
+
+
+def check_layer_times(graph, profile, request) -> None:
+    """A graph traced without layer times cannot be planned with measured ones: say so, and how to get them."""
+    from pipeplan.costmodels.compute import measured_times_wanted
+
+    if graph.source.get("timed") is not False:
+        return
+    resolved = request.for_profile(profile)
+    if not measured_times_wanted(profile, times=resolved.times, dtype=resolved.training_dtype):
+        return
+    why = "--times measured" if resolved.times == "measured" else f"the local profile {profile.name} (fp32)"
+    raise UserError(
+        f"graph {graph.name!r} was traced without layer times (weight-free), and {why} plans with measured times",
+        "trace the model.py with times (`pipeplan trace` without --no-times, or `pipeplan analyze MODEL.py` "
+        "on this profile), or plan with --times roofline",
+    )
+
+
 def run_search(graph, profile, request, progress: Callable | None = None):
     """planner.search.search with the CLI's request; InfeasibleError passes through as a user error."""
     from pipeplan.planner.search import search
 
+    check_layer_times(graph, profile, request)
     return search(graph, profile, request, progress=progress)
 
 

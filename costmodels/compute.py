@@ -177,9 +177,22 @@ def has_cost_counts(graph: Graph) -> bool:
     return any(l.fwd_flops or l.bwd_flops or l.bytes_moved for l in graph.layers)
 
 
+# Measured times are fp32 times: a local profile uses them for these dtypes only.
+MEASURED_DTYPES = ("fp32", "tf32")
+
+
+def measured_times_wanted(profile: HardwareProfile, *, times: str, dtype: str) -> bool:
+    """Whether a plan on `profile` would take layer times from the trace (else they can be left untimed).
+
+    --times measured always does; the default ("model") does on a local profile in fp32
+    (`uses_measured_times`); a catalogue profile prices layers by roofline.
+    """
+    return times == "measured" or (times == "model" and profile.local and dtype in MEASURED_DTYPES)
+
+
 def _timed_here(graph: Graph, profile: HardwareProfile, dtype: str) -> bool:
     """A local profile and a graph with fp32 timings taken on this machine's CPU: measured times could apply."""
-    return (profile.local and graph.source.get("device") == "cpu" and dtype in ("fp32", "tf32")
+    return (profile.local and graph.source.get("device") == "cpu" and dtype in MEASURED_DTYPES
             and any(l.fwd_s > 0 for l in graph.layers))
 
 

@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils import _pytree as pytree
 
 from pipeplan.costmodels.graph import Edge, Graph, Layer, SharedParam
-from pipeplan.costmodels.model_file import ModelSpec, _cause, _user_frame_line
+from pipeplan.costmodels.model_file import ModelSpec, _cause, _user_frame_line, is_out_of_memory, out_of_memory_error
 from pipeplan.errors import UserError
 
 # Ops that do real work: a run of these is a layer of its own even when it sits in a
@@ -115,6 +117,8 @@ def export_program(spec: ModelSpec, model: torch.nn.Module, inputs: tuple[Any, .
     except UserError:
         raise
     except Exception as e:
+        if is_out_of_memory(e):
+            raise out_of_memory_error(spec.path, "exporting the model (torch.export)", e) from e
         where = os.path.basename(spec.path) + _user_frame_line(e, spec.path)
         text = _cause(e)
         for cut in (" (unhinted", "  (Size-like", "\n"):
@@ -125,6 +129,49 @@ def export_program(spec: ModelSpec, model: torch.nn.Module, inputs: tuple[Any, .
             hint = ("forward() branches on tensor values (data-dependent control flow); use torch.cond or "
                     "torch.where, or move the decision out of the model")
         raise UserError(f"{spec.path}: torch.export could not trace {spec.entry}() in {where}: {text}", hint) from e
+
+
+def weight_free_model(spec: ModelSpec) -> tuple[torch.nn.Module, FakeTensorMode]:
+    """The model with no weights in memory: built on the meta device, then every tensor made a fake CPU tensor.
+
+    Why not stay on meta: meta kernels are not the CPU's. F.scaled_dot_product_attention
+    on meta returns another memory layout, so the program exported there has an extra
+    `contiguous` (another fingerprint, other bytes) than the real model's. Fake tensors
+    on the CPU dispatch as the CPU does and still hold no memory. The tensors the user's
+    code holds (parameters, buffers, tensor attributes) are swapped in place; a tensor
+    under two names (tied weights) stays one tensor.
+    """
+    model = spec.build_on_meta()
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    swapped: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (original kept alive, fake)
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in swapped:
+            with mode:
+                f = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+            if isinstance(t, torch.nn.Parameter):
+                f = torch.nn.Parameter(f, requires_grad=t.requires_grad)
+            swapped[id(t)] = (t, f)
+        return swapped[id(t)][1]
+
+    for m in model.modules():
+        for key, p in m._parameters.items():
+            if p is not None:
+                fake_p = fake(p)
+                assert isinstance(fake_p, torch.nn.Parameter)  # a parameter is swapped for a parameter
+                m._parameters[key] = fake_p
+        for key, b in m._buffers.items():
+            if b is not None:
+                m._buffers[key] = fake(b)
+        for key, value in list(vars(m).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(m, key, fake(value))
+    return model, mode
+
+
+def fake_leaves(mode: FakeTensorMode, value: Any) -> Any:
+    """`value` (inputs, a target) with every tensor a fake tensor of `mode`: same shapes, devices and dtypes."""
+    return pytree.tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, value)
 
 
 @dataclass

@@ -32,8 +32,11 @@ TOLERANCE = 0.01
 _Analysis: TypeAlias = tuple[dict[str, dict[str, int]], dict[str, int]]
 
 
-def _fvcore_counts(spec: ModelSpec, model: torch.nn.Module) -> tuple[_Analysis, str]:
-    """FlopCountAnalysis at batch 1, on the meta device when the model allows it (no compute)."""
+def _fvcore_counts(spec: ModelSpec, model: torch.nn.Module | None) -> tuple[_Analysis, str]:
+    """FlopCountAnalysis at batch 1, on the meta device when the model allows it (no compute).
+
+    Else on `model`, the real one; a weight-free trace has none (None) and the check is skipped.
+    """
     from fvcore.nn import FlopCountAnalysis
 
     def analyse(m: torch.nn.Module, x: tuple[Any, ...]) -> _Analysis:
@@ -52,18 +55,20 @@ def _fvcore_counts(spec: ModelSpec, model: torch.nn.Module) -> tuple[_Analysis, 
             x = tuple(t.to("meta") if isinstance(t, torch.Tensor) else t for t in spec.example_inputs(1))
             return analyse(meta_model, x), "meta"
         except Exception:
-            pass
+            if model is None:
+                raise
         return analyse(model, spec.example_inputs(1)), "cpu"
 
 
 def compare(spec: ModelSpec, graph: Graph, batch_size: int, node_flops: dict[str, int],
-            family: dict[str, str | None], model: torch.nn.Module) -> list[str]:
+            family: dict[str, str | None], model: torch.nn.Module | None) -> list[str]:
     """Notes for Graph.notes: each disagreement beyond 1%, or why the check could not run."""
     try:
         (by_module, unsupported), _where = _fvcore_counts(spec, model)
     except Exception as e:
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
-        return [f"fvcore cross-check skipped: fvcore could not trace the model ({type(e).__name__}: {first})"]
+        where = " on the meta device (a weight-free trace has no real model to try)" if model is None else ""
+        return [f"fvcore cross-check skipped: fvcore could not trace the model{where} ({type(e).__name__}: {first})"]
 
     def fv_dense(module: str) -> float:
         return 2.0 * batch_size * sum(v for op, v in by_module.get(module, {}).items() if op in _FV_DENSE)

@@ -127,11 +127,15 @@ def activation_bytes(*, saved_bytes_per_mb: int, input_bytes_per_mb: int, inflig
     """
     if inflight < 0:
         raise ValueError("negative in-flight count")
-    full = math.ceil(saved_bytes_per_mb * inflight / chunks)
+    return _held_activations(saved_bytes_per_mb, input_bytes_per_mb, inflight, recompute, chunks)
+
+
+def _held_activations(saved: int, inb: int, inflight: int, recompute: bool, chunks: int) -> int:
+    """`activation_bytes` without the checks and keywords: the partitioner calls it millions of times."""
+    full = math.ceil(saved * inflight / chunks)
     if not recompute:
         return full
-    held = math.ceil(input_bytes_per_mb * inflight / chunks) + math.ceil(saved_bytes_per_mb / chunks)
-    return min(full, held)
+    return min(full, math.ceil(inb * inflight / chunks) + math.ceil(saved / chunks))
 
 
 def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_mb: int, output_bytes_per_mb: int,
@@ -216,16 +220,18 @@ class RangeMemory:
         """`stage_memory(...).total_bytes` of pipeline device p holding these bytes."""
         weights = math.ceil(self.w_per_byte * params) * self.versions[p]
         rest = math.ceil(self.rest_per_byte * params)
-        acts = activation_bytes(saved_bytes_per_mb=saved, input_bytes_per_mb=inb, inflight=self.inflight[p],
-                                recompute=self.recompute, chunks=self.ch)
+        acts = _held_activations(saved, inb, self.inflight[p], self.recompute, self.ch)
         return weights + rest + acts + inb + (outb if self.receives[p] else 0)
 
     def __call__(self, s: int, a: int, b: int) -> int:
         """Bytes of virtual stage s holding layers [a, b)."""
         ch = self.ch
         params = self.pp[b] - self.pp[a]
-        for nbytes, users in self.shared:
-            if users[0] < a and any(a <= u < b for u in users):
-                params += nbytes
+        if self.shared:
+            params += self._tied_copies(a, b)
         return self.device_total(s % self.P, params * ch, (self.sp[b] - self.sp[a]) * ch,
                                  self.input if a == 0 else self.cut[a - 1], self.cut[b - 1] if b < self.n else 0)
+
+    def _tied_copies(self, a: int, b: int) -> int:
+        """Bytes of tied parameters [a, b) uses but does not own."""
+        return sum(nbytes for nbytes, users in self.shared if users[0] < a and any(a <= u < b for u in users))

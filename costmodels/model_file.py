@@ -13,14 +13,17 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from pipeplan.costmodels import hf_config
 from pipeplan.errors import UserError
 
 
@@ -39,11 +42,74 @@ def _user_frame_line(e: BaseException, path: str) -> str:
     return f" (line {line})" if line else ""
 
 
+# How an allocation failure reads: Python's MemoryError, or torch's allocator raising a RuntimeError
+# ("DefaultCPUAllocator: can't allocate memory: you tried to allocate ... bytes").
+_OUT_OF_MEMORY_TEXT = ("can't allocate memory", "not enough memory", "defaultcpuallocator", "out of memory")
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether `e`, or an exception it was raised from, is an allocation failure rather than a bug."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, MemoryError):
+            return True
+        if isinstance(cur, RuntimeError) and any(t in str(cur).lower() for t in _OUT_OF_MEMORY_TEXT):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+class OutOfMemory(UserError):
+    """Building or running the model with real weights needed more memory than this machine has."""
+
+
+def _ram() -> str:
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system that reports it
+        return "this machine's RAM"
+    return f"this machine's RAM ({total / 2**30:.0f} GiB)"
+
+
+def _allocation(e: BaseException) -> str:
+    """What could not be allocated, from torch's "you tried to allocate N bytes" when it says so."""
+    found = re.search(r"tried to allocate (\d+) bytes", str(e))
+    if found:
+        return f"could not allocate {int(found.group(1)) / 2**20:,.0f} MiB more"
+    return _cause(e)[:160]
+
+
+def out_of_memory_error(path: str, step: str, e: BaseException) -> OutOfMemory:
+    """The one message for a real out-of-memory: what happened and what to do; never "fix the model file"."""
+    return OutOfMemory(
+        f"{path}: {step} ran out of memory ({_allocation(e)}): with real weights the model is too big for "
+        f"{_ram()}; nothing in the model file needs fixing",
+        "plan it against a catalogue profile (e.g. --profile a100-80gb-sxm), which traces it without weights, "
+        f"or save a graph without layer times with `pipeplan trace {path} --no-times`",
+    )
+
+
+@contextmanager
+def out_of_memory_as_user_error(path: str, step: str) -> Iterator[None]:
+    """Around pipeplan's own runs of the real model: an allocation failure is an `OutOfMemory`, not a crash."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        if is_out_of_memory(e):
+            raise out_of_memory_error(path, step, e) from e
+        raise
+
+
 @dataclass
 class ModelSpec:
-    path: str  # absolute path of model.py
+    path: str  # absolute path of model.py (or of a Hugging Face config.json)
     entry: str  # builder function name
     module: types.ModuleType
+    seq_len: int | None = None  # the training sequence length of a config.json model; None for a model.py
 
     def _call(self, fn_name: str, *args: Any) -> Any:
         fn = getattr(self.module, fn_name)
@@ -52,6 +118,8 @@ class ModelSpec:
         except UserError:
             raise
         except Exception as e:  # the user's code failed: say where, not how pipeplan got there
+            if is_out_of_memory(e):  # ... unless it only asked for more memory than there is
+                raise out_of_memory_error(self.path, f"{fn_name}()", e) from e
             raise UserError(
                 f"{self.path}: {fn_name}() raised {_cause(e)}{_user_frame_line(e, self.path)}",
                 f"fix {fn_name} in the model file",
@@ -65,6 +133,11 @@ class ModelSpec:
                 f"make {self.entry} return the model",
             )
         return model
+
+    def build_on_meta(self) -> torch.nn.Module:
+        """build() under `torch.device("meta")`: parameters and buffers get shapes and dtypes, no memory."""
+        with torch.device("meta"):
+            return self.build()
 
     def example_inputs(self, batch_size: int) -> tuple[Any, ...]:
         inputs = self._call("example_inputs", batch_size)
@@ -127,13 +200,27 @@ def _flatten(obj: Any) -> list[torch.Tensor]:
     return []
 
 
-def load_model_file(path: str, entry: str = "build_model") -> ModelSpec:
-    """Import `path` as a fresh module (its own name, so two model files never collide)."""
+def load_model_file(path: str, entry: str = "build_model", *, seq_len: int | None = None) -> ModelSpec:
+    """Import `path` as a fresh module (its own name, so two model files never collide).
+
+    A `.json` path is a Hugging Face config.json (costmodels/hf_config.py): the model is
+    AutoModelForCausalLM.from_config at sequence length `seq_len` (default: the config's
+    max_position_embeddings, capped). `seq_len` means nothing for a model.py.
+    """
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(path):
         raise UserError(f"{path}: no such model file", "check the path to model.py")
     if os.path.isdir(path):
         raise UserError(f"{path}: is a folder, not a model file", "pass the path of a .py file")
+    if hf_config.is_json_path(path):
+        if entry != "build_model":
+            raise UserError(f"--entry {entry} only applies to a model.py, but {path} is a Hugging Face config",
+                            "drop --entry")
+        hf_module, hf_seq_len = hf_config.load_hf_config(path, seq_len)
+        return ModelSpec(path=path, entry="build_model", module=hf_module, seq_len=hf_seq_len)
+    if seq_len is not None:
+        raise UserError(f"--seq-len only applies to a Hugging Face config, but {path} is a model file",
+                        "drop --seq-len (example_inputs in the model file sets the shapes)")
     name = "pipeplan_user_model_" + hashlib.sha1(path.encode()).hexdigest()[:12]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

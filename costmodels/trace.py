@@ -12,11 +12,26 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
-from pipeplan.costmodels.export import build_structure, export_program, node_kind, tensor_bytes
+from pipeplan.costmodels import blocks
+from pipeplan.costmodels.export import (
+    build_structure,
+    export_program,
+    fake_leaves,
+    node_kind,
+    tensor_bytes,
+    weight_free_model,
+)
 from pipeplan.costmodels.graph import Graph, Layer
-from pipeplan.costmodels.model_file import ModelSpec, load_model_file
+from pipeplan.costmodels.model_file import (
+    ModelSpec,
+    OutOfMemory,
+    _cause,
+    load_model_file,
+    out_of_memory_as_user_error,
+)
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.allocator import keep_freed_memory
 
@@ -33,8 +48,12 @@ def _check_batch(batch_size: int) -> None:
 
 
 def export_structure(spec: ModelSpec, batch_size: int, *, depth: int | None = None,
-                     model: torch.nn.Module | None = None) -> tuple[torch.export.ExportedProgram, Graph]:
+                     model: torch.nn.Module | None = None,
+                     inputs: tuple[Any, ...] | None = None) -> tuple[torch.export.ExportedProgram, Graph]:
     """Export `model` (default: a fresh spec.build()) at `batch_size` and group its nodes into layers.
+
+    `inputs` (default: spec.example_inputs(batch_size)) are the ones to export with: fake
+    tensors for a weight-free model (export.weight_free_model).
 
     No timing and no FLOP counting: the Graph has structure, parameters, bytes per
     tensor and bytes_moved only. Same model file + depth -> same fingerprint at any batch size.
@@ -42,7 +61,8 @@ def export_structure(spec: ModelSpec, batch_size: int, *, depth: int | None = No
     _check_batch(batch_size)
     if model is None:
         model = spec.build()
-    inputs = spec.example_inputs(batch_size)
+    if inputs is None:
+        inputs = spec.example_inputs(batch_size)
     ep = export_program(spec, model, inputs)
     name = os.path.splitext(os.path.basename(spec.path))[0]
     if spec.entry != "build_model":
@@ -53,6 +73,7 @@ def export_structure(spec: ModelSpec, batch_size: int, *, depth: int | None = No
     graph.source = {
         "model_file": spec.path,
         "entry": spec.entry,
+        "seq_len": spec.seq_len,  # a Hugging Face config's sequence length (None for a model.py)
         "depth": depth,
         "batch_size": batch_size,
         "torch": torch.__version__,
@@ -65,9 +86,21 @@ def export_structure(spec: ModelSpec, batch_size: int, *, depth: int | None = No
 
 
 def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth: int | None = None,
-          repeats: int | None = None, progress: Progress | None = None, fvcore_check: bool = True) -> Graph:
-    """The full measured graph: structure, FLOPs, saved bytes, times; fvcore cross-check notes."""
-    from pipeplan.costmodels import fvcheck, measure
+          repeats: int | None = None, progress: Progress | None = None, fvcore_check: bool = True,
+          seq_len: int | None = None, repeated_blocks: bool = True, time_layers: bool = True) -> Graph:
+    """The full measured graph: structure, FLOPs, saved bytes, times; fvcore cross-check notes.
+
+    `time_layers=False` is for a graph whose layer times nobody will use (a catalogue profile
+    prices layers by roofline): the model is built without weights (export.weight_free_model),
+    nothing is timed (fwd_s = bwd_s = 0, source "timed": false, `repeats` is ignored), and the
+    FLOPs and bytes are those of the real model. A model that cannot be traced that way is built
+    for real, with a note saying why.
+
+    `repeated_blocks=False` traces every block even when a ModuleList holds identical ones.
+
+    `seq_len` is the sequence length of a Hugging Face config.json model (costmodels/hf_config.py).
+    """
+    from pipeplan.costmodels import fvcheck
 
     def report(phase: str, done: int, total: int) -> None:
         if progress is not None:
@@ -77,14 +110,66 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
     if repeats is not None and repeats < 1:
         raise UserError(f"--repeats {repeats}: must be 1 or more", "omit --repeats for an automatic count")
     report("loading model file", 0, 1)
-    spec = load_model_file(model_file, entry)
-    model = spec.build()
-    report("loading model file", 1, 1)
-    report("exporting (torch.export)", 0, 1)
-    ep, graph = export_structure(spec, batch_size, depth=depth, model=model)
-    report("exporting (torch.export)", 1, 1)
+    spec = load_model_file(model_file, entry, seq_len=seq_len)
+
+    def measure_model(model: torch.nn.Module, mode: FakeTensorMode | None) -> blocks.Measured:
+        report("loading model file", 1, 1)
+        # Identical blocks (decoder layers) are traced a few times and cloned: costmodels/blocks.py, docs/tracing.md.
+        return blocks.measure_once_per_block(
+            model, lambda m: _measure(spec, m, batch_size, depth, repeats, report, fake_mode=mode,
+                                      time_layers=time_layers), enabled=repeated_blocks)
+
+    measured: blocks.Measured | None = None
+    mode: FakeTensorMode | None = None
+    failure: str | None = None  # why the weight-free trace did not work
+    if not time_layers:
+        try:
+            model, mode = weight_free_model(spec)
+            measured = measure_model(model, mode)
+        except Exception as e:  # meta or fake tensors cannot build or run it (.item(), a fixed device): build it
+            mode, failure = None, (e.message if isinstance(e, UserError) else _cause(e))[:240]
+    if measured is None:
+        try:
+            model = spec.build()
+            measured = measure_model(model, None)
+        except OutOfMemory as e:
+            raise _weight_free_failed_too(e, failure) from e
+    graph = measured.graph
+    if failure is not None:
+        graph.notes.insert(0, f"built with real weights: tracing without them failed ({failure})")
+    if fvcore_check:  # fvcore builds its own copy on the meta device; `model` is its fallback, when real
+        report("cross-checking FLOPs with fvcore", 0, 1)
+        graph.notes.extend(fvcheck.compare(spec, graph, batch_size, measured.node_flops, measured.family,
+                                           model if mode is None else None))
+        report("cross-checking FLOPs with fvcore", 1, 1)
+    return graph
+
+
+def _weight_free_failed_too(e: OutOfMemory, failure: str | None) -> OutOfMemory:
+    """An out-of-memory of the real build that only ran because the weight-free trace failed: say both."""
+    if failure is None:
+        return e
+    return OutOfMemory(f"{e.message}; it was built for real because tracing without weights failed: {failure}",
+                       "make build_model() and forward() work on the meta device (no .item() or tensors "
+                       "created on a fixed device), or trace on a machine with more RAM")
+
+
+def _measure(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth: int | None, repeats: int | None,
+             report: Progress, *, fake_mode: FakeTensorMode | None = None, time_layers: bool = True,
+             ) -> blocks.Measured:
+    """Export, count and time `model` as it is (all its blocks, or the few blocks.shortened leaves).
+
+    `fake_mode`: the model is export.weight_free_model's, so the inputs are made fake tensors of it.
+    """
+    from pipeplan.costmodels import measure
+
     inputs = spec.example_inputs(batch_size)
     target = spec.example_target(batch_size)
+    if fake_mode is not None:
+        inputs, target = fake_leaves(fake_mode, inputs), fake_leaves(fake_mode, target)
+    report("exporting (torch.export)", 0, 1)
+    ep, graph = export_structure(spec, batch_size, depth=depth, model=model, inputs=inputs)
+    report("exporting (torch.export)", 1, 1)
     layer_of = {n: i for i, layer in enumerate(graph.layers) for n in layer.nodes}
     n = len(graph.layers)
     family = {node.name: node_kind(node) for node in ep.graph.nodes if node.op == "call_function"}
@@ -95,29 +180,32 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
     except UserError:
         raise
     except Exception as e:  # an op without a fake-tensor implementation: count on real tensors instead
+        if fake_mode is not None:  # there are none: the caller builds the model for real
+            raise
         graph.notes.append(f"FLOPs and saved bytes were counted on a real step (fake tensors failed: "
                            f"{type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e).strip() else ''})")
-        counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n, fake_tensors=False)
+        with out_of_memory_as_user_error(spec.path, "counting FLOPs on a real step"):
+            counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n, fake_tensors=False)
     report("counting FLOPs and saved bytes", 1, 1)
 
-    keep_freed_memory()  # as the runtime's ranks run: see hardware_profiles/allocator.py
-    timing = measure.time_pass(ep, model, spec, inputs, target, layer_of, n, repeats=repeats,
-                               progress=report)
+    fwd_s, bwd_s = [0.0] * n, [0.0] * n
+    if time_layers:
+        keep_freed_memory()  # as the runtime's ranks run: see hardware_profiles/allocator.py
+        with out_of_memory_as_user_error(spec.path, "timing the layers"):
+            timing = measure.time_pass(ep, model, spec, inputs, target, layer_of, n, repeats=repeats,
+                                       progress=report)
+        fwd_s, bwd_s, graph.source["repeats"] = timing.fwd_s, timing.bwd_s, timing.repeats
+    graph.source["timed"] = time_layers
+    graph.source["weights"] = "real" if fake_mode is None else "meta"
     for i, layer in enumerate(graph.layers):
-        layer.fwd_s = timing.fwd_s[i]
-        layer.bwd_s = timing.bwd_s[i]
+        layer.fwd_s = fwd_s[i]
+        layer.bwd_s = bwd_s[i]
         layer.fwd_flops = int(counts.fwd_flops[i])
         layer.bwd_flops = int(counts.bwd_flops[i])
         layer.saved_bytes = int(counts.saved_bytes[i])
         layer.kind = _refine_kind(layer, counts.node_flops, family)
     graph.peak_activation_bytes = int(counts.peak_saved_bytes)
-    graph.source["repeats"] = timing.repeats
-
-    if fvcore_check:
-        report("cross-checking FLOPs with fvcore", 0, 1)
-        graph.notes.extend(fvcheck.compare(spec, graph, batch_size, counts.node_flops, family, model))
-        report("cross-checking FLOPs with fvcore", 1, 1)
-    return graph
+    return blocks.Measured(graph, counts.node_flops, family)
 
 
 def _refine_kind(layer: Layer, node_flops: dict[str, int], family: dict[str, str | None]) -> str:

@@ -72,14 +72,17 @@ def torchgpipe_balance_by_time(times: list[float], stages: int, *, max_moves: in
     def size(i: int) -> float:
         return sum(seq[(splits[i - 1] if i > 0 else 0):splits[i]])
 
+    # A move shifts one split, which changes the two blocks beside it: only those are re-summed (the same
+    # slice sums as torchgpipe's, so every comparison, and the result, is unchanged).
+    keyed = [(size(i), i) for i in range(k)]  # min/max over (size, index) pairs break ties as torchgpipe does
     moves, seen = 0, set()
     while True:
-        max_size, p = max((size(i), i) for i in range(k))
+        max_size, p = max(keyed)
         while True:
             if (p, *splits) in seen:  # back at an earlier state: torchgpipe's moves cycle forever here
                 raise ValueError(f"balance_by_time cycles on this input after {moves} moves")
             seen.add((p, *splits))
-            min_size, q = min((size(i), i) for i in range(k))
+            min_size, q = min(keyed)
             if max_size <= min_size + 1:
                 starts = [0] + splits[:-1]
                 sizes = [b - a for a, b in zip(starts, splits, strict=True)]
@@ -94,8 +97,11 @@ def torchgpipe_balance_by_time(times: list[float], stages: int, *, max_moves: in
             if p < q:
                 h = q - 1
                 splits[h] -= 1
+                moved = h
             else:
                 h = q + 1
                 splits[q] += 1
+                moved = q
+            keyed[moved], keyed[moved + 1] = (size(moved), moved), (size(moved + 1), moved + 1)
             if p == h:
                 break

@@ -56,6 +56,7 @@ def graph_summary(graph: Graph) -> dict[str, Any]:
         "name": graph.name,
         "model_file": src.get("model_file"),
         "entry": src.get("entry"),
+        "seq_len": src.get("seq_len"),  # a Hugging Face config's sequence length: the runtime rebuilds at it
         "depth": src.get("depth"),
         "trace_batch_size": graph.batch_size,
         "layers": len(graph.layers),

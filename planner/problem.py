@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from pipeplan.costmodels.compute import layer_times_s
 from pipeplan.costmodels.graph import Graph
@@ -44,8 +45,9 @@ class Problem:
     def n(self) -> int:
         return len(self.names)
 
-    @property
+    @cached_property
     def compute_s(self) -> tuple[float, ...]:
+        """fwd + bwd per layer (cached: the search reads it for every configuration)."""
         return tuple(f + b for f, b in zip(self.fwd_s, self.bwd_s, strict=True))
 
     def is_chain(self) -> bool:

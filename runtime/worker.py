@@ -338,7 +338,8 @@ def load_split_model(plan) -> tuple[Any, Any, Split]:
     from pipeplan.costmodels.model_file import load_model_file
     from pipeplan.costmodels.trace import export_structure
 
-    spec = load_model_file(plan.graph["model_file"], plan.graph.get("entry") or "build_model")
+    spec = load_model_file(plan.graph["model_file"], plan.graph.get("entry") or "build_model",
+                           seq_len=plan.graph.get("seq_len"))
     torch.manual_seed(SEED)
     model = spec.build()
     ep, graph = export_structure(spec, plan.microbatch_size, depth=plan.graph.get("depth"), model=model)

@@ -1,0 +1,202 @@
+"""Identical blocks traced once (costmodels/blocks.py), checked against the oracle: tracing every block.
+
+Deduplicated and full traces must agree on everything but measured times: layer
+names and order, nodes, parameters, FLOPs, saved/output/parameter bytes, edges,
+shared parameters, inputs, notes and the fingerprint the runtime compares.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from pipeplan.costmodels import blocks
+from pipeplan.costmodels.model_file import load_model_file
+from pipeplan.costmodels.trace import export_structure, trace
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+HAS_HF = importlib.util.find_spec("transformers") is not None
+needs_hf = pytest.mark.skipif(not HAS_HF, reason="transformers not installed")
+TIMES = ("fwd_s", "bwd_s")
+
+
+def comparable(graph):
+    """The graph's JSON without what is measured by the clock or says how it was traced."""
+    doc = graph.to_dict()
+    for layer in doc["layers"]:
+        for key in TIMES:
+            layer.pop(key)
+    doc["source"] = {k: v for k, v in doc["source"].items() if k not in ("repeats", "repeated_blocks")}
+    doc["notes"] = [n for n in doc["notes"] if "identical blocks" not in n]
+    return doc
+
+
+def assert_same_as_full(path, entry="build_model", count=None, batch=2, fvcore_check=True):
+    deduped = trace(str(path), batch, entry=entry, repeats=1, fvcore_check=fvcore_check)
+    full = trace(str(path), batch, entry=entry, repeats=1, fvcore_check=fvcore_check, repeated_blocks=False)
+    record = deduped.source.get("repeated_blocks")
+    assert record is not None and record["traced"] == blocks.TRACED, deduped.notes
+    if count is not None:
+        assert record["count"] == count
+    assert "repeated_blocks" not in full.source
+    assert any("identical blocks" in n and "cloned" in n for n in deduped.notes)
+    a, b = comparable(deduped), comparable(full)
+    assert [x["name"] for x in a["layers"]] == [x["name"] for x in b["layers"]]
+    assert a["edges"] == b["edges"]
+    assert a == b
+    assert deduped.fingerprint() == full.fingerprint()
+    # The runtime re-exports the whole model and compares this fingerprint.
+    spec = load_model_file(str(path), entry)
+    assert export_structure(spec, batch)[1].fingerprint() == deduped.fingerprint()
+    # Layers of cloned blocks carry the traced copies' times.
+    assert all(x.fwd_s > 0 for x in deduped.layers if x.fwd_flops > 0)
+    return deduped
+
+
+# ---- the signature ----------------------------------------------------------------------------
+
+class Attn(nn.Module):
+    def __init__(self, width, layer_idx, window=None):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.sliding_window = window
+        self.proj = nn.Linear(width, width)
+
+
+class Layer(nn.Module):
+    def __init__(self, width=8, layer_idx=0, window=None, dtype=torch.float32):
+        super().__init__()
+        self.attn = Attn(width, layer_idx, window)
+        self.norm = nn.LayerNorm(width, dtype=dtype)
+        self.register_buffer("scale", torch.ones(width))
+
+
+def test_signature_ignores_the_block_index_only():
+    sig = blocks.module_signature
+    assert sig(Layer(layer_idx=0)) == sig(Layer(layer_idx=7))
+    assert sig(Layer()) != sig(Layer(width=16))
+    assert sig(Layer()) != sig(Layer(window=4096))  # e.g. sliding-window layers between full-attention ones
+    assert sig(Layer()) != sig(Layer(dtype=torch.float64))
+    frozen = Layer()
+    frozen.norm.weight.requires_grad_(False)
+    assert sig(Layer()) != sig(frozen)
+    renamed = Layer()
+    renamed.attn.other_count = 3  # an integer that is not named like an index
+    assert sig(Layer()) != sig(renamed)
+    evaluating = Layer().eval()
+    assert sig(Layer()) != sig(evaluating)
+
+
+class Model(nn.Module):
+    def __init__(self, layers):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.small = nn.ModuleList(nn.Linear(2, 2) for _ in range(8))  # more children, far fewer modules
+
+
+def test_find_repeated_blocks():
+    found = blocks.find_repeated_blocks(Model([Layer(layer_idx=i) for i in range(6)]))
+    assert found is not None and (found.module, found.count) == ("layers", 6)
+    # Too few blocks to be worth it: the other list wins.
+    small = blocks.find_repeated_blocks(Model([Layer() for _ in range(3)]))
+    assert small is not None and small.module == "small"
+    # One different block: not grouped.
+    odd = [Layer(window=4 if i == 4 else None) for i in range(6)]
+    assert blocks.find_repeated_blocks(Model(odd)).module == "small"
+    # Weights tied between blocks: not grouped.
+    tied = [Layer() for _ in range(6)]
+    tied[1].attn.proj.weight = tied[0].attn.proj.weight
+    assert blocks.find_repeated_blocks(Model(tied)).module == "small"
+    assert blocks.find_repeated_blocks(nn.Sequential(nn.Linear(2, 2))) is None
+
+
+def test_shortened_restores_the_list():
+    model = Model([Layer(layer_idx=i) for i in range(6)])
+    repeat = blocks.find_repeated_blocks(model)
+    names = [n for n, _ in model.named_parameters()]
+    with blocks.shortened(model, repeat):
+        assert len(model.layers) == blocks.TRACED
+        assert [b.attn.layer_idx for b in model.layers] == [0, 1, 2]
+        assert not any(n.startswith("layers.3.") for n, _ in model.named_parameters())
+    assert len(model.layers) == 6 and [n for n, _ in model.named_parameters()] == names
+
+
+# ---- the oracle: the full trace ----------------------------------------------------------------
+
+@pytest.mark.parametrize("entry", ["build_model", "build_hidden"])
+def test_small_blocks_match_full_trace(entry):
+    assert_same_as_full(DATA / "blocks_models.py", entry, count=6)
+
+
+def test_gpt_tiny_has_too_few_blocks():
+    graph = trace(str(ROOT / "examples" / "gpt.py"), 2, repeats=1, fvcore_check=False)
+    assert "repeated_blocks" not in graph.source  # 2 blocks: traced as they are
+
+
+@pytest.mark.slow
+def test_gpt2_small_matches_full_trace(monkeypatch):
+    monkeypatch.setenv("PIPEPLAN_GPT_SEQ", "16")  # GPT-2 small's 12 blocks and 124M parameters, short sequences
+    graph = assert_same_as_full(ROOT / "examples" / "gpt.py", "build_gpt2_small", count=12, batch=1,
+                                fvcore_check=False)
+    assert len([x for x in graph.layers if x.name.startswith("h.11.")]) == 8
+    assert graph.shared_params[0].layers == ["wte", "lm_head"]
+
+
+@needs_hf
+def test_hf_gpt2_matches_full_trace():
+    assert_same_as_full(DATA / "blocks_hf_gpt2.py", count=6)
+
+
+@needs_hf
+def test_hf_llama_matches_full_trace():
+    graph = assert_same_as_full(DATA / "blocks_llama.py", count=6)
+    # Every decoder layer reads the rotary embedding computed once before the blocks.
+    assert sum(1 for e in graph.edges if e.src == "model.rotary_emb") >= 6
+
+
+# ---- when it must not deduplicate ------------------------------------------------------------
+
+@pytest.mark.parametrize("entry", ["build_wider", "build_window"])
+def test_different_blocks_are_traced_whole(entry):
+    graph = trace(str(DATA / "blocks_models.py"), 2, entry=entry, repeats=1, fvcore_check=False)
+    assert "repeated_blocks" not in graph.source
+    assert not any("identical blocks" in n for n in graph.notes)
+    assert {x.name for x in graph.layers} >= {f"blocks.{i}.up" for i in range(6)}
+
+
+@pytest.mark.parametrize(("entry", "why"), [("build_counted", "IndexError"), ("build_stacked", "differ")])
+def test_falls_back_with_a_note(entry, why):
+    path = str(DATA / "blocks_models.py")
+    graph = trace(path, 2, entry=entry, repeats=1, fvcore_check=False)
+    assert "repeated_blocks" not in graph.source
+    note = next(n for n in graph.notes if "identical blocks" in n)
+    assert "the whole model was traced" in note and why in note
+    full = trace(path, 2, entry=entry, repeats=1, fvcore_check=False, repeated_blocks=False)
+    assert graph.fingerprint() == full.fingerprint() and len(graph.layers) == len(full.layers)
+
+
+def test_expand_refuses_copies_that_differ():
+    spec = load_model_file(str(DATA / "blocks_models.py"))
+    model = spec.build()
+    repeat = blocks.find_repeated_blocks(model)
+    with blocks.shortened(model, repeat):
+        _, graph = export_structure(spec, 2, model=model)
+    assert len(blocks.expand(graph, repeat).layers) == len(graph.layers) + 3 * 3  # 3 layers a block
+    graph.layers[-2].bytes_moved += 1  # the third copy's last layer no longer matches the second's
+    with pytest.raises(blocks.NotRepeated, match="bytes_moved"):
+        blocks.expand(graph, repeat)
+
+
+def test_expand_refuses_a_hole_in_the_names_after_the_blocks():
+    """An op kind the blocks do not show, numbered after them as if the blocks had used some of its names."""
+    spec = load_model_file(str(DATA / "blocks_models.py"))
+    model = spec.build()
+    repeat = blocks.find_repeated_blocks(model)
+    with blocks.shortened(model, repeat):
+        _, graph = export_structure(spec, 2, model=model)
+    graph.layers[-1].nodes.append("sigmoid_1")  # no `sigmoid` anywhere before it
+    with pytest.raises(blocks.NotRepeated, match="skips names"):
+        blocks.expand(graph, repeat)
