@@ -7,6 +7,8 @@ just cutting the model into equal layer counts.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
@@ -18,6 +20,14 @@ from pipeplan.cli.fmt import fmt_bytes, fmt_count, fmt_flops, fmt_in, fmt_pct, f
 from pipeplan.cli.summary import stage_params
 
 
+def shown_path(path: str) -> str:
+    """A recorded (absolute) path as the user would type it: relative to the working folder when inside it."""
+    try:
+        return os.path.relpath(path) if Path(path).resolve().is_relative_to(Path.cwd().resolve()) else path
+    except (OSError, ValueError):
+        return path
+
+
 def model_table(summary: dict[str, Any]) -> Table:
     """Model summary from graph_summary() / plan_graph_summary()."""
     t = Table.grid(padding=(0, 2))
@@ -27,7 +37,7 @@ def model_table(summary: dict[str, Any]) -> Table:
     t.add_row("model", str(summary.get("name")))
     if source.get("model_file"):
         entry = f" ({source['entry']})" if source.get("entry") else ""
-        t.add_row("file", f"{source['model_file']}{entry}")
+        t.add_row("file", f"{shown_path(source['model_file'])}{entry}")
     t.add_row("layers", str(summary.get("layers")))
     if summary.get("parameters") is not None:
         t.add_row("parameters", f"{fmt_count(summary['parameters'])} ({fmt_bytes(summary['param_bytes'])} fp32)")

@@ -473,3 +473,42 @@ def _check_params(graph: Graph, model: torch.nn.Module) -> None:
         if marker in note and unused:  # export.py's wording, with the whole model's count and first name
             graph.notes[i] = (f"{len(unused)}{marker}{unused[0]}); their bytes are charged to the layer of their "
                               "module, or to the first layer")
+
+
+# ---- one layer per block for very large models ------------------------------------------------
+
+MAX_LEAF_LAYERS = 256
+"""Above this many leaf modules, a model with repeated blocks is traced one layer per block.
+
+Why: the partitioner's work grows with the layer count (a 70B decoder has ~800 leaf modules,
+~80 blocks), and for such models a cut inside a block buys next to nothing: a block is
+~1/80 of the model, and the frameworks plans are taken to (Megatron-LM, torchtitan) cut
+at block boundaries only. Every bundled example has fewer leaves and keeps leaf layers.
+"""
+
+
+def block_depth(model: torch.nn.Module, repeat: Repeat) -> int:
+    """The module depth (as `--depth` counts it) at which each repeated block is one layer.
+
+    `--depth` counts the modules an op runs under, outermost first; containers
+    (ModuleList, ModuleDict) are never called, so they do not count.
+    """
+    parts = f"{repeat.module}.0".split(".")
+    depth = 0
+    for i in range(1, len(parts) + 1):
+        if not isinstance(model.get_submodule(".".join(parts[:i])), (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            depth += 1
+    return depth
+
+
+def coarse_depth(model: torch.nn.Module, max_leaf_layers: int | None = None) -> tuple[int, str] | None:
+    """(depth, note) when the model is large enough to trace one layer per repeated block, else None."""
+    leaves = sum(1 for m in model.modules() if next(m.children(), None) is None)
+    if leaves <= (MAX_LEAF_LAYERS if max_leaf_layers is None else max_leaf_layers):
+        return None
+    repeat = find_repeated_blocks(model)
+    if repeat is None:
+        return None
+    depth = block_depth(model, repeat)
+    return depth, (f"{leaves} leaf modules: traced one layer per block of {repeat.module} (--depth {depth}), "
+                   f"so stages are cut between blocks; pass --depth to choose another grouping")

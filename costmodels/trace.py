@@ -114,10 +114,16 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
 
     def measure_model(model: torch.nn.Module, mode: FakeTensorMode | None) -> blocks.Measured:
         report("loading model file", 1, 1)
+        # A very large model with repeated blocks is traced one layer per block (blocks.coarse_depth).
+        coarse = blocks.coarse_depth(model) if depth is None and repeated_blocks else None
+        at_depth = coarse[0] if coarse else depth
         # Identical blocks (decoder layers) are traced a few times and cloned: costmodels/blocks.py, docs/tracing.md.
-        return blocks.measure_once_per_block(
-            model, lambda m: _measure(spec, m, batch_size, depth, repeats, report, fake_mode=mode,
+        measured = blocks.measure_once_per_block(
+            model, lambda m: _measure(spec, m, batch_size, at_depth, repeats, report, fake_mode=mode,
                                       time_layers=time_layers), enabled=repeated_blocks)
+        if coarse:
+            measured.graph.notes.append(coarse[1])
+        return measured
 
     measured: blocks.Measured | None = None
     mode: FakeTensorMode | None = None

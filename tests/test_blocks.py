@@ -200,3 +200,32 @@ def test_expand_refuses_a_hole_in_the_names_after_the_blocks():
     graph.layers[-1].nodes.append("sigmoid_1")  # no `sigmoid` anywhere before it
     with pytest.raises(blocks.NotRepeated, match="skips names"):
         blocks.expand(graph, repeat)
+
+
+# ---- one layer per block for very large models ------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not HAS_HF, reason="needs transformers")
+def test_large_models_are_traced_one_layer_per_block(monkeypatch):
+    """Above MAX_LEAF_LAYERS leaf modules, a model with repeated blocks gets one layer per block, at a depth that
+    is recorded, so re-exporting at that depth (what the runtime does) gives the same graph and fingerprint."""
+    path = str(DATA / "blocks_llama.py")
+    model = load_model_file(path).build()
+    leaves = sum(1 for m in model.modules() if next(m.children(), None) is None)
+    assert blocks.coarse_depth(model) is None  # small: leaf layers, as every bundled example
+    assert blocks.coarse_depth(model, max_leaf_layers=leaves - 1)[0] == 2  # model(1) > layers (ModuleList) > 0 (2)
+
+    monkeypatch.setattr(blocks, "MAX_LEAF_LAYERS", leaves - 1)
+    g = trace(path, 2, repeats=1, fvcore_check=False, time_layers=False)
+    assert g.source["depth"] == 2 and any("one layer per block of model.layers" in n for n in g.notes)
+    names = [layer.name for layer in g.layers]
+    assert [n for n in names if n.startswith("model.layers.")] == [f"model.layers.{i}" for i in range(6)]
+    assert len(names) < leaves
+    explicit = trace(path, 2, depth=2, repeats=1, fvcore_check=False, time_layers=False)  # --depth 2 by hand
+    auto = comparable(g)
+    auto["notes"] = [n for n in auto["notes"] if "leaf modules" not in n]  # the one difference: it says why
+    assert auto == comparable(explicit) and g.fingerprint() == explicit.fingerprint()
+    _, runtime_graph = export_structure(load_model_file(path), 2, depth=g.source["depth"])  # as the runtime does
+    assert runtime_graph.fingerprint() == g.fingerprint()
+    # an explicit --depth wins over the automatic one
+    assert trace(path, 2, depth=1, repeats=1, fvcore_check=False, time_layers=False).source["depth"] == 1

@@ -29,7 +29,7 @@ from pipeplan.hardware_profiles import load_profile, save_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-LLAMA = ROOT / "tests" / "data" / "llama7b_model.py"
+LLAMA = ROOT / "examples" / "llama2_7b.py"
 HAS_HF = importlib.util.find_spec("transformers") is not None
 needs_hf = pytest.mark.skipif(not HAS_HF, reason="transformers not installed")
 CAP_BYTES = 8 << 30  # address-space cap of the subprocesses: far below 27 GB of Llama weights
