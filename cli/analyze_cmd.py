@@ -7,7 +7,7 @@ the output paths have been checked, so a typo costs milliseconds, not a trace.
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Any, Callable
 
 import click
 
@@ -25,7 +25,7 @@ def quiet_stdout(active: bool):
 
 
 def run_analysis(
-    load: Callable[[Callable], object],
+    load: Callable[[Callable, Any], object],
     *,
     profile_name: str,
     request: PlanRequest,
@@ -34,7 +34,7 @@ def run_analysis(
     plot: str | None,
     chrome_trace: str | None,
 ) -> None:
-    """Shared by `analyze` and `plan`: `load(phases)` returns the graph (tracing if it must)."""
+    """Shared by `analyze` and `plan`: `load(phases, profile)` returns the graph (tracing if it must)."""
     from pipeplan.cli.progress import progress_display
     from pipeplan.cli.summary import analyze_document, graph_summary
     from pipeplan.cli.workflow import load_profile, run_search, write_outputs
@@ -45,7 +45,7 @@ def run_analysis(
     dtype = request.training_dtype
     profile.flops_for(dtype)  # an unsupported precision (fp32 on a TPU) fails here, before any work
     with quiet_stdout(as_json), progress_display() as phases:
-        graph = load(phases)
+        graph = load(phases, profile)
         result = run_search(graph, profile, request, progress=phases("plan: "))
     write_outputs(result.best, graph, profile, output=output, plot=plot, chrome_trace=chrome_trace)
     if as_json:
@@ -74,10 +74,10 @@ def analyze(model, profile, request, entry, trace_batch_size, depth, repeats, se
     Layers are timed only when the plan uses the times (a local profile, or
     --times measured); otherwise the model is traced without weights.
     """
-    from pipeplan.cli.workflow import layer_times_wanted, load_input_graph, load_profile
+    from pipeplan.cli.workflow import layer_times_wanted, load_input_graph
 
-    def load(phases):
-        timed = layer_times_wanted([load_profile(profile)], request)
+    def load(phases, loaded_profile):
+        timed = layer_times_wanted([loaded_profile], request)
         return load_input_graph(model, entry=entry, trace_batch_size=trace_batch_size, depth=depth, repeats=repeats,
                                 seq_len=seq_len, progress=phases("trace: "), time_layers=timed)
 

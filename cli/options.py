@@ -2,9 +2,10 @@
 
 The three commands plan the same way, so the flags are declared once here and
 arrive in the command as one `PlanRequest` (planner/request.py), built once and
-passed whole to the search; the checks that need several flags
-at once (microbatches dividing the batch, stages against devices) live here too
-so every command rejects the same combinations with the same message.
+passed whole to the search. The checks that need several flags at once
+(microbatches dividing the batch, stages against devices) are the request's own,
+so every command, and every library caller, rejects the same combinations with
+the same message; the output paths are checked here, before any work.
 """
 
 from __future__ import annotations
@@ -31,22 +32,6 @@ DEFAULT_TRACE_BATCH_SIZE = 1
 DEFAULT_MAX_SEQ_LEN = 4096  # costmodels/hf_config.py's cap on the default --seq-len (kept equal by a test)
 
 
-def check_flags(*, gpus: int, batch_size: int, microbatches: int | None, schedule: str, stages: int | None) -> None:
-    """Reject flag combinations that no search could satisfy, naming the flags (before any work)."""
-    if stages is not None and stages > gpus:
-        raise UserError(f"--stages {stages} needs at least {stages} devices but --gpus is {gpus}",
-                        "lower --stages or raise --gpus")
-    if microbatches is not None:
-        if microbatches > batch_size:
-            raise UserError(f"--microbatches {microbatches} is more than the batch size {batch_size}",
-                            "lower --microbatches or raise --batch-size")
-        if batch_size % microbatches:
-            raise UserError(f"--microbatches {microbatches} does not divide --batch-size {batch_size}",
-                            "pick a microbatch count that divides the batch size")
-    if schedule == "interleaved" and stages == 1:
-        raise UserError("--schedule interleaved needs at least 2 stages", "drop --stages 1 or pick another schedule")
-
-
 def _choice(values) -> click.Choice:
     return click.Choice(values, case_sensitive=False)
 
@@ -58,8 +43,6 @@ def planning_options(*, with_profile: bool = True) -> Callable:
         @functools.wraps(f)
         def wrapper(*args, gpus, batch_size, microbatches, schedule, stages, solver, dtype, optimizer, recompute,
                     times, **kw):
-            check_flags(gpus=gpus, batch_size=batch_size, microbatches=microbatches, schedule=schedule.lower(),
-                        stages=stages)
             request = PlanRequest(devices=gpus, batch_size=batch_size, microbatches=microbatches,
                                   schedule=schedule.lower(), stages=stages, solver=solver.lower(),
                                   dtype=dtype.lower(), optimizer=optimizer.lower(), recompute=recompute.lower(),

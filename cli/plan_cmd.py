@@ -25,7 +25,7 @@ def plan(graph_file, profile, request, output, as_json, plot, chrome_trace, prof
     from pipeplan.cli.workflow import load_saved_graph
     from pipeplan.errors import UserError
 
-    def load(phases):
+    def load(phases, _profile):  # a saved graph needs no profile to load
         from pathlib import Path
 
         if not Path(graph_file).is_file():

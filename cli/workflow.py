@@ -57,7 +57,8 @@ def load_input_graph(
         raise UserError(f"{path}: no such file", "pass a model.py, a graph.json from `pipeplan trace`, or a PipeDream graph.txt")
     if Path(path).is_dir():
         raise UserError(f"{path}: is a folder", "pass a model.py, a graph.json or a PipeDream graph.txt")
-    if is_model_file(path) or (Path(path).suffix.lower() == ".json" and json_kind(path) == "other"):
+    suffix = Path(path).suffix.lower()
+    if suffix in MODEL_SUFFIXES or (suffix == ".json" and json_kind(path) != "graph"):
         from pipeplan.cli.options import DEFAULT_TRACE_BATCH_SIZE
         from pipeplan.costmodels.trace import trace
 
@@ -123,8 +124,8 @@ def check_layer_times(graph, profile, request) -> None:
     why = "--times measured" if resolved.times == "measured" else f"the local profile {profile.name} (fp32)"
     raise UserError(
         f"graph {graph.name!r} was traced without layer times (weight-free), and {why} plans with measured times",
-        "trace the model.py with times (`pipeplan trace` without --no-times, or `pipeplan analyze MODEL.py` "
-        "on this profile), or plan with --times roofline",
+        "trace the model with times (`pipeplan trace` without --no-times, or `pipeplan analyze MODEL` "
+        "on this profile), or plan it on a catalogue profile with --times model",
     )
 
 

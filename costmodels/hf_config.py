@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import os
 import types
 from typing import Any
@@ -225,15 +224,3 @@ def load_hf_config(path: str, seq_len: int | None = None) -> tuple[types.ModuleT
         seq_len = default_seq_len(config)
     check_seq_len(path, config, seq_len)
     return build_module(path, config, seq_len), seq_len
-
-
-def looks_like_hf_config(path: str) -> bool:
-    """A .json file whose object has "model_type" (cheap: for telling configs from graphs by content)."""
-    try:
-        if os.path.getsize(path) > MAX_CONFIG_BYTES:
-            return False
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and "model_type" in doc

@@ -206,9 +206,7 @@ class RangeMemory:
             self.sp.append(self.sp[-1] + saved_bytes[i])
         self.cut = list(cut_bytes)
         self.input = input_bytes
-        # async PipeDream keeps K - s in flight whatever M is (no flush)
-        M = microbatches if rule.flushes else max(microbatches, P)
-        self.inflight = [inflight_microbatches(schedule, P, p, M, self.ch) for p in range(P)]
+        self.inflight = [inflight_microbatches(schedule, P, p, microbatches, self.ch) for p in range(P)]
         self.versions = [stashed_weight_versions(schedule, x) for x in self.inflight]
         self.receives = [rule.interleaves or p < P - 1 for p in range(P)]
         unit = 4 * 2**20  # a whole number of parameters, so integer halving is exact

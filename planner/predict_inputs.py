@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeplan.costmodels.comm import allreduce_time_s, group_link, p2p_time_s
-from pipeplan.costmodels.graph import Graph
+from pipeplan.costmodels.graph import Graph, SharedParam
 from pipeplan.costmodels.memory import MemoryBreakdown, model_state_bytes, stage_memory
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
@@ -68,14 +68,14 @@ def boundary_bytes(problem: Problem, assignment: Sequence[int], stages: int) -> 
     return out
 
 
-def shared_stages(graph: Graph, names: Sequence[str], assignment: Sequence[int]) -> list[tuple[int, list[int]]]:
-    """(bytes, stages using it) for each parameter tied across stages."""
+def shared_stages(graph: Graph, names: Sequence[str], assignment: Sequence[int]) -> list[tuple[SharedParam, list[int]]]:
+    """(parameter, stages using it) for each parameter tied across stages."""
     stage_of = {names[i]: assignment[i] for i in range(len(names))}
     shared = []
     for sp in graph.shared_params:
         used = sorted({stage_of[name] for name in sp.layers if name in stage_of})
         if len(used) > 1:
-            shared.append((int(sp.bytes), used))
+            shared.append((sp, used))
     return shared
 
 
@@ -157,8 +157,7 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             input_bytes_per_mb=max(in_bytes[s] for s in mine),
             output_bytes_per_mb=max(out_bytes[s] for s in mine),
             schedule=config.schedule, stages=P, stage=p,
-            # async PipeDream keeps K - s in flight whatever M is (no flush)
-            microbatches=config.microbatches if rule.flushes else max(config.microbatches, P),
+            microbatches=config.microbatches,  # async PipeDream's K - s ignores it: pipeplan/schedules.py
             optimizer=request.optimizer, dtype=request.training_dtype, recompute=config.recompute,
             chunks=config.chunks if rule.interleaves else 1,
         ))
@@ -170,7 +169,7 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
                  slow: float = 1.0) -> StageInputs:
     """The per-stage numbers of a partition, ready for the simulator and the report."""
     S = len(reps)
-    shared = shared_stages(graph, problem.names, assignment)
+    shared = [(int(sp.bytes), used) for sp, used in shared_stages(graph, problem.names, assignment)]
     sums = _stage_sums(problem, assignment, S, slow, shared)
     out_bytes = boundary_bytes(problem, assignment, S)
     in_bytes = [problem.input_bytes] + out_bytes[:-1]

@@ -17,7 +17,7 @@ from pipeplan.costmodels.memory import MemoryBreakdown
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.plan import Plan, Prediction, Stage, StagePrediction
-from pipeplan.planner.predict_inputs import StageInputs
+from pipeplan.planner.predict_inputs import StageInputs, shared_stages
 from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.simulate import SimResult
@@ -83,13 +83,10 @@ def _notes(graph: Graph, profile: HardwareProfile, request: PlanRequest, problem
         if m.total_bytes > cap:
             notes.append(f"device {p} of each pipeline needs {m.total_bytes / GIB:.2f} GiB but {profile.name} has "
                          f"{cap / GIB:.2f} GiB usable")
-    stage_of = {problem.names[i]: assignment[i] for i in range(problem.n)}
-    for sp in graph.shared_params:
-        used = sorted({stage_of[name] for name in sp.layers if name in stage_of})
-        if len(used) > 1:
-            notes.append(f"shared parameter {sp.name} ({sp.bytes / MIB:.1f} MiB) is used by stages "
-                         f"{', '.join(map(str, used))}: each keeps a copy (counted in its memory) and their "
-                         f"gradients are all-reduced at the end of the iteration (charged to stage {used[0]})")
+    for sp, used in shared_stages(graph, problem.names, assignment):
+        notes.append(f"shared parameter {sp.name} ({sp.bytes / MIB:.1f} MiB) is used by stages "
+                     f"{', '.join(map(str, used))}: each keeps a copy (counted in its memory) and their "
+                     f"gradients are all-reduced at the end of the iteration (charged to stage {used[0]})")
     local_note = local_times_note(graph, profile, dtype=request.training_dtype, times=request.times, samples=mb)
     if local_note:
         notes.append(local_note)

@@ -75,6 +75,7 @@ class PlanRequest:
     def __post_init__(self) -> None:
         self._check_choices()
         self._check_counts()
+        self._check_combinations()
 
     def _check_choices(self) -> None:
         for value, allowed, what in ((self.schedule, SEARCH_SCHEDULE_CHOICES, "schedule"),
@@ -86,23 +87,28 @@ class PlanRequest:
             raise UserError(f"unknown recompute setting {self.recompute!r}", "use auto, on or off")
 
     def _check_counts(self) -> None:
-        if self.devices < 1:
-            raise UserError(f"--devices must be at least 1, got {self.devices}")
-        if self.batch_size < 1:
-            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if self.stages is not None and not 1 <= self.stages <= self.devices:
-            raise UserError(f"--stages {self.stages} must be between 1 and the {self.devices} devices")
-        M = self.microbatches
-        if M is not None and (M < 1 or self.batch_size % M):
-            raise UserError(f"--microbatches {M} does not divide the batch size {self.batch_size}",
-                            "pick a microbatch count that divides the batch")
+        for what, value in (("--devices", self.devices), ("--batch-size", self.batch_size), ("--stages", self.stages),
+                            ("--microbatches", self.microbatches), ("--data-parallel", self.data_parallel),
+                            ("--chunks", self.chunks), ("top", self.top)):
+            if value is not None and value < 1:
+                raise UserError(f"{what} must be at least 1, got {value}")
+
+    def _check_combinations(self) -> None:
+        """Flag combinations no search could satisfy, named by their flags (the CLI shows these as they are)."""
+        N, B, K, M = self.devices, self.batch_size, self.stages, self.microbatches
+        if K is not None and K > N:
+            raise UserError(f"--stages {K} needs at least {K} devices but --gpus is {N}", "lower --stages or raise --gpus")
+        if M is not None and M > B:
+            raise UserError(f"--microbatches {M} is more than the batch size {B}",
+                            "lower --microbatches or raise --batch-size")
+        if M is not None and B % M:
+            raise UserError(f"--microbatches {M} does not divide --batch-size {B}",
+                            "pick a microbatch count that divides the batch size")
+        if self.schedule == "interleaved" and K == 1:
+            raise UserError("--schedule interleaved needs at least 2 stages", "drop --stages 1 or pick another schedule")
         d = self.data_parallel
-        if d is not None and (d < 1 or d * (self.stages or 1) > self.devices):
-            raise UserError(f"--data-parallel {d} does not fit on {self.devices} devices")
-        if self.chunks is not None and self.chunks < 1:
-            raise UserError(f"--chunks must be at least 1, got {self.chunks}")
-        if self.top < 1:
-            raise UserError(f"top must be at least 1, got {self.top}")
+        if d is not None and d * (K or 1) > N:
+            raise UserError(f"--data-parallel {d} does not fit on {N} devices")
 
     def check_graph(self, n_layers: int) -> None:
         """The checks that need the graph: a stage needs a layer."""

@@ -110,8 +110,7 @@ class _Search:
 
     def memory_signature(self, cfg: Config) -> tuple[int, ...]:
         """In-flight counts per device: the only way M enters the memory model."""
-        M = cfg.microbatches if facts(cfg.schedule).flushes else max(cfg.microbatches, cfg.stages)
-        return tuple(facts(cfg.schedule).inflight(cfg.stages, p, M, cfg.chunks) for p in range(cfg.stages))
+        return tuple(facts(cfg.schedule).inflight(cfg.stages, p, cfg.microbatches, cfg.chunks) for p in range(cfg.stages))
 
     def memory(self, cfg: Config, prob: Problem) -> RangeMemory:
         key = (id(prob), cfg.schedule, cfg.stages, cfg.chunks, cfg.recompute, self.memory_signature(cfg))

@@ -31,8 +31,11 @@ def test_request_is_frozen_and_keyword_only():
     (dict(solver="cp-sat"), "unknown solver 'cp-sat'"),
     (dict(times="guessed"), "unknown times 'guessed'"),
     (dict(recompute="maybe"), "unknown recompute setting 'maybe'"),
-    (dict(stages=9), "--stages 9 must be between 1 and the 8 devices"),
-    (dict(microbatches=3), "--microbatches 3 does not divide the batch size 64"),
+    (dict(stages=0), "--stages must be at least 1, got 0"),
+    (dict(stages=9), "--stages 9 needs at least 9 devices but --gpus is 8"),
+    (dict(microbatches=3), "--microbatches 3 does not divide --batch-size 64"),
+    (dict(microbatches=128), "--microbatches 128 is more than the batch size 64"),
+    (dict(schedule="interleaved", stages=1), "--schedule interleaved needs at least 2 stages"),
     (dict(stages=4, data_parallel=4), "--data-parallel 4 does not fit on 8 devices"),
 ])
 def test_request_rejects_what_no_search_could_satisfy(kwargs, message):
