@@ -68,7 +68,9 @@ def run_case(case: Case) -> dict[str, object]:
         out["plan"] = (f"{plan['schedule']}, {len(plan['stages']) // plan['chunks']} stages"
                        f"{' x ' + str(plan['chunks']) + ' chunks' if plan['chunks'] > 1 else ''}"
                        f" x {plan['data_parallel']} replicas, M={plan['microbatches']}"
-                       f"{', recompute' if plan['recompute'] else ''}; {p['samples_per_s']:.2f} samples/s, "
+                       f"{', recompute' if plan['recompute'] else ''}"
+                       f"{', ' + plan['sharding'] if plan.get('sharding', 'none') != 'none' else ''}; "
+                       f"{p['samples_per_s']:.2f} samples/s, "
                        f"peak {p['peak_memory_bytes'] / GIB:.1f} GiB")
         out["layers"] = plan["graph"]["layers"]
     else:

@@ -80,7 +80,10 @@ def fmt_flops(n: float | int | None) -> str:
 
 
 def fmt_pct(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.1f}%"
+    """A fraction as a percentage; rounding noise below 0.05% prints as 0.0% (never "-0.0%")."""
+    if x is None:
+        return "—"
+    return f"{100 * x if abs(x) >= 5e-4 else 0.0:.1f}%"
 
 
 def shorten(name: str, width: int = 28) -> str:

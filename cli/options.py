@@ -16,7 +16,15 @@ from typing import Callable
 
 import click
 
-from pipeplan.choices import DTYPE_CHOICES, OPTIMIZERS, RECOMPUTE_CHOICES, SOLVERS, TIMES
+from pipeplan.choices import (
+    DTYPE_CHOICES,
+    MIXED_PRECISIONS,
+    OPTIMIZERS,
+    RECOMPUTE_CHOICES,
+    SHARDING_CHOICES,
+    SOLVERS,
+    TIMES,
+)
 from pipeplan.errors import UserError
 from pipeplan.planner.request import PlanRequest
 from pipeplan.schedules import SEARCH_SCHEDULE_CHOICES
@@ -42,11 +50,11 @@ def planning_options(*, with_profile: bool = True) -> Callable:
     def decorate(f):
         @functools.wraps(f)
         def wrapper(*args, gpus, batch_size, microbatches, schedule, stages, solver, dtype, optimizer, recompute,
-                    times, **kw):
+                    times, sharding, mixed_precision, **kw):
             request = PlanRequest(devices=gpus, batch_size=batch_size, microbatches=microbatches,
                                   schedule=schedule.lower(), stages=stages, solver=solver.lower(),
                                   dtype=dtype.lower(), optimizer=optimizer.lower(), recompute=recompute.lower(),
-                                  times=times.lower())
+                                  times=times.lower(), sharding=sharding.lower(), mixed_precision=mixed_precision.lower())
             return f(*args, request=request, **kw)
 
         pos = click.IntRange(min=1)
@@ -61,6 +69,12 @@ def planning_options(*, with_profile: bool = True) -> Callable:
                          help="Training precision; auto = fp32 on a local profile, else bf16 mixed precision (fp16 where there is no bf16)."),
             click.option("--optimizer", type=_choice(OPTIMIZERS), default="adam", show_default=True, help="Optimizer (sets its state memory)."),
             click.option("--recompute", type=_choice(RECOMPUTE_CHOICES), default="auto", show_default=True, help="Activation recomputation."),
+            click.option("--sharding", type=_choice(SHARDING_CHOICES), default="auto", show_default=True,
+                         help="Sharded data parallelism over each stage's replicas: auto = ZeRO-1 wherever there are "
+                              "replicas (Megatron's distributed optimizer), ZeRO-2/3 only where needed to fit."),
+            click.option("--mixed-precision", type=_choice(MIXED_PRECISIONS), default="deepspeed", show_default=True,
+                         help="bf16/fp16 memory recipe: 16-bit gradients (deepspeed, 16 B/param with Adam) or fp32 "
+                              "gradients (megatron: bf16 18 B/param, fp16 20)."),
             click.option("--times", type=_choice(TIMES), default="model", show_default=True,
                          help="Layer times from the roofline cost model, or as measured while tracing."),
         ]

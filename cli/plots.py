@@ -18,6 +18,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from pipeplan.cli.fmt import fmt_count, fmt_seconds
+from pipeplan.planner.configs import SHARDING_NAMES
 from pipeplan.units import GIB, MIB
 
 KIND_COLOURS = {
@@ -120,6 +121,13 @@ def draw_gantt(ax, events: Sequence[Any], *, devices: int | None = None, chunks:
     return handles
 
 
+def _stage_list(indices: list[int]) -> str:
+    """A device's stages under a bar, short enough not to run into its neighbour's."""
+    if len(indices) <= 3:
+        return ",".join(f"S{i}" for i in indices)
+    return f"S{indices[0]},S{indices[1]},…,S{indices[-1]}"
+
+
 def draw_memory(ax, plan, capacity_bytes: int | None) -> None:
     """Stacked per-stage peak memory (weights, gradients + optimizer state, activations) against the capacity line.
 
@@ -132,12 +140,13 @@ def draw_memory(ax, plan, capacity_bytes: int | None) -> None:
         # Interleaved: a device holds several virtual stages and the prediction is per
         # device, so draw one bar per device rather than the same bar once per chunk.
         pipe = max(1, len(stages) // plan.chunks)
-        labels = [f"dev {d}\n" + ",".join(f"S{s.index}" for s in stages[d::pipe]) for d in range(pipe)]
+        labels = [f"dev {d}\n" + _stage_list([s.index for s in stages[d::pipe]]) for d in range(pipe)]
         stages = stages[:pipe]
     xs = list(range(len(stages)))
     peak = max([s.predicted.memory_bytes for s in stages] + [1])
     unit, scale = ("GiB", GIB) if max(peak, capacity_bytes if capacity_bytes and capacity_bytes < 1.5 * peak else 0) >= GIB else ("MiB", MIB)
-    weights = [s.predicted.weights_bytes / scale for s in stages]
+    # ZeRO-2/3's gathered full-size layers are weights (and a layer's gradient) in flight: drawn with the weights
+    weights = [(s.predicted.weights_bytes + s.predicted.gathered_bytes) / scale for s in stages]
     optim = [s.predicted.optimizer_bytes / scale for s in stages]
     total = [s.predicted.memory_bytes / scale for s in stages]
     acts = [max(0.0, t - w - o) for t, w, o in zip(total, weights, optim, strict=True)]
@@ -195,7 +204,8 @@ def schedule_png(plan, sim, *, capacity_bytes: int | None = None, title: str = "
              f"microbatches: {plan.microbatches} × {plan.microbatch_size}",
              f"data-parallel replicas: {getattr(plan, 'data_parallel', 1)}",
              f"dtype: {plan.dtype}, optimizer: {plan.optimizer}",
-             f"recomputation: {'on' if plan.recompute else 'off'}"]
+             f"recomputation: {'on' if plan.recompute else 'off'}",
+             f"sharding: {SHARDING_NAMES[plan.sharding]}"]
     info.text(0.0, 0.0, "\n".join(lines), va="bottom", ha="left", fontsize=9, family="monospace", transform=info.transAxes)
     return _png(fig)
 

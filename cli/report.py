@@ -18,6 +18,7 @@ from rich.text import Text
 from pipeplan.cli.console import stdout_console
 from pipeplan.cli.fmt import fmt_bytes, fmt_count, fmt_flops, fmt_in, fmt_pct, fmt_seconds, shorten, table_time_unit
 from pipeplan.cli.summary import stage_params
+from pipeplan.planner.configs import SHARDING_NAMES
 
 
 def shown_path(path: str) -> str:
@@ -81,8 +82,8 @@ def plan_header(plan, profile=None) -> Text:
     text.append(f"{plan.devices} × {plan.profile}{device}{of}", style="bold")
     text.append(
         f": {plan.schedule}, {shape}, {plan.microbatches} microbatch{'es' if plan.microbatches != 1 else ''} of "
-        f"{plan.microbatch_size} (batch {plan.batch_size}), {plan.dtype}, {plan.optimizer}"
-        f"{', recomputation' if plan.recompute else ''}"
+        f"{plan.microbatch_size} (batch {plan.batch_size}), {plan.dtype}{_recipe(plan)}, {plan.optimizer}"
+        f"{', recomputation' if plan.recompute else ''}{_sharding(plan)}"
     )
     solver = plan.solver or {}
     if solver.get("name"):
@@ -91,6 +92,30 @@ def plan_header(plan, profile=None) -> Text:
         took = f" in {fmt_seconds(solver['time_s'])}" if solver.get("time_s") is not None else ""
         text.append(f"\nsolver: {solver['name']} ({solver.get('status', '?')}{extra}){took}", style="dim")
     return text
+
+
+def _recipe(plan) -> str:
+    """Which mixed-precision memory recipe a 16-bit plan assumed."""
+    return f" ({plan.mixed_precision} recipe)" if plan.dtype in ("bf16", "fp16") else ""
+
+
+def _sharding(plan) -> str:
+    if plan.sharding == "none":
+        return ""
+    reps = max((s.replicas for s in plan.stages), default=1)
+    return f", {SHARDING_NAMES[plan.sharding]} over {reps} replicas"
+
+
+def device_holds(plan) -> str:
+    """What the fullest device keeps at its peak: each term of costmodels/memory.stage_memory."""
+    s = max(plan.stages, key=lambda st: st.predicted.memory_bytes)
+    p = s.predicted
+    parts = [f"weights {fmt_bytes(p.weights_bytes)}", f"grads {fmt_bytes(p.grad_bytes)}",
+             f"optimizer {fmt_bytes(p.optimizer_bytes - p.grad_bytes)}"]
+    if p.gathered_bytes:
+        parts.append(f"gathered layers {fmt_bytes(p.gathered_bytes)}")
+    parts.append(f"activations {fmt_bytes(p.activation_bytes)}")
+    return f"stage {s.index}: " + ", ".join(parts)
 
 
 def _layer_span(layers: list[str]) -> str:
@@ -176,6 +201,8 @@ def prediction_table(plan, capacity_bytes: int | None = None) -> Table:
     if capacity_bytes:
         mem += f" of {fmt_bytes(capacity_bytes)} usable ({100 * p.peak_memory_bytes / capacity_bytes:.0f}%)"
     t.add_row("peak memory / device", mem)
+    if plan.stages and plan.stages[0].predicted.memory_bytes:
+        t.add_row("fullest device holds", device_holds(plan))
     return t
 
 
@@ -216,6 +243,8 @@ def alternatives_table(plan, limit: int = 5) -> Table | None:
             reps = a.get("replicas") or [1]
             d = reps if isinstance(reps, int) else ("/".join(map(str, reps)) if len(set(reps)) > 1 else reps[0])
         sps = a.get("samples_per_s")
+        if a.get("sharding", "none") != "none":
+            sched += f", {SHARDING_NAMES[a['sharding']]}"
         t.add_row(sched, f"{a.get('stages')}×{d}", str(a.get("microbatches")), "on" if a.get("recompute") else "off",
                   f"{sps:,.1f}" if isinstance(sps, (int, float)) else "—", fmt_bytes(a.get("peak_memory_bytes")))
     return t
@@ -249,6 +278,7 @@ def compare_table(rows: list[dict[str, Any]]) -> Table:
         reps = r["replicas"]
         d = reps if isinstance(reps, int) else max(reps)
         sched = r["schedule"] + (f" (v={r['chunks']})" if r["schedule"] == "interleaved" else "") + (" +rc" if r["recompute"] else "")
+        sched += f", {SHARDING_NAMES[r['sharding']]}" if r.get("sharding", "none") != "none" else ""
         head = r["memory_headroom_fraction"]
         t.add_row(
             r["profile"],

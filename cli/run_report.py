@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeplan.planner.configs import SHARDING_NAMES
+
 
 def render_table(doc: dict[str, Any], console) -> None:
     """Measured vs. predicted, per stage and for the iteration (rich)."""
@@ -16,7 +18,9 @@ def render_table(doc: dict[str, Any], console) -> None:
     m, p = doc["measured"], doc["predicted"]
     pstages = {s["index"]: s for s in p.get("stages", [])}
     mb = doc["plan"]["microbatches"]
-    t = Table(title=f"pipeplan run: {doc['plan']['schedule']}, {doc['plan']['stages']} stages, M={mb}, "
+    plan = doc["plan"]
+    sharded = f", {SHARDING_NAMES[plan['sharding']]}" if plan.get("sharding", "none") != "none" else ""
+    t = Table(title=f"pipeplan run: {plan['schedule']}, {plan['stages']} stages, M={mb}{sharded}, "
                     f"{m['steps_measured']} measured step(s)")
     for col in ("stage", "rank", "fwd ms/mb", "pred", "bwd ms/mb", "pred", "compute ms/step", "wait ms/step", "peak MiB", "pred"):
         t.add_column(col, justify="right")

@@ -39,13 +39,26 @@ def allreduce_time_s(nbytes: float, replicas: int, link: Link) -> float:
     every device's link. Time = 2(r-1)/r * nbytes / bw + 2(r-1) * latency.
     A single replica has nothing to reduce: 0.
     """
+    return 2.0 * half_ring_time_s(nbytes, replicas, link)  # a reduce-scatter then an all-gather
+
+
+def half_ring_time_s(nbytes: float, replicas: int, link: Link) -> float:
+    """Ring reduce-scatter, or ring all-gather, of `nbytes` (the whole, unsharded tensor) over `replicas`.
+
+    Source: the same ring as `allreduce_time_s`, which is a reduce-scatter followed
+    by an all-gather (Patarasuk & Yuan 2009; NCCL's "bus bandwidth" factor for both
+    collectives is (n-1)/n, nccl-tests doc/PERFORMANCE.md): r-1 steps, each moving
+    nbytes/r over every device's link. ZeRO-1 (a reduce-scatter of gradients and an
+    all-gather of parameters) therefore moves what one all-reduce moves
+    (Rajbhandari et al. 2019 §7.2.1).
+    """
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     if nbytes < 0:
         raise ValueError(f"negative byte count {nbytes}")
     if replicas == 1 or nbytes == 0:
         return 0.0
-    steps = 2 * (replicas - 1)
+    steps = replicas - 1
     return steps / replicas * float(nbytes) / link.bandwidth_bytes_per_s + steps * link.latency_s
 
 

@@ -18,6 +18,8 @@ __all__ = [
     "Times", "TIMES",
     "Layout", "LAYOUTS",
     "MIXED_PRECISION_DTYPES",
+    "Sharding", "SHARDINGS", "ShardingRequest", "SHARDING_CHOICES",
+    "MixedPrecision", "MIXED_PRECISIONS",
 ]
 
 Dtype = Literal["fp32", "tf32", "fp16", "bf16"]
@@ -47,3 +49,17 @@ TIMES: Final[tuple[Times, ...]] = get_args(Times)
 Layout = Literal["stage-major", "pipeline-major"]
 """Rank placement: a stage's replicas on consecutive ranks, or each pipeline replica on consecutive ranks."""
 LAYOUTS: Final[tuple[Layout, ...]] = get_args(Layout)
+
+Sharding = Literal["none", "zero1", "zero2", "zero3"]
+"""Sharded data parallelism across a stage's replicas (ZeRO, Rajbhandari et al. 2019 §5): nothing sharded;
+the optimizer state and fp32 master weights (ZeRO-1, Megatron-LM's distributed optimizer); plus the
+gradients (ZeRO-2); plus the parameters (ZeRO-3, FSDP)."""
+SHARDINGS: Final[tuple[Sharding, ...]] = get_args(Sharding)
+ShardingRequest = Literal["auto", "none", "zero1", "zero2", "zero3"]
+"""A sharding level, or "auto": ZeRO-1 wherever there are replicas, further only to fit (planner/configs.py)."""
+SHARDING_CHOICES: Final[tuple[ShardingRequest, ...]] = get_args(ShardingRequest)
+
+MixedPrecision = Literal["deepspeed", "megatron"]
+"""How bf16/fp16 training keeps its gradients: in 16 bits (DeepSpeed, the ZeRO paper: 16 bytes per
+parameter with Adam) or in fp32 (Megatron-LM: bf16 18 bytes, fp16 20 with an fp32 main-gradient copy)."""
+MIXED_PRECISIONS: Final[tuple[MixedPrecision, ...]] = get_args(MixedPrecision)

@@ -12,11 +12,12 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipeplan.choices import Layout
+from pipeplan.choices import Layout, Sharding
 from pipeplan.planner.request import PlanRequest
 from pipeplan.schedules import ScheduleName, facts
 
-__all__ = ["Config", "CHUNK_CHOICES", "configurations", "pipedream_microbatch_counts", "divisors"]
+__all__ = ["Config", "CHUNK_CHOICES", "SHARDING_NAMES", "configurations", "sharding_levels", "pipedream_microbatch_counts",
+           "divisors"]
 
 # Chunks per device tried by the interleaved schedule: the bubble shrinks as 1/v while
 # communication grows with v (Megatron-LM §2.2.2), so doubling steps cover the trade-off.
@@ -39,6 +40,8 @@ class Config:
     """PipeDream's optimizer: replicas per stage (else `data_parallel` each)."""
     layout: Layout = "stage-major"
     """Rank placement of the replicas (planner/predict.place)."""
+    sharding: Sharding = "none"
+    """ZeRO level across each stage's replicas (costmodels/memory.model_state_bytes)."""
 
     @property
     def virtual_stages(self) -> int:
@@ -61,10 +64,35 @@ class Config:
             return (f"{n(self.stages, 'stage')} with replicas {list(self.stage_replicas)}, "
                     f"{self.microbatches} microbatches, pipedream")
         rc = ", recomputation" if self.recompute else ""
+        rc += f", {SHARDING_NAMES[self.sharding]}" if self.sharding != "none" else ""
         v = f" x {n(self.chunks, 'chunk')}" if self.chunks > 1 else ""
         return (f"{n(self.stages, 'stage')}{v} x {n(self.data_parallel, 'replica')}, "
                 f"{n(self.microbatches, 'microbatch')}".replace("microbatchs", "microbatches")
                 + f", {self.schedule}{rc}")
+
+
+SHARDING_NAMES = {"none": "no sharding", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+
+
+def sharding_levels(request: PlanRequest, schedule: ScheduleName, replicas: int) -> tuple[Sharding, ...]:
+    """ZeRO levels to try for a configuration, in order: the search partitions at the first that fits
+    and predicts the later ones on the same partitions (planner/search.py).
+
+    Sharding needs replicas of whole pipelines that synchronise at a flush (not
+    async PipeDream). "auto" starts at ZeRO-1: its reduce-scatter plus all-gather
+    moves no more than the all-reduce it replaces (ZeRO §7.2.1) and it holds less,
+    so unsharded is never better. ZeRO-2 and ZeRO-3 hold less again but add
+    collectives every microbatch (planner/predict_inputs), which may or may not
+    hide behind compute, so they are predicted too. (Frameworks differ here:
+    DeepSpeed's pipeline engine refuses ZeRO-2/3; Megatron-LM's distributed
+    optimizer is ZeRO-1; the bundled runtime runs all three.)
+    """
+    rule = facts(schedule)
+    if replicas < 2 or not (rule.flushes and rule.replicates_whole_pipeline):
+        return ("none",)
+    if request.sharding == "auto":
+        return ("zero1", "zero2", "zero3")
+    return (request.sharding,)
 
 
 def divisors(x: int) -> list[int]:

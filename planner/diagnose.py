@@ -93,16 +93,19 @@ def _hints(view: SearchView, f: Failure, need: int) -> list[str]:
     req, cap = view.request, int(view.profile.usable_memory_bytes)
     one_mb = view.problem(1, False)
     hints = []
-    state = model_state_bytes(sum(one_mb.param_bytes), optimizer=req.optimizer, dtype=req.training_dtype).total_bytes
+    state = model_state_bytes(sum(one_mb.param_bytes), optimizer=req.optimizer, dtype=req.training_dtype,
+                              mixed_precision=req.mixed_precision).total_bytes
     largest = max(range(one_mb.n), key=lambda i: one_mb.param_bytes[i])
-    one = model_state_bytes(one_mb.param_bytes[largest], optimizer=req.optimizer,
-                            dtype=req.training_dtype).total_bytes
+    one = model_state_bytes(one_mb.param_bytes[largest], optimizer=req.optimizer, dtype=req.training_dtype,
+                            mixed_precision=req.mixed_precision).total_bytes
     if one > cap:
         hints.append(f"layer {view.graph.layers[largest].name} alone needs {one / GIB:.1f} GiB of weights and "
                      f"optimizer state: no pipeline split fits it; use a device with more memory or a lighter optimizer")
     else:
         want = max(req.devices + 1, math.ceil(req.devices * need / cap), math.ceil(state / cap))
         hints.append(f"more devices (about {want})")
+    if req.sharding in ("none", "zero1", "zero2") and req.devices > 1:
+        hints.append("more sharding across replicas (--sharding auto, or zero3)")
     if req.recompute == "off" and f.how != "state":
         hints.append("recomputation (--recompute on)")
     mb = f.config.microbatch_size(req.batch_size)

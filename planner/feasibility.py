@@ -16,10 +16,14 @@ from pipeplan.costmodels.memory import RangeMemory, model_state_bytes
 __all__ = ["state_lower_bound", "greedy_fits", "least_capacity"]
 
 
-def state_lower_bound(param_bytes: Sequence[int], stages: int, *, optimizer: str, dtype: str) -> int:
+def state_lower_bound(param_bytes: Sequence[int], stages: int, *, optimizer: str, dtype: str,
+                      mixed_precision: str = "deepspeed", sharding: str = "none", shards: int = 1) -> int:
     """Model state no partition can avoid on its busiest device: the total spread evenly, and the largest layer's."""
-    total = model_state_bytes(sum(param_bytes), optimizer=optimizer, dtype=dtype).total_bytes
-    one = model_state_bytes(max(param_bytes, default=0), optimizer=optimizer, dtype=dtype).total_bytes
+    def state(nbytes: int) -> int:
+        return model_state_bytes(nbytes, optimizer=optimizer, dtype=dtype, mixed_precision=mixed_precision,
+                                 sharding=sharding, shards=shards).total_bytes
+
+    total, one = state(sum(param_bytes)), state(max(param_bytes, default=0))
     return max(-(-total // stages), one)
 
 

@@ -12,7 +12,18 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pipeplan._io import atomic_write_json, check_format, read_json
-from pipeplan.choices import DTYPES, OPTIMIZERS, TIMES, Dtype, Optimizer, Times
+from pipeplan.choices import (
+    DTYPES,
+    MIXED_PRECISIONS,
+    OPTIMIZERS,
+    SHARDINGS,
+    TIMES,
+    Dtype,
+    MixedPrecision,
+    Optimizer,
+    Sharding,
+    Times,
+)
 from pipeplan.errors import UserError
 from pipeplan.schedules import ScheduleName, facts
 
@@ -28,12 +39,16 @@ class StagePrediction:
     compute_s: float = 0.0  # fwd_s + bwd_s (+ recompute) for one microbatch
     send_s: float = 0.0  # sending this stage's output (and receiving its gradient) for one microbatch
     send_bytes: int = 0  # bytes sent downstream per microbatch
-    allreduce_s: float = 0.0  # gradient all-reduce among replicas, once per iteration
+    allreduce_s: float = 0.0  # data-parallel sync after the last backward (all-reduce; ZeRO: reduce-scatter/all-gather)
     memory_bytes: int = 0  # predicted peak per device
     weights_bytes: int = 0
-    optimizer_bytes: int = 0  # gradients + optimizer state
+    optimizer_bytes: int = 0  # gradients + optimizer state (this device's share when sharded)
     activation_bytes: int = 0  # peak in-flight activations incl. receive buffers
     op_overhead_s: float = 0.0  # the runtime's time around each forward/backward op (simulated, not in fwd_s/bwd_s)
+    grad_bytes: int = 0  # the gradients' part of optimizer_bytes
+    gathered_bytes: int = 0  # ZeRO-2/3: full-size layer weights/gradients held while computing (in memory_bytes)
+    fwd_comm_s: float = 0.0  # ZeRO-3: all-gather of every forward (overlapped: the op takes the longer)
+    bwd_comm_s: float = 0.0  # ZeRO-2/3: collectives of every backward (likewise)
 
 
 @dataclass
@@ -75,11 +90,14 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     data_parallel: int = 1  # replicas of the whole pipeline (synchronous schedules); batch splits across them
     times: Times = "model"  # where layer times came from (costmodels.compute.layer_times_s)
+    sharding: Sharding = "none"  # ZeRO level over each stage's replicas (costmodels/memory.py)
+    mixed_precision: MixedPrecision = "deepspeed"  # bf16/fp16 gradient dtype recipe (costmodels/memory.py)
 
     def __post_init__(self) -> None:
         facts(self.schedule)  # an unknown schedule is a user error
         for value, allowed, what in ((self.dtype, DTYPES, "dtype"), (self.optimizer, OPTIMIZERS, "optimizer"),
-                                     (self.times, TIMES, "times")):
+                                     (self.times, TIMES, "times"), (self.sharding, SHARDINGS, "sharding"),
+                                     (self.mixed_precision, MIXED_PRECISIONS, "mixed_precision")):
             if value not in allowed:
                 raise UserError(f"unknown {what} {value!r}", f"use one of {', '.join(allowed)}")
         if self.data_parallel < 1:

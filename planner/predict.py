@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeplan.choices import DtypeRequest, Layout, Optimizer, Times
+from pipeplan.choices import DtypeRequest, Layout, MixedPrecision, Optimizer, Sharding, Times
 from pipeplan.costmodels.graph import Graph
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.profile import HardwareProfile
@@ -127,11 +127,16 @@ def _microbatch_size(request: PlanRequest, M: int, dp: int) -> int:
 
 
 def _simulate(config: Config, x: StageInputs, overhead_s: Sequence[float], keep_events: bool) -> SimResult:
-    """The event simulation of one iteration; the runtime's per-op time is part of every op."""
+    """The event simulation of one iteration; the runtime's per-op time is part of every op.
+
+    A sharded stage's per-microbatch collectives run beside its compute (FSDP and
+    DeepSpeed prefetch the next all-gather and bucket the reduce-scatter behind the
+    backward: Zhao et al. 2023 §3.3), so an op takes the longer of the two."""
     rule = facts(config.schedule)
     rc = config.recompute
-    return simulate(config.schedule, [f + oh for f, oh in zip(x.fwd, overhead_s, strict=True)],
-                    [b + oh for b, oh in zip(x.bwd, overhead_s, strict=True)], x.send, config.microbatches,
+    fwd = [max(f, c) + oh for f, c, oh in zip(x.fwd, x.fwd_comm, overhead_s, strict=True)]
+    bwd = [max(b, c) + oh for b, c, oh in zip(x.bwd, x.bwd_comm, overhead_s, strict=True)]
+    return simulate(config.schedule, fwd, bwd, x.send, config.microbatches,
                     chunks=config.chunks if rule.interleaves else 1,
                     static_bytes=x.static, activation_bytes_per_mb=x.act,
                     allreduce_s=x.allreduce if rule.replicates_whole_pipeline else None,
@@ -176,7 +181,8 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], c
 def evaluate(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], *, schedule: str, microbatches: int,
              batch_size: int, data_parallel: int = 1, stage_replicas: Sequence[int] = (), chunks: int = 1,
              recompute: bool = False, layout: Layout = "stage-major", dtype: DtypeRequest = "fp32",
-             optimizer: Optimizer = "adam", times: Times = "model", problem: Problem | None = None,
+             optimizer: Optimizer = "adam", times: Times = "model", sharding: Sharding = "none",
+             mixed_precision: MixedPrecision = "deepspeed", problem: Problem | None = None,
              solver: dict[str, Any] | None = None) -> Plan:
     """`predict` with its configuration and request spelled as keywords: a one-off prediction of a split.
 
@@ -185,7 +191,7 @@ def evaluate(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], 
     """
     config = Config(schedule=facts(schedule).name, stages=(max(assignment) + 1) // chunks, microbatches=microbatches,
                     data_parallel=data_parallel, stage_replicas=tuple(stage_replicas), chunks=chunks,
-                    recompute=recompute, layout=layout)
+                    recompute=recompute, layout=layout, sharding=sharding)
     request = PlanRequest(devices=sum(config.replica_counts()), batch_size=batch_size, dtype=dtype,
-                          optimizer=optimizer, times=times)
+                          optimizer=optimizer, times=times, mixed_precision=mixed_precision)
     return predict(graph, profile, assignment, config, request, problem=problem, solver=solver).plan

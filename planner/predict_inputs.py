@@ -3,7 +3,7 @@
 `planner/predict.py` turns a partition into these numbers, then simulates and
 reports them; the arithmetic lives here so each cost has one short function
 with its source (sends: `costmodels.comm.p2p_time_s`; all-reduce:
-`allreduce_time_s`; memory: `costmodels.memory.stage_memory`).
+`allreduce_time_s`, and for ZeRO `half_ring_time_s`; memory: `costmodels.memory.stage_memory`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeplan.costmodels.comm import allreduce_time_s, group_link, p2p_time_s
+from pipeplan.costmodels.comm import allreduce_time_s, group_link, half_ring_time_s, p2p_time_s
 from pipeplan.costmodels.graph import Graph, SharedParam
 from pipeplan.costmodels.memory import MemoryBreakdown, model_state_bytes, stage_memory
 from pipeplan.hardware_profiles.profile import HardwareProfile
@@ -31,7 +31,9 @@ class StageInputs:
     bwd: list[float]
     rec: list[float]
     send: list[float]
-    allreduce: list[float]
+    allreduce: list[float]  # once per iteration after the stage's last backward (all-reduce; ZeRO: see _sync_times)
+    fwd_comm: list[float]  # ZeRO-3: collectives of every forward (overlapped with it: the op takes the longer)
+    bwd_comm: list[float]  # ZeRO-2/3: collectives of every backward (likewise)
     send_bytes: list[int]
     static: list[int]
     act: list[int]
@@ -86,6 +88,7 @@ class _Sums:
     params: list[int]
     own_params: list[int]
     saved: list[int]
+    largest: list[int]  # fp32 bytes of the stage's largest layer (what ZeRO-2/3 hold unsharded)
 
 
 def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float,
@@ -94,18 +97,19 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
     LM head) is owned by its first user's stage; every other stage using it keeps a copy with
     its own gradients and optimizer state, as Megatron-LM does with its embedding group."""
     f, b = [0.0] * S, [0.0] * S
-    params, saved = [0] * S, [0] * S
+    params, saved, largest = [0] * S, [0] * S, [0] * S
     for i in range(problem.n):
         s = assignment[i]
         f[s] += slow * problem.fwd_s[i]
         b[s] += slow * problem.bwd_s[i]
         params[s] += problem.param_bytes[i]
         saved[s] += problem.saved_bytes[i]
+        largest[s] = max(largest[s], problem.param_bytes[i])
     own_params = list(params)
     for nbytes, used in shared:
         for s in used[1:]:
             params[s] += nbytes
-    return _Sums(f, b, params, own_params, saved)
+    return _Sums(f, b, params, own_params, saved, largest)
 
 
 def _send_times(profile: HardwareProfile, schedule: str, out_bytes: Sequence[int], reps: Sequence[int],
@@ -126,24 +130,55 @@ def _send_times(profile: HardwareProfile, schedule: str, out_bytes: Sequence[int
     return send
 
 
-def _allreduce_times(profile: HardwareProfile, own_params: Sequence[int], reps: Sequence[int],
-                     ranks: Sequence[Sequence[int]], shared: Sequence[tuple[int, list[int]]], *, optimizer: str,
-                     dtype: str) -> list[float]:
-    """Per stage: the gradient all-reduce among its replicas, once per iteration; the tied copies'
-    gradients are one all-reduce over every copy, charged to the owner."""
-    allreduce = []
-    for s in range(len(own_params)):
-        grad = model_state_bytes(own_params[s], optimizer=optimizer, dtype=dtype).grad_bytes
-        allreduce.append(allreduce_time_s(grad, reps[s], group_link(profile, ranks[s])) if reps[s] > 1 else 0.0)
+@dataclass(frozen=True)
+class _Sync:
+    step_end: list[float]
+    fwd: list[float]
+    bwd: list[float]
+
+
+def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, own_params: Sequence[int],
+                reps: Sequence[int], ranks: Sequence[Sequence[int]], shared: Sequence[tuple[int, list[int]]]) -> _Sync:
+    """Per stage: the data-parallel collectives among its replicas, where the frameworks put them.
+
+    Unsharded: one gradient all-reduce after the last backward. ZeRO-1 (Megatron's
+    distributed optimizer, DeepSpeed stage 1): a reduce-scatter of the gradients
+    there, then an all-gather of the updated parameters. ZeRO-2 (DeepSpeed stage 2
+    reduces every micro-step): a reduce-scatter after every backward, the all-gather
+    at the end. ZeRO-3/FSDP: every forward and every backward all-gathers the
+    parameters and every backward reduce-scatters the gradients (ZeRO §7.2.2:
+    1.5x an all-reduce's traffic per pass); nothing is left for the end. Sizes are
+    the full gradients (grad dtype) and weights (compute dtype), as
+    `model_state_bytes` counts them. Tied copies: one all-reduce over every copy,
+    charged to the owner.
+    """
+    S = len(own_params)
+    step_end, fwd, bwd = [0.0] * S, [0.0] * S, [0.0] * S
+    for s in range(S):
+        if reps[s] < 2:
+            continue
+        full = model_state_bytes(own_params[s], optimizer=request.optimizer, dtype=request.training_dtype,
+                                 mixed_precision=request.mixed_precision)
+        link = group_link(profile, ranks[s])
+        rs, ag = (half_ring_time_s(n, reps[s], link) for n in (full.grad_bytes, full.weights_bytes))
+        if config.sharding == "none":
+            step_end[s] = allreduce_time_s(full.grad_bytes, reps[s], link)
+        elif config.sharding == "zero1":
+            step_end[s] = rs + ag
+        elif config.sharding == "zero2":
+            step_end[s], bwd[s] = ag, rs
+        else:
+            fwd[s], bwd[s] = ag, ag + rs
     for nbytes, used in shared:
         group = sorted({r for s in used for r in ranks[s]})
-        grad = model_state_bytes(nbytes, optimizer=optimizer, dtype=dtype).grad_bytes
-        allreduce[used[0]] += allreduce_time_s(grad, len(group), group_link(profile, group))
-    return allreduce
+        grad = model_state_bytes(nbytes, optimizer=request.optimizer, dtype=request.training_dtype,
+                                 mixed_precision=request.mixed_precision).grad_bytes
+        step_end[used[0]] += allreduce_time_s(grad, len(group), group_link(profile, group))
+    return _Sync(step_end, fwd, bwd)
 
 
 def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: Sequence[int],
-                   out_bytes: Sequence[int]) -> list[MemoryBreakdown]:
+                   out_bytes: Sequence[int], reps: Sequence[int]) -> list[MemoryBreakdown]:
     """Peak memory of each pipeline device (all its chunks), from `stage_memory`."""
     rule = facts(config.schedule)
     S = len(in_bytes)
@@ -159,7 +194,8 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             schedule=config.schedule, stages=P, stage=p,
             microbatches=config.microbatches,  # async PipeDream's K - s ignores it: pipeplan/schedules.py
             optimizer=request.optimizer, dtype=request.training_dtype, recompute=config.recompute,
-            chunks=config.chunks if rule.interleaves else 1,
+            chunks=config.chunks if rule.interleaves else 1, mixed_precision=request.mixed_precision,
+            sharding=config.sharding, shards=reps[p], largest_layer_param_bytes=max(sums.largest[s] for s in mine),
         ))
     return memory
 
@@ -174,8 +210,8 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     out_bytes = boundary_bytes(problem, assignment, S)
     in_bytes = [problem.input_bytes] + out_bytes[:-1]
     send = _send_times(profile, config.schedule, out_bytes, reps, ranks)
-    allreduce = _allreduce_times(profile, sums.own_params, reps, ranks, shared, optimizer=request.optimizer,
-                                 dtype=request.training_dtype)
+    sync = _sync_times(profile, config, request, sums.own_params, reps, ranks, shared)
+    allreduce = sync.step_end
     rc = config.recompute
     rec = [sums.f[s] if rc else 0.0 for s in range(S)]
     fwd, bwd = list(sums.f), list(sums.b)
@@ -183,11 +219,12 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
         fwd = [sums.f[s] / reps[s] for s in range(S)]
         bwd = [(sums.b[s] + allreduce[s]) / reps[s] for s in range(S)]
         rec = [rec[s] / reps[s] for s in range(S)]
-    memory = _device_memory(config, request, sums, in_bytes, out_bytes)
+    memory = _device_memory(config, request, sums, in_bytes, out_bytes, reps)
     # Simulator memory: the device's fixed part, and per microbatch what stays until its backward.
-    static = [m.weights_bytes + m.optimizer_bytes + m.buffer_bytes for m in memory]
+    static = [m.weights_bytes + m.optimizer_bytes + m.gathered_bytes + m.buffer_bytes for m in memory]
     act = [in_bytes[s] if rc else sums.saved[s] for s in range(S)]
     rbytes = [sums.saved[s] if rc else 0 for s in range(S)]
     # An op's messages: a forward receives its input and sends its output, a backward the gradients of both.
     msg = [(in_bytes[s] if s > 0 else 0) + (out_bytes[s] if s < S - 1 else 0) for s in range(S)]
-    return StageInputs(fwd, bwd, rec, send, allreduce, out_bytes, static, act, rbytes, memory, msg)
+    return StageInputs(fwd, bwd, rec, send, allreduce, sync.fwd, sync.bwd, out_bytes, static, act, rbytes, memory,
+                       msg)

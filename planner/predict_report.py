@@ -45,8 +45,10 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, chun
                 fwd_s=f_s, bwd_s=b_s, compute_s=f_s + b_s + (f_s if recompute else 0.0),
                 send_s=float(x.send[s]), send_bytes=int(x.send_bytes[s]), allreduce_s=float(x.allreduce[s]),
                 memory_bytes=int(mem.total_bytes), weights_bytes=int(mem.weights_bytes),
-                optimizer_bytes=int(mem.optimizer_bytes),
+                optimizer_bytes=int(mem.optimizer_bytes), grad_bytes=int(mem.grad_bytes),
+                gathered_bytes=int(mem.gathered_bytes),
                 activation_bytes=int(mem.activation_bytes + mem.buffer_bytes), op_overhead_s=float(overhead_s[s]),
+                fwd_comm_s=float(x.fwd_comm[s]), bwd_comm_s=float(x.bwd_comm[s]),
             ),
         ))
     return stages
@@ -117,4 +119,6 @@ def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assi
         notes=_notes(graph, profile, request, problem, assignment, x.memory, mb),
         data_parallel=dp,
         times=request.times,
+        sharding=config.sharding,
+        mixed_precision=request.mixed_precision,
     )

@@ -29,13 +29,14 @@ def config_of(plan: Plan) -> Config:
     stage_replicas = () if rule.replicates_whole_pipeline else tuple(st.replicas for st in plan.stages)
     return Config(schedule=rule.name, stages=len(plan.stages) // plan.chunks, data_parallel=plan.data_parallel,
                   microbatches=plan.microbatches, chunks=plan.chunks, recompute=plan.recompute,
-                  stage_replicas=stage_replicas, layout=plan.solver.get("layout", "stage-major"))
+                  stage_replicas=stage_replicas, layout=plan.solver.get("layout", "stage-major"), sharding=plan.sharding)
 
 
 def request_of(plan: Plan) -> PlanRequest:
-    """The request settings a plan was predicted under (batch, dtype, optimizer, times)."""
+    """The request settings a plan was predicted under (batch, dtype, optimizer, times, sharding)."""
     return PlanRequest(devices=max(1, plan.devices), batch_size=plan.batch_size, dtype=plan.dtype,
-                       optimizer=plan.optimizer, times=plan.times)
+                       optimizer=plan.optimizer, times=plan.times, sharding=plan.sharding,
+                       mixed_precision=plan.mixed_precision)
 
 
 def assignment_of(plan: Plan, graph: Graph) -> list[int]:
@@ -74,8 +75,9 @@ def simulate_from_plan(plan: Plan) -> SimResult:
     r = [max(1, s.replicas) if per_stage else 1 for s in stages]
     folded = allreduce if per_stage else [0.0] * len(p)
     # every op also carries the runtime's time around it, as the search simulated it
-    fwd = [x.fwd_s / k + x.op_overhead_s for x, k in zip(p, r, strict=True)]
-    bwd = [(x.bwd_s + a) / k + x.op_overhead_s for x, a, k in zip(p, folded, r, strict=True)]
+    # a sharded stage's per-microbatch collectives overlap its compute (planner/predict._simulate)
+    fwd = [max(x.fwd_s / k, x.fwd_comm_s) + x.op_overhead_s for x, k in zip(p, r, strict=True)]
+    bwd = [max((x.bwd_s + a) / k, x.bwd_comm_s) + x.op_overhead_s for x, a, k in zip(p, folded, r, strict=True)]
     recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) / k for x, k in zip(p, r, strict=True)]
     return simulate(
         plan.schedule,

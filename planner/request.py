@@ -15,14 +15,18 @@ from typing import TYPE_CHECKING
 
 from pipeplan.choices import (
     DTYPE_CHOICES,
+    MIXED_PRECISIONS,
     OPTIMIZERS,
     RECOMPUTE_CHOICES,
+    SHARDING_CHOICES,
     SOLVERS,
     TIMES,
     Dtype,
     DtypeRequest,
+    MixedPrecision,
     Optimizer,
     Recompute,
+    ShardingRequest,
     Solver,
     Times,
 )
@@ -61,6 +65,10 @@ class PlanRequest:
     """Training precision; "auto" is resolved per profile by `for_profile`."""
     optimizer: Optimizer = "adam"
     """Sets the optimizer-state bytes per parameter."""
+    mixed_precision: MixedPrecision = "deepspeed"
+    """bf16/fp16 gradients in 16 bits (DeepSpeed: 16 B/parameter with Adam) or fp32 (Megatron-LM: 18, fp16 20)."""
+    sharding: ShardingRequest = "auto"
+    """ZeRO level over each stage's replicas: "auto" (ZeRO-1 wherever there are replicas, more only to fit) or fixed."""
     times: Times = "model"
     """Layer times from the cost model ("model") or as measured while tracing ("measured")."""
     solver: Solver = "auto"
@@ -80,7 +88,9 @@ class PlanRequest:
     def _check_choices(self) -> None:
         for value, allowed, what in ((self.schedule, SEARCH_SCHEDULE_CHOICES, "schedule"),
                                      (self.solver, SOLVERS, "solver"), (self.optimizer, OPTIMIZERS, "optimizer"),
-                                     (self.dtype, DTYPE_CHOICES, "dtype"), (self.times, TIMES, "times")):
+                                     (self.dtype, DTYPE_CHOICES, "dtype"), (self.times, TIMES, "times"),
+                                     (self.sharding, SHARDING_CHOICES, "sharding"),
+                                     (self.mixed_precision, MIXED_PRECISIONS, "mixed-precision recipe")):
             if value not in allowed:
                 raise UserError(f"unknown {what} {value!r}", f"use one of {', '.join(allowed)}")
         if self.recompute not in RECOMPUTE_CHOICES:
@@ -109,6 +119,9 @@ class PlanRequest:
         d = self.data_parallel
         if d is not None and d * (K or 1) > N:
             raise UserError(f"--data-parallel {d} does not fit on {N} devices")
+        if self.schedule == "pipedream" and self.sharding not in ("auto", "none"):
+            raise UserError(f"--sharding {self.sharding} needs a schedule that flushes; pipedream never does",
+                            "drop --sharding or pick gpipe, 1f1b or interleaved")
 
     def check_graph(self, n_layers: int) -> None:
         """The checks that need the graph: a stage needs a layer."""

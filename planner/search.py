@@ -27,7 +27,7 @@ from pipeplan.errors import InfeasibleError, UserError
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.planner.baselines import equal_layers
 from pipeplan.planner.bounds import min_bottleneck
-from pipeplan.planner.configs import Config, configurations, pipedream_microbatch_counts, shape_pairs
+from pipeplan.planner.configs import Config, configurations, pipedream_microbatch_counts, shape_pairs, sharding_levels
 from pipeplan.planner.diagnose import Failure, SearchView, infeasible_message
 from pipeplan.planner.dp import Partition
 from pipeplan.planner.feasibility import greedy_fits, state_lower_bound
@@ -113,14 +113,22 @@ class _Search:
         return tuple(facts(cfg.schedule).inflight(cfg.stages, p, cfg.microbatches, cfg.chunks) for p in range(cfg.stages))
 
     def memory(self, cfg: Config, prob: Problem) -> RangeMemory:
-        key = (id(prob), cfg.schedule, cfg.stages, cfg.chunks, cfg.recompute, self.memory_signature(cfg))
+        key = (id(prob), cfg.schedule, cfg.stages, cfg.chunks, cfg.recompute, self.memory_signature(cfg),
+               *self.sharding_key(cfg))
         if key not in self._memory:
+            req = self.request
             self._memory[key] = RangeMemory(
                 param_bytes=prob.param_bytes, saved_bytes=prob.saved_bytes, cut_bytes=prob.cut_bytes,
                 input_bytes=prob.input_bytes, schedule=cfg.schedule, stages=cfg.stages,
                 microbatches=cfg.microbatches, chunks=cfg.chunks, recompute=cfg.recompute,
-                optimizer=self.request.optimizer, dtype=self.request.training_dtype, shared=self.shared)
+                optimizer=req.optimizer, dtype=req.training_dtype, shared=self.shared,
+                mixed_precision=req.mixed_precision, sharding=cfg.sharding, shards=cfg.data_parallel)
         return self._memory[key]
+
+    @staticmethod
+    def sharding_key(cfg: Config) -> tuple[str, int]:
+        """How sharding enters memory: the level and the replicas it divides by (nothing when unsharded)."""
+        return (cfg.sharding, cfg.data_parallel) if cfg.sharding != "none" else ("none", 1)
 
     def threshold(self) -> float:
         """Throughput a configuration must be able to beat to be worth partitioning: the best so far.
@@ -153,33 +161,46 @@ class _Search:
         replicated_stages = not facts(cfg.schedule).replicates_whole_pipeline
         if self.beaten(cfg.microbatches * per_device / (d if replicated_stages else 1)):
             return
-        if not self.fits(cfg, prob):
+        levels = sharding_levels(self.request, cfg.schedule, d)
+        for i, level in enumerate(levels):  # the least sharding that fits (a failure recorded for the last only)
+            if self.fits(replace(cfg, sharding=level), prob, record=i == len(levels) - 1):
+                cfg, more = replace(cfg, sharding=level), levels[i + 1:]
+                break
+        else:
             return
         layouts = [cfg]
         if not replicated_stages and d > 1 and P > 1 and P * d > self.profile.devices_per_node:
             layouts.append(replace(cfg, layout="pipeline-major"))  # sends inside a node, all-reduce across
         mem = self.memory(cfg, prob)
         for lcfg in layouts:
-            self.partition_and_predict(lcfg, prob, mem, mb)
+            parts = self.partition_and_predict(lcfg, prob, mem, mb)
+            # More sharding holds less, so these partitions fit it too; its collectives overlap compute
+            # and leave less for the end of the iteration, so it may be faster: predicted, not re-partitioned.
+            for level in more:
+                for part in parts:
+                    self.consider(replace(lcfg, sharding=level), part, mb)
 
-    def fits(self, cfg: Config, prob: Problem) -> bool:
+    def fits(self, cfg: Config, prob: Problem, *, record: bool = True) -> bool:
         """Model state and a greedy packing: a configuration that fails either cannot fit (recorded)."""
-        need = state_lower_bound(prob.param_bytes, cfg.stages, optimizer=self.request.optimizer,
-                                 dtype=self.request.training_dtype)
+        req = self.request
+        need = state_lower_bound(prob.param_bytes, cfg.stages, optimizer=req.optimizer, dtype=req.training_dtype,
+                                 mixed_precision=req.mixed_precision, sharding=cfg.sharding, shards=cfg.data_parallel)
+        failure = None
         if need > self.cap:
+            failure = Failure(need, "state", cfg)
+        elif not greedy_fits(self.memory(cfg, prob), cfg.virtual_stages, self.cap):
+            failure = Failure(-1, "greedy", cfg)  # how far off: computed if nothing fits
+        if failure and record:
             self.infeasible += 1
-            self.failures.append(Failure(need, "state", cfg))
-            return False
-        if not greedy_fits(self.memory(cfg, prob), cfg.virtual_stages, self.cap):
-            self.infeasible += 1
-            self.failures.append(Failure(-1, "greedy", cfg))  # how far off: computed if nothing fits
-            return False
-        return True
+            self.failures.append(failure)
+        return failure is None
 
-    def partition_and_predict(self, cfg: Config, prob: Problem, mem: RangeMemory, mb: int) -> None:
+    def partition_and_predict(self, cfg: Config, prob: Problem, mem: RangeMemory, mb: int) -> list[Partition]:
+        """The configuration's candidate partitions, each predicted; returns those that fit (distinct)."""
         links = link_fn(self.profile, cfg)
-        key = (mb, cfg.recompute, cfg.virtual_stages, cfg.schedule, cfg.chunks, self.memory_signature(cfg))
-        seen: set[tuple[int, ...]] = set()
+        key = (mb, cfg.recompute, cfg.virtual_stages, cfg.schedule, cfg.chunks, self.memory_signature(cfg),
+               *self.sharding_key(cfg))
+        seen: dict[tuple[int, ...], Partition] = {}
         for part in self.partitioner.candidates(cfg, prob, mem, links, key):
             if part.solver.get("status") == "infeasible":
                 self.infeasible += 1
@@ -188,8 +209,9 @@ class _Search:
                     self.failures.append(Failure(self.cap + int(over), "exact", cfg))
                 continue
             if tuple(part.assignment) not in seen:
-                seen.add(tuple(part.assignment))
+                seen[tuple(part.assignment)] = part
                 self.consider(cfg, part, mb)
+        return list(seen.values())
 
     def consider(self, cfg: Config, part: Partition, mb: int) -> Plan | None:
         """Predict a partition (unless its busiest device already loses) and keep it if it fits and ranks."""
@@ -295,6 +317,7 @@ def _summary(plan: Plan) -> dict[str, Any]:
         "microbatches": plan.microbatches,
         "microbatch_size": plan.microbatch_size,
         "recompute": plan.recompute,
+        "sharding": plan.sharding,
         "layer_counts": [len(s.layers) for s in plan.stages],
         "layout": plan.solver.get("layout", "stage-major"),
         "iteration_s": plan.predicted.iteration_s,

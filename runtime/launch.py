@@ -68,6 +68,9 @@ def check_plan(plan, opts: LaunchOptions) -> int:
                         "measure at least one step after the warm-up")
     if opts.checkpoint_every and not opts.checkpoint_dir:
         raise UserError("--checkpoint-every needs --checkpoint-dir", "pass --checkpoint-dir DIR")
+    if opts.checkpoint_dir and getattr(plan, "sharding", "none") != "none" and plan.data_parallel > 1:
+        raise UserError(f"checkpoints of a sharded plan ({plan.sharding}) are not written yet: each replica holds "
+                        "a different optimizer shard", "re-plan with --sharding none to checkpoint this run")
     if opts.resume and not opts.checkpoint_dir:
         raise UserError("--resume needs --checkpoint-dir", "pass the --checkpoint-dir of the interrupted run")
     n = devices_used(plan)

@@ -52,7 +52,8 @@ def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
     return {
         "format": "pipeplan.run/v1",
         "plan": {"schedule": plan.schedule, "microbatches": plan.microbatches, "batch_size": plan.batch_size,
-                 "stages": len(plan.stages), "devices": len(set(stage_to_rank.values())), "fingerprint": plan.graph.get("fingerprint")},
+                 "stages": len(plan.stages), "devices": len(set(stage_to_rank.values())), "fingerprint": plan.graph.get("fingerprint"),
+                 "data_parallel": plan.data_parallel, "sharding": plan.sharding},
         "measured": {
             "iteration_s": iteration_s,
             "samples_per_s": plan.batch_size / iteration_s if iteration_s > 0 else 0.0,

@@ -44,6 +44,7 @@ from pipeplan.runtime.measure import (
     tensor_bytes,
     weight_storages,
 )
+from pipeplan.runtime.sharding import ShardedParams, wrap_stage
 from pipeplan.runtime.split import Split, flat_inputs, split_program, unflatten_output
 from pipeplan.schedules import facts
 
@@ -240,7 +241,8 @@ class RunState:
     dp: int
     mine: list[int]  # this rank's stages
     modules: dict[int, torch.nn.Module]
-    optimizers: dict[int, torch.optim.Optimizer]
+    optimizers: dict[int, torch.optim.Optimizer]  # the stage's unsharded parameters (all of them without ZeRO)
+    sharded: dict[int, ShardedParams]  # ZeRO: the stage's other parameters, sharded over its replicas
     shared: dict[str, list[int]]  # tied parameter -> the stages holding a copy
     my_ranks: dict[int, int]  # stage -> rank in this replica's pipeline
     tied_groups: dict[tuple[int, ...], Any]
@@ -301,17 +303,20 @@ def setup(opts: Options, plan_path: str) -> RunState:
     replica, mine = rank_stages(ranks, rank)
     pp_groups, dp_groups = data_parallel_groups(ranks, dp)
     modules = {s: split.module(s).to(device) for s in mine}
-    optimizers = make_optimizers(opts, plan, modules)
     shared = split.shared_attrs()
+    sharded = shard_stages(opts, plan, modules, shared, dp_groups, dp)
+    optimizers = make_optimizers(opts, plan, modules, sharded)
     tied = tied_groups(ranks, dp, shared)
     my_ranks = {s: ranks[s][replica] for s in ranks}  # this replica's pipeline
     first_step = resume_step(opts, plan, modules, optimizers)
     meter = SavedTensorMeter(weight_storages(modules.values())) if device.type == "cpu" else None
     clock = StepClock()
     stats = {s: StageStats(index=s) for s in mine}
-    schedule, mean_loss = build_pipeline(plan, spec, gm, modules, pp_groups[replica], device, stats, clock, meter)
+    schedule, mean_loss = build_pipeline(plan, spec, gm, modules, pp_groups[replica], device, stats, clock, meter,
+                                         sharded)
     return RunState(plan=plan, spec=spec, gm=gm, device=device, rank=rank, world=world, replica=replica, dp=dp,
-                    mine=mine, modules=modules, optimizers=optimizers, shared=shared, my_ranks=my_ranks,
+                    mine=mine, modules=modules, optimizers=optimizers, sharded=sharded, shared=shared,
+                    my_ranks=my_ranks,
                     tied_groups=tied, dp_groups=dp_groups, stats=stats, meter=meter, clock=clock,
                     schedule=schedule, mean_loss=mean_loss, first_step=first_step)
 
@@ -384,11 +389,41 @@ def tied_groups(ranks: dict[int, list[int]], dp: int, shared: dict[str, list[int
     return groups
 
 
-def make_optimizers(opts: Options, plan, modules: dict[int, torch.nn.Module]) -> dict[int, torch.optim.Optimizer]:
-    """One optimizer per stage: --optimizer, else the plan's (what its memory prediction assumed), else adam."""
+def optimizer_factory(opts: Options, plan) -> Callable[[list], torch.optim.Optimizer]:
+    """--optimizer, else the plan's (what its memory prediction assumed), else adam; at --lr or its default."""
     opt_name = opts.optimizer or plan.optimizer or "adam"
     lr = opts.lr if opts.lr is not None else DEFAULT_LR.get(opt_name, 1e-3)
-    return {s: make_optimizer(opt_name, [p for p in m.parameters() if p.requires_grad], lr) for s, m in modules.items()}
+    return lambda params: make_optimizer(opt_name, params, lr)
+
+
+def unsharded_params(s: int, module: torch.nn.Module, sharded: dict[int, ShardedParams]) -> list:
+    """The stage's trainable parameters that its ZeRO shards (if any) do not hold."""
+    held = {id(p) for p in sharded[s].params} if s in sharded else set()
+    return [p for p in module.parameters() if p.requires_grad and id(p) not in held]
+
+
+def make_optimizers(opts: Options, plan, modules: dict[int, torch.nn.Module],
+                    sharded: dict[int, ShardedParams]) -> dict[int, torch.optim.Optimizer]:
+    """One optimizer per stage over its unsharded parameters (none when ZeRO holds them all)."""
+    factory = optimizer_factory(opts, plan)
+    params = {s: unsharded_params(s, m, sharded) for s, m in modules.items()}
+    return {s: factory(ps) for s, ps in params.items() if ps}
+
+
+def shard_stages(opts: Options, plan, modules: dict[int, torch.nn.Module], shared: dict[str, list[int]],
+                 dp_groups: dict[int, Any], dp: int) -> dict[int, ShardedParams]:
+    """ZeRO (runtime/sharding.py) over each stage's replicas, for the plan's level; tied parameters stay whole."""
+    level = getattr(plan, "sharding", "none")
+    if level == "none" or dp < 2:
+        return {}
+    factory = optimizer_factory(opts, plan)
+    out = {}
+    for s, m in modules.items():
+        tied = {id(m.get_parameter(fqn)) for fqn, holders in shared.items() if s in holders}
+        params = [p for p in m.parameters() if p.requires_grad and id(p) not in tied]
+        if params:
+            out[s] = ShardedParams(params, level=level, group=dp_groups[s % len(dp_groups)], make_optimizer=factory)
+    return out
 
 
 def resume_step(opts: Options, plan, modules: dict[int, torch.nn.Module],
@@ -405,7 +440,8 @@ def resume_step(opts: Options, plan, modules: dict[int, torch.nn.Module],
 
 
 def build_pipeline(plan, spec, gm, modules: dict[int, torch.nn.Module], group, device: torch.device,
-                   stats: dict[int, StageStats], clock: StepClock, meter: SavedTensorMeter | None) -> tuple[Any, bool]:
+                   stats: dict[int, StageStats], clock: StepClock, meter: SavedTensorMeter | None,
+                   sharded: dict[int, ShardedParams]) -> tuple[Any, bool]:
     """(schedule, mean_loss): this rank's instrumented PipelineStages under the plan's torch schedule.
 
     mean_loss says whether the model file's loss is a batch mean (its loss_fn) or a sum
@@ -418,6 +454,8 @@ def build_pipeline(plan, spec, gm, modules: dict[int, torch.nn.Module], group, d
     for s in modules:
         stage = PipelineStage(modules[s], s, len(plan.stages), device, group=group)
         keep_buffers_through_shape_inference(stage)
+        if s in sharded:
+            wrap_stage(stage, sharded[s])
         instrument(stage, stats[s], clock, meter)
         pipe_stages.append(stage)
     mean_loss = callable(getattr(spec.module, "loss_fn", None)) and callable(getattr(spec.module, "example_target", None))
@@ -466,6 +504,8 @@ def train_step(st: RunState, inputs: tuple, target: Any, *, measured: bool, firs
     """
     for opt in st.optimizers.values():
         opt.zero_grad(set_to_none=True)
+    for module in st.modules.values():  # a stage whose parameters ZeRO holds entirely has no optimizer here
+        module.zero_grad(set_to_none=True)
     if st.meter is not None:  # saved-tensor hooks slow the forward: meter untimed steps (and the first) only
         st.meter.enabled = not measured or first
     dist.barrier()
@@ -483,9 +523,11 @@ def train_step(st: RunState, inputs: tuple, target: Any, *, measured: bool, firs
     st.schedule.step(*args, return_outputs=False, **kwargs)
     sum_shared_grads(st.shared, st.modules, st.my_ranks, st.tied_groups)
     if st.dp > 1:
-        average_replica_grads(st.modules, st.dp_groups, st.dp, st.mean_loss)
+        average_replica_grads(st.modules, st.dp_groups, st.dp, st.mean_loss, st.sharded)
     for opt in st.optimizers.values():
         opt.step()
+    for sp in st.sharded.values():
+        sp.step(sharded_grad_scale(sp.level, st.dp, st.plan.microbatches, st.mean_loss))
     if st.device.type == "cuda":
         torch.cuda.synchronize(st.device)
     elapsed = time.perf_counter() - st.clock.origin
@@ -516,14 +558,17 @@ def teardown(st: RunState, log: StepLog, out_dir: Path, dump_dir: Path | None) -
 
     With dump_dir, each stage's final parameters too: the tests compare them with single-process training.
     """
+    for sp in st.sharded.values():
+        if sp.level == "zero3":
+            sp.gather()  # the final parameters, whole, for the records and the dump
     record = {
         "rank": st.rank,
         "replica": st.replica,
         "loss_reduction": "mean" if st.mean_loss else "sum",
         "step_s": log.step_s,
         "losses": log.losses if st.has_last else None,
-        "stages": [stage_record(s, st.stats[s], st.modules[s], st.optimizers[s], st.meter, st.device, len(st.mine))
-                   for s in st.mine],
+        "stages": [stage_record(s, st.stats[s], st.modules[s], st.optimizers.get(s), st.meter, st.device,
+                                len(st.mine), st.sharded.get(s)) for s in st.mine],
         "events": {s: st.stats[s].events[-2 * st.plan.microbatches:] for s in st.mine},
     }
     if dump_dir:
@@ -597,14 +642,26 @@ def combine_losses(per_replica: list[list[float]], mean: bool) -> list[float]:
     return [sum(xs) / len(xs) if mean else sum(xs) for xs in steps]
 
 
-def average_replica_grads(modules: dict, dp_groups: dict, dp: int, mean: bool) -> None:
+def sharded_grad_scale(level: str, dp: int, microbatches: int, mean: bool) -> float:
+    """What a ZeRO shard's summed gradient is multiplied by: 1/dp for a batch-mean loss (as
+    `average_replica_grads`), and 1/M too where the reduce-scatter ran before the schedule's
+    own 1/M scaling (ZeRO-2/3 reduce every backward; the schedule then finds no gradients)."""
+    if not mean:
+        return 1.0
+    return 1.0 / (dp * (microbatches if level in ("zero2", "zero3") else 1))
+
+
+def average_replica_grads(modules: dict, dp_groups: dict, dp: int, mean: bool,
+                          sharded: dict[int, ShardedParams] | None = None) -> None:
     """Data parallelism: each stage's replicas all-reduce their gradients (one flat buffer per stage).
 
     Each replica saw 1/dp of the batch; a batch-mean loss wants the mean of their
-    gradients, a summed loss the sum.
+    gradients, a summed loss the sum. Parameters a ZeRO shard holds are reduced there.
     """
     for s, module in modules.items():
-        params = [p for p in module.parameters() if p.requires_grad]
+        params = unsharded_params(s, module, sharded or {})
+        if not params:
+            continue
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=dp_groups[s % len(dp_groups)])
@@ -637,12 +694,20 @@ def sum_shared_grads(shared: dict[str, list[int]], modules: dict, ranks: dict[in
             p.grad = total.clone()
 
 
-def stage_record(s: int, st: StageStats, module, optimizer, meter, device, stages_on_rank: int) -> dict[str, Any]:
+def stage_record(s: int, st: StageStats, module, optimizer, meter, device, stages_on_rank: int,
+                 sharded: ShardedParams | None = None) -> dict[str, Any]:
     """One stage's measured times and memory, in the terms of the plan's prediction (runtime/report.py compares)."""
     params = [p for p in module.parameters()]
     weights = tensor_bytes(params) + tensor_bytes(module.buffers())
     grads = tensor_bytes(p for p in params if p.requires_grad)  # gradients are kept between steps (same size)
-    opt = optimizer_state_bytes(optimizer)
+    opt = optimizer_state_bytes(optimizer) if optimizer is not None else 0
+    if sharded is not None:  # what ZeRO keeps: the state of its shard, the shard of the gradients (ZeRO-2/3)...
+        opt += sharded.state_bytes()
+        shard_bytes = tensor_bytes([sharded.master])
+        if sharded.level in ("zero2", "zero3"):
+            grads += shard_bytes - tensor_bytes(sharded.params)
+        if sharded.level == "zero3":  # ...and of the weights (ZeRO-3)
+            weights += shard_bytes - tensor_bytes(sharded.params)
     if device.type == "cuda":
         peak = int(torch.cuda.max_memory_allocated(device))
         activation = max(0, peak - weights - grads - opt)

@@ -20,7 +20,7 @@ SEED = 1234  # pipeplan.runtime.worker.SEED (kept literal so a change there is n
 
 def hand_plan(model_file: str, *, stages: int, devices: int, schedule: str, microbatches: int, batch_size: int,
               optimizer: str = "sgd", cuts: list[int] | None = None, entry: str = "build_model",
-              data_parallel: int = 1) -> Plan:
+              data_parallel: int = 1, sharding: str = "none") -> Plan:
     """A plan with layers split evenly (or at `cuts`) and stage i on pipeline device i mod devices.
 
     With data_parallel d the whole pipeline is replicated d times, stage-major
@@ -42,7 +42,7 @@ def hand_plan(model_file: str, *, stages: int, devices: int, schedule: str, micr
                "depth": None, "trace_batch_size": batch_size // (microbatches * d), "layers": n},
         profile="local", schedule=schedule, microbatches=microbatches, batch_size=batch_size,
         stages=plan_stages, predicted=Prediction(), devices=devices * d, chunks=stages // devices, optimizer=optimizer,
-        data_parallel=d,
+        data_parallel=d, sharding=sharding,
     )
 
 

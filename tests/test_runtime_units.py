@@ -180,3 +180,17 @@ def test_meter_disabled_steps_run_without_hooks():
     out = st.forward_one_chunk(1)
     assert meter.peak > 0
     del out
+
+
+def test_checkpointing_a_sharded_plan_is_refused_before_launch(tmp_path):
+    from pipeplan.runtime.launch import check_plan
+
+    model = tmp_path / "m.py"
+    model.write_text("")
+    plan = _plan([[0, 1], [2, 3]], data_parallel=2)
+    plan.graph["model_file"] = str(model)
+    plan.sharding = "zero1"
+    with pytest.raises(UserError, match="checkpoints of a sharded plan"):
+        check_plan(plan, LaunchOptions(steps=2, checkpoint_dir=str(tmp_path / "ck")))
+    plan.sharding = "none"
+    assert check_plan(plan, LaunchOptions(steps=2, checkpoint_dir=str(tmp_path / "ck"))) == 4

@@ -37,7 +37,8 @@ def plan_config(plan):
     pipedream = plan.schedule == "pipedream"
     return dict(data_parallel=plan.data_parallel, stage_replicas=[s.replicas for s in plan.stages] if pipedream else (),
                 schedule=plan.schedule, microbatches=plan.microbatches, batch_size=plan.batch_size, dtype=plan.dtype,
-                optimizer=plan.optimizer, recompute=plan.recompute, times=plan.times, chunks=plan.chunks)
+                optimizer=plan.optimizer, recompute=plan.recompute, times=plan.times, chunks=plan.chunks,
+                sharding=plan.sharding, mixed_precision=plan.mixed_precision)
 
 
 def assignment_of(plan, graph):
@@ -184,13 +185,16 @@ def test_boundary_bytes_dag_counts_a_tensor_once_per_boundary():
 @pytest.mark.parametrize("schedule,chunks", [("gpipe", 1), ("1f1b", 1), ("pipedream", 1), ("interleaved", 2)])
 @pytest.mark.parametrize("dtype,optimizer,recompute", [("fp32", "adam", False), ("bf16", "adamw", True),
                                                         ("fp16", "sgd", False), ("fp32", "momentum", True)])
-def test_stage_memory_model_equals_costmodel(schedule, chunks, dtype, optimizer, recompute):
+@pytest.mark.parametrize("sharding,mixed_precision", [("none", "deepspeed"), ("zero1", "megatron"),
+                                                      ("zero2", "deepspeed"), ("zero3", "megatron")])
+def test_stage_memory_model_equals_costmodel(schedule, chunks, dtype, optimizer, recompute, sharding, mixed_precision):
     g = gpt_like(blocks=6, hidden=128, seq=64, vocab=500, batch=2)
     prob = build_problem(g, profile(), microbatch_size=2, dtype=dtype)
     P, M = 4, 8
     model = RangeMemory(param_bytes=prob.param_bytes, saved_bytes=prob.saved_bytes, cut_bytes=prob.cut_bytes,
                         input_bytes=prob.input_bytes, schedule=schedule, stages=P, microbatches=M, chunks=chunks,
-                        recompute=recompute, optimizer=optimizer, dtype=dtype)
+                        recompute=recompute, optimizer=optimizer, dtype=dtype, sharding=sharding, shards=3,
+                        mixed_precision=mixed_precision)
     rng = random.Random(0)
     n = prob.n
     for _ in range(40):
@@ -202,7 +206,9 @@ def test_stage_memory_model_equals_costmodel(schedule, chunks, dtype, optimizer,
                             input_bytes_per_mb=prob.input_bytes if a == 0 else prob.cut_bytes[a - 1],
                             output_bytes_per_mb=prob.cut_bytes[b - 1] if b < n else 0, schedule=schedule, stages=P,
                             stage=s % P, microbatches=max(M, P), optimizer=optimizer, dtype=dtype,
-                            recompute=recompute, chunks=chunks).total_bytes
+                            recompute=recompute, chunks=chunks, sharding=sharding, shards=3,
+                            mixed_precision=mixed_precision,
+                            largest_layer_param_bytes=max(prob.param_bytes[a:b])).total_bytes
         assert model(s, a, b) == want
 
 
@@ -247,11 +253,12 @@ def test_search_plan_equals_evaluate_of_its_partition():
 
 
 def test_pruning_does_not_change_the_best():
-    """Exhaustive reference: every configuration partitioned by the DP and evaluated, no bounds."""
+    """Exhaustive reference: every configuration partitioned by the DP and evaluated, no bounds (unsharded:
+    tests/test_sharding.py checks the choice between ZeRO levels)."""
     g = gpt_like(blocks=6, hidden=512, seq=256, vocab=8000, batch=4)
     prof = profile(1.2)
     N, B = 4, 16
-    res = search(g, prof, PlanRequest(devices=N, batch_size=B, schedule="1f1b", recompute="off"))
+    res = search(g, prof, PlanRequest(devices=N, batch_size=B, schedule="1f1b", recompute="off", sharding="none"))
     best_ref = None
     for K in range(1, N + 1):
         for d in range(1, N // K + 1):

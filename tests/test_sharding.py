@@ -1,0 +1,177 @@
+"""Sharded data parallelism and mixed-precision recipes in the planner, against the published tables.
+
+The expected numbers are the cited tables themselves (ZeRO paper table 1 and §3.1;
+Megatron-LM's README "bytes per parameter" table), not re-derived from the code.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeplan.costmodels.comm import allreduce_time_s, group_link, half_ring_time_s
+from pipeplan.costmodels.memory import gathered_bytes, model_state_bytes
+from pipeplan.errors import InfeasibleError, UserError
+from pipeplan.planner.configs import Config
+from pipeplan.planner.predict import evaluate
+from pipeplan.planner.replay import simulate_from_plan
+from pipeplan.planner.request import PlanRequest
+from pipeplan.planner.search import search
+from search_fixtures import GIB, gpt_like, profile
+
+
+@pytest.mark.parametrize("sharding,per_gpu_gb", [("none", 120.0), ("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.9)])
+def test_zero_paper_table(sharding, per_gpu_gb):
+    """ZeRO table 1 / figure 1: Ψ = 7.5B, N_d = 64, mixed-precision Adam (K = 12)."""
+    psi = 7_500_000_000
+    got = model_state_bytes(4 * psi, optimizer="adam", dtype="fp16", sharding=sharding, shards=64).total_bytes
+    assert got / 1e9 == pytest.approx(per_gpu_gb, abs=0.05)
+
+
+@pytest.mark.parametrize("dtype,plain,fixed,sharded", [("fp16", 20, 4, 16), ("bf16", 18, 6, 12), ("fp32", 16, 8, 8)])
+@pytest.mark.parametrize("d", [2, 8, 64])
+def test_megatron_bytes_per_parameter_table(dtype, plain, fixed, sharded, d):
+    """Megatron-LM README: non-distributed 20/18/16 bytes; distributed optimizer 4+16/d, 6+12/d, 8+8/d."""
+    psi = 1024 * 1024 * d  # divisible by every d: the table's numbers exactly
+    kw = dict(optimizer="adam", dtype=dtype, mixed_precision="megatron")
+    assert model_state_bytes(4 * psi, **kw).total_bytes == plain * psi
+    assert model_state_bytes(4 * psi, **kw, sharding="zero1", shards=d).total_bytes == fixed * psi + sharded * psi // d
+
+
+def test_deepspeed_recipe_is_the_zero_paper_and_sharding_only_divides():
+    psi = 3 * 2**20
+    for level, fixed, sharded in (("zero1", 4, 12), ("zero2", 2, 14), ("zero3", 0, 16)):
+        got = model_state_bytes(4 * psi, optimizer="adamw", dtype="bf16", sharding=level, shards=3)
+        assert got.total_bytes == fixed * psi + sharded * psi // 3
+    one = model_state_bytes(4 * psi, optimizer="adam", dtype="bf16", sharding="zero3", shards=1)
+    assert one == model_state_bytes(4 * psi, optimizer="adam", dtype="bf16")
+
+
+def test_gathered_layers_are_zero3s_two_weights_and_a_gradient():
+    layer = 4 * 10**6  # 1M parameters
+    assert gathered_bytes(layer, optimizer="adam", dtype="bf16", sharding="zero1") == 0
+    assert gathered_bytes(layer, optimizer="adam", dtype="bf16", sharding="zero2") == 2 * 10**6
+    assert gathered_bytes(layer, optimizer="adam", dtype="bf16", sharding="zero3") == 6 * 10**6
+    assert gathered_bytes(layer, optimizer="adam", dtype="bf16", mixed_precision="megatron", sharding="zero3") == 8 * 10**6
+
+
+def _plan(sharding, *, d=4, mp="deepspeed", dtype="bf16"):
+    g = gpt_like(blocks=8, hidden=1024, seq=512, vocab=32000, batch=4)
+    assignment = [0] * 5 + [1] * 5
+    return g, evaluate(g, profile(80), assignment, schedule="1f1b", microbatches=8, batch_size=8 * 4 * d,
+                       data_parallel=d, dtype=dtype, sharding=sharding, mixed_precision=mp)
+
+
+@pytest.mark.parametrize("mp", ["deepspeed", "megatron"])
+@pytest.mark.parametrize("sharding", ["none", "zero1", "zero2", "zero3"])
+def test_device_memory_of_a_stated_plan_equals_the_formula(sharding, mp):
+    """2 stages x 4 replicas, bf16: each device's weights + gradients + optimizer state are the table's bytes per
+    parameter for its own parameters; ZeRO-2/3 add their largest layer's full gradient (and two weights)."""
+    g, plan = _plan(sharding, mp=mp)
+    per_param = {"deepspeed": (2, 2, 12), "megatron": (2, 4, 12)}[mp]  # weights, grads, master + Adam
+    level = ["none", "zero1", "zero2", "zero3"].index(sharding)
+    for st in plan.stages:
+        layers = [next(lyr for lyr in g.layers if lyr.name == n) for n in st.layers]
+        psi = sum(lyr.param_bytes for lyr in layers) // 4
+        w, gr, o = per_param
+        want_w = w * psi // (4 if level >= 3 else 1)
+        want_g = gr * psi // (4 if level >= 2 else 1)
+        want_o = o * psi // (4 if level >= 1 else 1)
+        assert st.predicted.weights_bytes == want_w
+        assert st.predicted.grad_bytes == want_g
+        assert st.predicted.optimizer_bytes == want_g + want_o
+        big = max(lyr.param_bytes for lyr in layers) // 4
+        assert st.predicted.gathered_bytes == {0: 0, 1: 0, 2: gr * big, 3: gr * big + 2 * w * big}[level]
+
+
+def test_collectives_where_the_frameworks_put_them():
+    """Unsharded: one all-reduce of the gradients; ZeRO-1: reduce-scatter + all-gather at the end (the same
+    time for equal dtypes); ZeRO-2: reduce-scatter every backward; ZeRO-3: all-gathers every forward and backward."""
+    prof = profile(80)
+    _, none = _plan("none")
+    _, z1 = _plan("zero1")
+    _, z2 = _plan("zero2")
+    _, z3 = _plan("zero3")
+    for a, b1, b2, b3 in zip(none.stages, z1.stages, z2.stages, z3.stages, strict=True):
+        grad, weights = a.predicted.grad_bytes, a.predicted.weights_bytes
+        link = group_link(prof, a.devices)
+        assert a.predicted.allreduce_s == pytest.approx(allreduce_time_s(grad, 4, link))
+        assert b1.predicted.allreduce_s == pytest.approx(half_ring_time_s(grad, 4, link) + half_ring_time_s(weights, 4, link))
+        assert b1.predicted.allreduce_s == pytest.approx(a.predicted.allreduce_s)  # 2 B grads and weights
+        assert (b2.predicted.bwd_comm_s, b2.predicted.allreduce_s) == pytest.approx(
+            (half_ring_time_s(grad, 4, link), half_ring_time_s(weights, 4, link)))
+        assert (b3.predicted.fwd_comm_s, b3.predicted.allreduce_s) == pytest.approx((half_ring_time_s(weights, 4, link), 0))
+        assert b3.predicted.bwd_comm_s == pytest.approx(2 * half_ring_time_s(grad, 4, link))
+    # ZeRO-3's collectives hide behind compute here (80 GiB profile, 1 GiB stages): no all-reduce at the end
+    assert z3.predicted.iteration_s < z1.predicted.iteration_s
+    # the plan file alone replays the same timeline (per-microbatch collectives stored per stage)
+    for plan in (none, z1, z2, z3):
+        assert simulate_from_plan(plan).iteration_s == pytest.approx(plan.predicted.iteration_s)
+
+
+def test_megatron_zero1_moves_fp32_gradients_and_bf16_weights():
+    """Megatron's distributed optimizer reduce-scatters fp32 gradients and all-gathers bf16 parameters:
+    6 bytes a parameter against the unsharded fp32 all-reduce's 8."""
+    prof = profile(80)
+    _, none = _plan("none", mp="megatron")
+    _, z1 = _plan("zero1", mp="megatron")
+    st = z1.stages[0]
+    assert st.predicted.grad_bytes == 2 * st.predicted.weights_bytes
+    link = group_link(prof, st.devices)
+    assert st.predicted.allreduce_s == pytest.approx(
+        half_ring_time_s(st.predicted.grad_bytes, 4, link) + half_ring_time_s(st.predicted.weights_bytes, 4, link))
+    assert z1.stages[0].predicted.allreduce_s < none.stages[0].predicted.allreduce_s
+
+
+def _tight():
+    """A 1.3B-parameter GPT on 8 devices of 10 GiB: unsharded Adam state (16 B/param, 10.5 GB a stage)
+    cannot fit on 2 stages."""
+    return gpt_like(blocks=24, hidden=2048, seq=1024, vocab=50257, batch=1), profile(10)
+
+
+def test_auto_shards_wherever_there_are_replicas_and_keeps_the_fastest_level_that_fits():
+    g, prof = _tight()
+    auto = search(g, prof, PlanRequest(devices=8, batch_size=64, stages=2, data_parallel=4, microbatches=16,
+                                       dtype="bf16", schedule="1f1b", recompute="on")).best
+    pinned = {lv: _best(g, prof, lv) for lv in ("none", "zero1", "zero2", "zero3")}
+    assert pinned["none"] is None  # the case needs sharding
+    fastest = max((p for p in pinned.values() if p), key=lambda p: p.predicted.samples_per_s)
+    assert auto.sharding == fastest.sharding
+    assert auto.predicted.samples_per_s == pytest.approx(fastest.predicted.samples_per_s)
+    one = search(g, prof, PlanRequest(devices=8, batch_size=64, stages=8, data_parallel=1, dtype="bf16")).best
+    assert one.sharding == "none"  # nothing to shard over without replicas
+
+
+def _best(g, prof, level):
+    try:
+        return search(g, prof, PlanRequest(devices=8, batch_size=64, stages=2, data_parallel=4, microbatches=16,
+                                           dtype="bf16", schedule="1f1b", recompute="on", sharding=level)).best
+    except InfeasibleError:
+        return None
+
+
+def test_sharding_lets_a_model_fit_that_does_not_without():
+    g, prof = _tight()
+    req = dict(devices=8, batch_size=64, stages=2, data_parallel=4, microbatches=16, dtype="bf16", schedule="1f1b",
+               recompute="on")
+    with pytest.raises(InfeasibleError, match="nothing fits"):
+        search(g, prof, PlanRequest(**req, sharding="none"))
+    best = search(g, prof, PlanRequest(**req)).best
+    assert best.sharding != "none" and best.predicted.fits
+    assert best.predicted.peak_memory_bytes <= 10 * GIB
+
+
+def test_pipedream_is_never_sharded_and_pinning_it_is_refused():
+    with pytest.raises(UserError, match="--sharding zero1 needs a schedule that flushes"):
+        PlanRequest(devices=4, batch_size=8, schedule="pipedream", sharding="zero1")
+    cfg = Config(schedule="1f1b", stages=2, data_parallel=2, microbatches=4, sharding="zero2")
+    assert "ZeRO-2" in cfg.describe()
+
+
+@pytest.mark.parametrize("r", [1, 2, 8, 64])
+def test_reduce_scatter_and_all_gather_time_is_half_a_ring_all_reduce(r):
+    """nccl-tests PERFORMANCE.md: bus bandwidth factor (n-1)/n; r-1 latency hops."""
+    link = profile().inter_node
+    n = 3e9
+    want = 0.0 if r == 1 else (r - 1) / r * n / link.bandwidth_bytes_per_s + (r - 1) * link.latency_s
+    assert half_ring_time_s(n, r, link) == pytest.approx(want, rel=1e-12)
+    assert allreduce_time_s(n, r, link) == pytest.approx(2 * want, rel=1e-12)
