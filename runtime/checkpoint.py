@@ -29,11 +29,14 @@ def step_dir(root: str | os.PathLike, step: int) -> Path:
     return Path(root) / f"step-{step:06d}"
 
 
-def save_shard(root: str | os.PathLike, step: int, stage: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def save_shard(root: str | os.PathLike, step: int, stage: int, module: torch.nn.Module,
+               optimizer: torch.optim.Optimizer | None) -> None:
+    """One stage's parameters, buffers and optimizer state (none for a stage without trainable parameters)."""
     folder = step_dir(root, step)
     folder.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
-    torch.save({"step": step, "stage": stage, "model": module.state_dict(), "optimizer": optimizer.state_dict()}, buf)
+    opt_state = optimizer.state_dict() if optimizer is not None else {}
+    torch.save({"step": step, "stage": stage, "model": module.state_dict(), "optimizer": opt_state}, buf)
     atomic_write_bytes(folder / f"stage-{stage}.pt", buf.getvalue())
 
 
@@ -67,8 +70,10 @@ def latest(root: str | os.PathLike, *, stages: int, fingerprint: str) -> dict[st
     return None
 
 
-def load_shard(manifest: dict[str, Any], stage: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def load_shard(manifest: dict[str, Any], stage: int, module: torch.nn.Module,
+               optimizer: torch.optim.Optimizer | None) -> None:
     path = Path(manifest["path"]) / f"stage-{stage}.pt"
     state = torch.load(path, map_location="cpu", weights_only=True)
     module.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])

@@ -435,7 +435,7 @@ def resume_step(opts: Options, plan, modules: dict[int, torch.nn.Module],
     if manifest is None:
         return 0
     for s in modules:
-        ckpt.load_shard(manifest, s, modules[s], optimizers[s])
+        ckpt.load_shard(manifest, s, modules[s], optimizers.get(s))
     return int(manifest["step"])
 
 
@@ -544,7 +544,7 @@ def save_checkpoint(checkpoint_dir: str, st: RunState, steps_done: int, losses: 
     The manifest is what makes a checkpoint complete: a rank dying before it leaves the previous one latest.
     """
     for s in st.mine if st.replica == 0 else ():
-        ckpt.save_shard(checkpoint_dir, steps_done, s, st.modules[s], st.optimizers[s])
+        ckpt.save_shard(checkpoint_dir, steps_done, s, st.modules[s], st.optimizers.get(s))
     all_losses = gather_losses(losses, st.has_last, st.mean_loss)
     dist.barrier()
     if st.rank == 0:
