@@ -36,6 +36,8 @@ class Case:
 
 
 CASES = [
+    Case("llama-3-70b, README's example", ["analyze", "examples/llama-3-70b.json", "--seq-len", "8192", "--profile",
+                                          "h100-sxm", "--gpus", "64", "-b", "256"], 60, 4, True),
     Case("llama-3-70b", ["analyze", "examples/llama-3-70b.json", "--seq-len", "8192", "--profile", "h100-sxm",
                          "--gpus", "256", "-b", "1024"], 60, 4, True),
     Case("llama-3.1-405b", ["analyze", "examples/llama-3.1-405b.json", "--seq-len", "8192", "--profile", "h100-sxm",

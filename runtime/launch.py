@@ -68,7 +68,7 @@ def check_plan(plan, opts: LaunchOptions) -> int:
                         "measure at least one step after the warm-up")
     if opts.checkpoint_every and not opts.checkpoint_dir:
         raise UserError("--checkpoint-every needs --checkpoint-dir", "pass --checkpoint-dir DIR")
-    if opts.checkpoint_dir and getattr(plan, "sharding", "none") != "none" and plan.data_parallel > 1:
+    if opts.checkpoint_dir and plan.sharding != "none" and plan.data_parallel > 1:
         raise UserError(f"checkpoints of a sharded plan ({plan.sharding}) are not written yet: each replica holds "
                         "a different optimizer shard", "re-plan with --sharding none to checkpoint this run")
     if opts.resume and not opts.checkpoint_dir:

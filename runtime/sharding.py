@@ -34,7 +34,7 @@ __all__ = ["ShardedParams", "wrap_stage"]
 
 
 class ShardedParams:
-    """One stage's trainable parameters, sharded over its replicas' process group."""
+    """One stage's trainable parameters (at least one), sharded over its replicas' process group."""
 
     def __init__(self, params: list[torch.nn.Parameter], *, level: str, group: Any, make_optimizer: Callable) -> None:
         self.level, self.group = level, group
@@ -42,8 +42,7 @@ class ShardedParams:
         self.params = params
         total = sum(p.numel() for p in params)
         self.shard_numel = -(-total // self.dp)
-        dtype = params[0].dtype if params else torch.float32
-        self.full = torch.zeros(self.shard_numel * self.dp, dtype=dtype, device=params[0].device if params else None)
+        self.full = torch.zeros(self.shard_numel * self.dp, dtype=params[0].dtype, device=params[0].device)
         offset = 0
         with torch.no_grad():
             for p in params:

@@ -413,7 +413,7 @@ def make_optimizers(opts: Options, plan, modules: dict[int, torch.nn.Module],
 def shard_stages(opts: Options, plan, modules: dict[int, torch.nn.Module], shared: dict[str, list[int]],
                  dp_groups: dict[int, Any], dp: int) -> dict[int, ShardedParams]:
     """ZeRO (runtime/sharding.py) over each stage's replicas, for the plan's level; tied parameters stay whole."""
-    level = getattr(plan, "sharding", "none")
+    level = plan.sharding
     if level == "none" or dp < 2:
         return {}
     factory = optimizer_factory(opts, plan)
@@ -502,9 +502,7 @@ def train_step(st: RunState, inputs: tuple, target: Any, *, measured: bool, firs
 
     Every rank starts its clock after a barrier, so the slowest rank's step is the iteration time.
     """
-    for opt in st.optimizers.values():
-        opt.zero_grad(set_to_none=True)
-    for module in st.modules.values():  # a stage whose parameters ZeRO holds entirely has no optimizer here
+    for module in st.modules.values():  # every stage, also one whose parameters ZeRO holds (no optimizer here)
         module.zero_grad(set_to_none=True)
     if st.meter is not None:  # saved-tensor hooks slow the forward: meter untimed steps (and the first) only
         st.meter.enabled = not measured or first

@@ -11,7 +11,7 @@ import pytest
 from pipeplan.costmodels.comm import allreduce_time_s, group_link, half_ring_time_s
 from pipeplan.costmodels.memory import gathered_bytes, model_state_bytes
 from pipeplan.errors import InfeasibleError, UserError
-from pipeplan.planner.configs import Config
+from pipeplan.planner.configs import Config, sharding_levels
 from pipeplan.planner.predict import evaluate
 from pipeplan.planner.replay import simulate_from_plan
 from pipeplan.planner.request import PlanRequest
@@ -163,6 +163,10 @@ def test_sharding_lets_a_model_fit_that_does_not_without():
 def test_pipedream_is_never_sharded_and_pinning_it_is_refused():
     with pytest.raises(UserError, match="--sharding zero1 needs a schedule that flushes"):
         PlanRequest(devices=4, batch_size=8, schedule="pipedream", sharding="zero1")
+    auto = PlanRequest(devices=4, batch_size=8, schedule="all")
+    assert sharding_levels(auto, "pipedream", 4) == ("none",)
+    assert sharding_levels(auto, "1f1b", 4) == ("zero1", "zero2", "zero3")
+    assert sharding_levels(auto, "1f1b", 1) == ("none",)
     cfg = Config(schedule="1f1b", stages=2, data_parallel=2, microbatches=4, sharding="zero2")
     assert "ZeRO-2" in cfg.describe()
 
