@@ -22,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-PROFILES_DIR = REPO.parent / "shared" / "pipedream-profiles"  # PipeDream's 14 published profiles
+PROFILES_DIR = REPO / "tests" / "data" / "pipedream-profiles"  # PipeDream's 14 published profiles
 EXAMPLES = {  # example file -> (entry, trace batch size)
     "mlp.py": ("build_model", 8),
     "wide_mlp.py": ("build_model", 8),

@@ -27,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SHARED = REPO.parent / "shared" / "pipedream-profiles"
+SHARED = REPO / "tests" / "data" / "pipedream-profiles"
 sys.path.insert(0, str(REPO))
 
 GBPS = 1e9

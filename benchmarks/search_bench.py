@@ -8,7 +8,7 @@ Target (issue 4 / search brief): a GPT-2-small graph on 8 devices is searched in
 The GPT-shaped graphs are built by hand with Narayanan et al. (2021) App. A FLOPs and Korthikanti et al.
 (2022) activation bytes (tests/search_fixtures.py), so the benchmark needs no tracing; the search's cost
 depends on the layer count, which matches a depth-1 trace (embedding, blocks, head). PipeDream graphs are
-the published profiles in ../shared/pipedream-profiles (planned with their measured times).
+the published profiles in tests/data/pipedream-profiles (planned with their measured times).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from search_fixtures import gpt_like  # noqa: E402
 
 SECTION = "## Search and schedule simulation (`benchmarks/search_bench.py`)"
 COMMAND = "python benchmarks/search_bench.py --write-results"
-SHARED = ROOT.parent / "shared" / "pipedream-profiles"
+SHARED = ROOT / "tests" / "data" / "pipedream-profiles"
 
 
 def _median_time(fn, repeats: int) -> float:

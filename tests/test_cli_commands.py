@@ -23,7 +23,7 @@ from pipeplan.planner.plan import Plan, load_plan
 from pipeplan.planner.request import PlanRequest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def run(args):
@@ -209,10 +209,7 @@ def test_analyze_traces_a_model_once_at_batch_1(tmp_path):
 
 
 def test_plan_reads_a_pipedream_profile():
-    path = SHARED / "pipedream-profiles" / "vgg16.graph.txt"
-    if not path.exists():
-        pytest.skip("shared PipeDream profiles not available")
-    pytest.importorskip("pipeplan.costmodels.load")
+    path = DATA / "pipedream-profiles" / "vgg16.graph.txt"
     doc = run_json(["plan", path, "--profile", "v100-16gb-sxm2", "--gpus", "4", "--batch-size", "64", "--dtype", "fp32"])
     assert doc["plan"]["graph"]["model_file"] is None
     assert doc["plan"]["predicted"]["samples_per_s"] > 0

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from cli_fixtures import chain_graph
 from pipeplan.cli.main import cli
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
+SHARED = Path(__file__).resolve().parent / "data" / "pipedream-profiles"
 VGG = SHARED / "vgg16.graph.txt"
 
 
@@ -21,7 +21,6 @@ def samples_per_s(batch, *extra):
     return json.loads(result.stdout)["plan"]["predicted"]["samples_per_s"]
 
 
-@pytest.mark.skipif(not VGG.is_file(), reason=f"{VGG} not present")
 def test_profiled_batch_size_scales_measured_times_per_sample():
     # One device, one stage, one microbatch: no communication. Without the flag one "sample" is a whole
     # profiled minibatch; with it, 64 samples are that same minibatch, so 64x the samples per second.

@@ -406,11 +406,8 @@ def test_resnet_conv1_flops_vector():
 
 def test_catalogue_a100_gemm_roofline():
     """A big fp32 GEMM on a catalogue A100 is compute bound at 0.70 of 19.5 TFLOP/s."""
-    try:
-        from pipeplan.hardware_profiles import load_profile
-        p = load_profile("a100-80gb-sxm")
-    except Exception as e:  # profiles land concurrently; the math above is the real check
-        pytest.skip(f"catalogue not available: {e}")
+    from pipeplan.hardware_profiles import load_profile
+    p = load_profile("a100-80gb-sxm")
     n = 8192
     layer = Layer("gemm", kind="matmul", fwd_flops=2 * n**3, bwd_flops=4 * n**3, param_bytes=4 * n * n,
                   bytes_moved=3 * 4 * n * n)
@@ -486,10 +483,7 @@ def test_roofline_properties(f, b, peak, bw, ce, me):
 ])
 def test_inflight_agrees_with_the_event_simulator(schedule, K, M, v):
     """The closed form equals the peak the SEARCH helper's event-driven replay observes (1 byte per microbatch)."""
-    try:
-        from pipeplan.planner.simulate import simulate
-    except ImportError as e:
-        pytest.skip(f"planner.simulate not available: {e}")
+    from pipeplan.planner.simulate import simulate
     n = K * v
     r = simulate(schedule, [1.0] * n, [2.0] * n, [0.0] * (n - 1), M, chunks=v, static_bytes=[0] * K,
                  activation_bytes_per_mb=[1] * n)
@@ -511,14 +505,9 @@ def test_times_only_graph_uses_its_measurements():
 
 
 def test_real_pipedream_profile_gets_its_own_times():
-    shared = __import__("pathlib").Path(__file__).parents[2] / "shared" / "pipedream-profiles"
-    try:
-        from pipeplan.costmodels.pipedream_import import load_pipedream_graph
-    except ImportError as e:
-        pytest.skip(f"pipedream import not available: {e}")
-    files = sorted(shared.glob("*graph.txt")) if shared.is_dir() else []
-    if not files:
-        pytest.skip("../shared/pipedream-profiles not found")
+    from pipeplan.costmodels.pipedream_import import load_pipedream_graph
+    files = sorted((__import__("pathlib").Path(__file__).parent / "data" / "pipedream-profiles").glob("*graph.txt"))
+    assert len(files) == 14
     g = load_pipedream_graph(files[0])
     fwd, bwd = compute.layer_times_s(g, make_profile())
     assert fwd == pytest.approx([l.fwd_s for l in g.layers]) and sum(fwd) > 0
@@ -553,11 +542,8 @@ def test_gpt3_layer_on_catalogue_a100_is_between_megatron_and_peak():
     """A GPT-3 layer (h=12288, s=2048, B=1) in bf16 on an A100: compute bound, and the predicted rate is
     at least what Megatron-LM achieved end to end (163 of 312 TFLOP/s, §5.1, all overheads included)
     and below the tensor peak."""
-    try:
-        from pipeplan.hardware_profiles import load_profile
-        p = load_profile("a100-80gb-sxm")
-    except Exception as e:
-        pytest.skip(f"catalogue not available: {e}")
+    from pipeplan.hardware_profiles import load_profile
+    p = load_profile("a100-80gb-sxm")
     B, s, h, a = 1, 2048, 12288, 96
     flops = analytic.transformer_layer_fwd_flops(B, s, h)
     weights = 12 * h * h * 4  # fp32 bytes of one layer's weights
