@@ -27,6 +27,7 @@ __all__ = [
     "SEARCH_SCHEDULE_CHOICES",
     "facts",
     "inflight_microbatches",
+    "microbatch_problem",
     "stashed_weight_versions",
 ]
 
@@ -89,19 +90,35 @@ class ScheduleFacts:
     """The `torch.distributed.pipelining` class that runs it, or None when the runtime cannot."""
     inflight: Callable[[int, int, int, int], int]
     """(stages, stage, microbatches, chunks) -> microbatches whose activations the stage holds at its peak."""
+    microbatch_rule: Callable[[int, int], str | None] = lambda stages, microbatches: None
+    """(devices in the pipeline, microbatches) -> why the runtime refuses that count, or None when it runs."""
+
+
+def _one_f_one_b_microbatches(stages: int, microbatches: int) -> str | None:
+    """torch's Schedule1F1B refuses fewer microbatches than stages (schedules.py: "Number of microbatches
+    ... must be greater than or equal to the number of stages")."""
+    return None if microbatches >= stages else f"needs at least as many microbatches as stages ({stages})"
+
+
+def _interleaved_microbatches(stages: int, microbatches: int) -> str | None:
+    """Megatron-LM interleaves only when microbatches are a multiple of the pipeline devices
+    (its `get_forward_backward_func` asserts it); torch's ScheduleInterleaved1F1B accepts a superset
+    (microbatches a multiple of max(1, M // devices)), so this rule runs there too."""
+    return None if microbatches % stages == 0 else f"needs a microbatch count that is a multiple of the stages ({stages})"
 
 
 SCHEDULES: Final[dict[ScheduleName, ScheduleFacts]] = {
     "gpipe": ScheduleFacts(name="gpipe", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
                            interleaves=False, torch_class="ScheduleGPipe", inflight=_gpipe_inflight),
     "1f1b": ScheduleFacts(name="1f1b", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
-                          interleaves=False, torch_class="Schedule1F1B", inflight=_one_f_one_b_inflight),
+                          interleaves=False, torch_class="Schedule1F1B", inflight=_one_f_one_b_inflight,
+                          microbatch_rule=_one_f_one_b_microbatches),
     "pipedream": ScheduleFacts(name="pipedream", flushes=False, replicates_whole_pipeline=False,
                                stashes_weights=True, interleaves=False, torch_class=None,
                                inflight=_pipedream_inflight),
     "interleaved": ScheduleFacts(name="interleaved", flushes=True, replicates_whole_pipeline=True,
                                  stashes_weights=False, interleaves=True, torch_class="ScheduleInterleaved1F1B",
-                                 inflight=_interleaved_inflight),
+                                 inflight=_interleaved_inflight, microbatch_rule=_interleaved_microbatches),
 }
 SCHEDULE_NAMES: Final[tuple[ScheduleName, ...]] = get_args(ScheduleName)
 # "auto" plans the synchronous schedules only: async PipeDream changes the training semantics (stale weights).
@@ -116,6 +133,12 @@ def facts(schedule: str) -> ScheduleFacts:
         return SCHEDULES[schedule]  # type: ignore[index]
     except KeyError:
         raise UserError(f"unknown schedule {schedule!r}", f"use one of: {', '.join(SCHEDULE_NAMES)}") from None
+
+
+def microbatch_problem(schedule: str, stages: int, microbatches: int) -> str | None:
+    """Why `schedule` cannot run `microbatches` on `stages` pipeline devices, or None: the one rule the
+    search, plan files and the runtime share, so the planner never emits a plan the runtime refuses."""
+    return facts(schedule).microbatch_rule(stages, microbatches)
 
 
 def inflight_microbatches(schedule: str, stages: int, stage: int, microbatches: int, chunks: int = 1) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pipeplan.choices import Layout, Sharding
 from pipeplan.planner.request import PlanRequest
-from pipeplan.schedules import ScheduleName, facts
+from pipeplan.schedules import ScheduleName, facts, microbatch_problem
 
 __all__ = ["Config", "CHUNK_CHOICES", "SHARDING_NAMES", "configurations", "sharding_levels", "pipedream_microbatch_counts",
            "divisors"]
@@ -121,7 +121,7 @@ def configurations(request: PlanRequest, K: int, d: int, n_layers: int) -> Itera
         if not base:
             continue
         for M in ([request.microbatches] if request.microbatches else divisors(base)):
-            if base % M or _skipped(request, sched, K, M):
+            if base % M or microbatch_problem(sched, K, M) or _skipped(request, sched, K, M):
                 continue
             for v in _chunk_options(request, sched, K, M, n_layers):
                 for rc in request.recompute_options:
@@ -132,17 +132,18 @@ def _skipped(request: PlanRequest, sched: ScheduleName, K: int, M: int) -> bool:
     """Points equivalent to another that is tried anyway."""
     if sched == "pipedream" and M < K and not request.microbatches:
         return True  # async: fewer than K microbatches only relabels the same steady state
-    if sched == "gpipe" and (K == 1 or M == 1) and request.schedule != "gpipe":
-        return True  # identical to 1f1b there (one stage or one microbatch)
+    if (sched == "gpipe" and (K == 1 or M == 1) and "1f1b" in request.schedules
+            and microbatch_problem("1f1b", K, M) is None):
+        return True  # identical to 1f1b there (one stage), which is tried
     return False
 
 
 def _chunk_options(request: PlanRequest, sched: ScheduleName, K: int, M: int, n_layers: int) -> list[int]:
     """Chunks per device: 1, or for an interleaving schedule the choices that fit the layers
-    (Megatron-LM interleaves only when microbatches are a multiple of the devices)."""
+    (the microbatch count was checked by `microbatch_problem`)."""
     if not facts(sched).interleaves:
         return [1]
-    if K < 2 or M % K:
+    if K < 2:
         return []
     v_list = [request.chunks] if request.chunks else list(CHUNK_CHOICES)
     return [v for v in v_list if v >= 2 and K * v <= n_layers]

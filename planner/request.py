@@ -31,7 +31,14 @@ from pipeplan.choices import (
     Times,
 )
 from pipeplan.errors import UserError
-from pipeplan.schedules import AUTO_SCHEDULES, SCHEDULE_NAMES, SEARCH_SCHEDULE_CHOICES, ScheduleName, ScheduleRequest
+from pipeplan.schedules import (
+    AUTO_SCHEDULES,
+    SCHEDULE_NAMES,
+    SEARCH_SCHEDULE_CHOICES,
+    ScheduleName,
+    ScheduleRequest,
+    microbatch_problem,
+)
 
 if TYPE_CHECKING:
     from pipeplan.hardware_profiles.profile import HardwareProfile
@@ -116,6 +123,10 @@ class PlanRequest:
                             "pick a microbatch count that divides the batch size")
         if self.schedule == "interleaved" and K == 1:
             raise UserError("--schedule interleaved needs at least 2 stages", "drop --stages 1 or pick another schedule")
+        problem = microbatch_problem(self.schedule, K, M) if K and M and self.schedule in SCHEDULE_NAMES else None
+        if problem:
+            raise UserError(f"--schedule {self.schedule} {problem}, got --microbatches {M}",
+                            "raise --microbatches or pick --schedule gpipe")
         d = self.data_parallel
         if d is not None and d * (K or 1) > N:
             raise UserError(f"--data-parallel {d} does not fit on {N} devices")

@@ -72,8 +72,10 @@ def _brute_configs(request: PlanRequest, n_layers: int) -> set[Config]:
             continue
         if sched == "pipedream" and M < K:
             continue
-        if sched == "gpipe" and (K == 1 or M == 1):  # the same as 1f1b there
+        if sched == "1f1b" and M < K:  # torch's Schedule1F1B refuses it
             continue
+        if sched == "gpipe" and (K == 1 or M == 1) and "1f1b" in request.schedules and M >= K:
+            continue  # the same as 1f1b there, which is tried
         chunks = [1]
         if sched == "interleaved":
             chunks = [v for v in CHUNK_CHOICES if K >= 2 and M % K == 0 and K * v <= n_layers]
