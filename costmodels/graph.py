@@ -183,6 +183,9 @@ class Graph:
     @classmethod
     def from_dict(cls, doc: dict[str, Any], path: str | os.PathLike[str] = "<graph>") -> Graph:
         check_format(doc, path, GRAPH_FORMAT)
+        from pipeplan.costmodels.graph_check import check_graph_doc
+
+        check_graph_doc(doc, path, LAYER_KINDS)
         try:
             layer_keys = {f.name for f in fields(Layer)}
             edge_keys = {f.name for f in fields(Edge)}

@@ -122,6 +122,9 @@ class Plan:
     @classmethod
     def from_dict(cls, doc: dict[str, Any], path: str | os.PathLike[str] = "<plan>") -> Plan:
         check_format(doc, path, PLAN_FORMAT)
+        from pipeplan.planner.plan_check import check_plan_doc
+
+        check_plan_doc(doc, path)
         try:
             stage_pred = {f.name for f in fields(StagePrediction)}
             pred = {f.name for f in fields(Prediction)}

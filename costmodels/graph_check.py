@@ -1,0 +1,67 @@
+"""Validate a graph.json document field by field before `Graph.from_dict` builds anything from it.
+
+A graph is the planner's whole input: a negative FLOP count, a NaN time or a
+string where bytes go would otherwise surface as an internal error inside a cost
+model, or worse, as a plan. Every failure names the file, the layer (by index
+and name) and the field (pipeplan/fields.py).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pipeplan.fields import Fields
+
+COUNTS = ("fwd_flops", "bwd_flops", "param_bytes", "output_bytes", "saved_bytes", "bytes_moved")
+TIMES = ("fwd_s", "bwd_s")
+HINT = "re-run `pipeplan trace` (docs/graph-format.md)"
+
+
+def check_graph_doc(doc: dict[str, Any], path: str | os.PathLike[str], layer_kinds: tuple[str, ...]) -> None:
+    f = Fields(path, HINT)
+    f.string(f.require(doc, "name", "name"), "name")
+    f.integer(f.require(doc, "batch_size", "batch_size"), "batch_size", low=1)
+    f.string(doc.get("dtype", "float32"), "dtype")
+    f.integer(doc.get("input_bytes", 0), "input_bytes")
+    for name, readers in f.mapping(doc.get("inputs", {}), "inputs").items():
+        f.strings(readers, f"inputs.{name}")
+    totals = f.mapping(doc.get("totals", {}), "totals")
+    f.integer(totals.get("peak_activation_bytes", 0), "totals.peak_activation_bytes")
+    f.mapping(doc.get("source", {}), "source")
+    f.strings(doc.get("notes", []), "notes")
+    seen: set[str] = set()
+    for i, layer in enumerate(f.items(f.require(doc, "layers", "layers"), "layers", empty=False)):
+        name = _check_layer(f, layer, i, layer_kinds)
+        if name in seen:
+            raise f.fail(f"layers[{i}].name", name, "unique (another layer has this name)")
+        seen.add(name)
+    for i, edge in enumerate(f.items(f.require(doc, "edges", "edges"), "edges")):
+        field = f"edges[{i}]"
+        f.string(f.require(edge, "src", f"{field}.src"), f"{field}.src")
+        f.string(f.require(edge, "dst", f"{field}.dst"), f"{field}.dst")
+        f.integer(f.require(edge, "bytes", f"{field}.bytes"), f"{field}.bytes")
+        f.strings(edge.get("tensors", []), f"{field}.tensors")
+    for i, shared in enumerate(f.items(doc.get("shared_params", []), "shared_params")):
+        field = f"shared_params[{i}]"
+        f.string(f.require(shared, "name", f"{field}.name"), f"{field}.name")
+        f.integer(f.require(shared, "bytes", f"{field}.bytes"), f"{field}.bytes")
+        f.strings(f.require(shared, "layers", f"{field}.layers"), f"{field}.layers", empty=False)
+
+
+def _check_layer(f: Fields, layer: Any, i: int, layer_kinds: tuple[str, ...]) -> str:
+    name = f.string(f.require(layer, "name", f"layers[{i}].name"), f"layers[{i}].name")
+    field = f"layers[{i}] ({name[:40]!r})"
+    kind = f.string(layer.get("kind", "other"), f"{field}.kind")
+    if kind not in layer_kinds:
+        raise f.fail(f"{field}.kind", kind, f"one of {', '.join(layer_kinds)}")
+    f.string(layer.get("module", ""), f"{field}.module", empty=True)
+    for key in COUNTS:
+        f.integer(layer.get(key, 0), f"{field}.{key}")
+    for key in TIMES:
+        f.number(layer.get(key, 0.0), f"{field}.{key}")
+    for tensor, size in f.mapping(layer.get("outputs", {}), f"{field}.outputs").items():
+        f.integer(size, f"{field}.outputs[{tensor[:40]!r}]")
+    f.strings(layer.get("params", []), f"{field}.params")
+    f.strings(layer.get("nodes", []), f"{field}.nodes")
+    return name

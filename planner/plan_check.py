@@ -1,0 +1,74 @@
+"""Validate a plan.json document before `Plan.from_dict` builds it: every field, then the plan's shape.
+
+`show` renders a plan and `run` trains it, so a plan with a stage removed, a
+layer in two stages, a device the plan does not have or a microbatch count its
+schedule cannot run must be refused at load, naming the file and the field,
+not after seconds of work (or, worse, rendered as if it were whole).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pipeplan.fields import Fields
+from pipeplan.schedules import SCHEDULE_NAMES, microbatch_problem
+
+HINT = "re-create it with `pipeplan analyze -o`"
+STAGE_PREDICTED = ("fwd_s", "bwd_s", "compute_s", "send_s", "allreduce_s", "op_overhead_s", "fwd_comm_s", "bwd_comm_s")
+
+
+def check_plan_doc(doc: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    f = Fields(path, HINT)
+    schedule = f.string(f.require(doc, "schedule", "schedule"), "schedule")
+    if schedule not in SCHEDULE_NAMES:
+        raise f.fail("schedule", schedule, f"one of {', '.join(SCHEDULE_NAMES)}")
+    m = f.integer(f.require(doc, "microbatches", "microbatches"), "microbatches", low=1)
+    batch = f.integer(f.require(doc, "batch_size", "batch_size"), "batch_size", low=1)
+    d = f.integer(doc.get("data_parallel", 1), "data_parallel", low=1)
+    chunks = f.integer(doc.get("chunks", 1), "chunks", low=1)
+    devices = f.integer(doc.get("devices", 0), "devices")
+    if batch % (m * d):
+        raise f.fail("batch_size", batch, f"divisible by microbatches x data_parallel = {m} x {d}")
+    graph = f.mapping(f.require(doc, "graph", "graph"), "graph")
+    stages = f.items(f.require(doc, "stages", "stages"), "stages", empty=False)
+    for i, stage in enumerate(stages):
+        _check_stage(f, stage, i, devices)
+    _check_coverage(f, stages, graph)
+    pipeline = len(stages) // chunks
+    if len(stages) % chunks:
+        raise f.fail("chunks", chunks, f"a divisor of the {len(stages)} stages")
+    problem = microbatch_problem(schedule, pipeline, m)
+    if problem:
+        raise f.fail("microbatches", m, f"what {schedule} can run: it {problem}")
+    for key, value in f.mapping(f.require(doc, "predicted", "predicted"), "predicted").items():
+        if key != "fits":
+            f.number(value, f"predicted.{key}")
+
+
+def _check_stage(f: Fields, stage: Any, i: int, devices: int) -> None:
+    field = f"stages[{i}]"
+    f.mapping(stage, field)
+    f.integer(f.require(stage, "index", f"{field}.index"), f"{field}.index", low=i, high=i)
+    f.strings(f.require(stage, "layers", f"{field}.layers"), f"{field}.layers", empty=False)
+    ranks = f.items(f.require(stage, "devices", f"{field}.devices"), f"{field}.devices", empty=False)
+    for j, rank in enumerate(ranks):
+        f.integer(rank, f"{field}.devices[{j}]", high=devices - 1 if devices else None)
+    f.integer(stage.get("replicas", 1), f"{field}.replicas", low=1)
+    for key, value in f.mapping(stage.get("predicted", {}), f"{field}.predicted").items():
+        if key in STAGE_PREDICTED or key.endswith("_bytes"):
+            f.number(value, f"{field}.predicted.{key}")
+
+
+def _check_coverage(f: Fields, stages: list[dict[str, Any]], graph: dict[str, Any]) -> None:
+    """Every layer in exactly one stage, and as many layers as the traced graph had."""
+    owner: dict[str, int] = {}
+    for i, stage in enumerate(stages):
+        for name in stage["layers"]:
+            if name in owner:
+                raise f.fail(f"stages[{i}].layers", name, f"layers of this stage only (stage {owner[name]} has it too)")
+            owner[name] = i
+    count = graph.get("layers")
+    if count is not None and f.integer(count, "graph.layers", low=1) != len(owner):
+        raise f.fail("stages", f"{len(owner)} layers", f"all {count} layers of graph {graph.get('name', '')!r} "
+                     "(a stage was removed or edited)")
