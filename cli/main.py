@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 
 import click
@@ -40,13 +41,15 @@ class LazyGroup(click.Group):
         except click.exceptions.Abort:
             click.echo("aborted", err=True)
             sys.exit(130)
-        except click.exceptions.ClickException as e:  # bad flags and arguments are user errors too
-            e.show()
+        except click.exceptions.ClickException as e:  # bad flags and arguments are user errors too: one line
+            ctx = getattr(e, "ctx", None)
+            where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            click.echo(f"error: {e.format_message()}{where}".replace("\n", " "), err=True)
             sys.exit(2)
         except UserError as e:
             if debug:
                 raise
-            click.echo(f"error: {e}", err=True)
+            click.echo(f"error: {_relative(str(e))}", err=True)
             sys.exit(2)
         except Exception as e:  # internal error
             if debug:
@@ -82,6 +85,14 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """Plan, predict and run pipeline-parallel training of PyTorch models."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+
+
+def _relative(message: str) -> str:
+    """Paths under the working folder as the user typed them (loaders record absolute paths)."""
+    try:
+        return message.replace(os.getcwd() + os.sep, "")
+    except OSError:  # the working folder was removed
+        return message
 
 
 def main(argv: list[str] | None = None) -> None:

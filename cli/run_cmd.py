@@ -35,16 +35,18 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
     """Train PLAN_FILE's pipeline on torch.distributed (one process per device) and report measured vs predicted."""
     from rich.console import Console
 
+    from pipeplan._io import check_destination
     from pipeplan.cli.console import stdout_console
     from pipeplan.cli.run_report import render_table
     from pipeplan.costmodels.compute import LOCAL_TIMES_NOTE_PREFIX
     from pipeplan.planner.plan import load_plan
-    from pipeplan.runtime.launch import LaunchOptions, RankFailed, launch
+    from pipeplan.runtime.launch import LaunchOptions, RankFailed, Stopped, launch
     from pipeplan.runtime.report import summarize
 
-    if warmup >= steps:
-        warmup = 0 if steps == 1 else min(warmup, steps - 1)
+    warmup = _warmup(steps, warmup)
     plan = load_plan(plan_file)
+    if chrome_trace:
+        check_destination(chrome_trace, "--chrome-trace")
     opts = LaunchOptions(steps=steps, warmup=warmup, lr=lr, optimizer=optimizer, nnodes=nnodes, node_rank=node_rank,
                          master_addr=master_addr, master_port=master_port, nproc_per_node=nproc_per_node,
                          checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
@@ -59,6 +61,13 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
     except RankFailed as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
+    except Stopped as e:  # SIGTERM (a scheduler's cancel) or Ctrl-C: the convention is 128 + the signal
+        click.echo(f"error: {e}", err=True)
+        sys.exit(128 + e.signum)
+    if result.get("resumed"):
+        for line in result["resumed"]["skipped"]:
+            click.echo(f"warning: {line}", err=True)
+        click.echo(f"resumed from the checkpoint of step {result['resumed']['step']} in {checkpoint_dir}", err=True)
     if not result:  # not node 0: rank 0's node reports
         err.print("done (results are reported on node 0)")
         return
@@ -75,6 +84,18 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
                 out.print(f"[yellow]note (from the plan): {note}[/yellow]")
         if chrome_trace:
             out.print(f"chrome trace: {chrome_trace}")
+
+
+def _warmup(steps: int, warmup: int) -> int:
+    """The warm-up steps to leave out: the default (1) shrinks to fit `--steps 1`; a warm-up the user
+    asked for that leaves no measured step is an error, not silently fewer steps."""
+    source = click.get_current_context().get_parameter_source("warmup")
+    if warmup < steps:
+        return warmup
+    if source is not None and source.name == "DEFAULT":
+        return 0
+    raise click.BadParameter(f"--warmup {warmup} leaves no measured step of --steps {steps}",
+                             param_hint="'--warmup'")
 
 
 def write_trace(path: str, result: dict, plan) -> None:

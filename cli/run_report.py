@@ -20,9 +20,12 @@ def render_table(doc: dict[str, Any], console) -> None:
     mb = doc["plan"]["microbatches"]
     plan = doc["plan"]
     sharded = f", {SHARDING_NAMES[plan['sharding']]}" if plan.get("sharding", "none") != "none" else ""
-    t = Table(title=f"pipeplan run: {plan['schedule']}, {plan['stages']} stages, M={mb}{sharded}, "
-                    f"{m['steps_measured']} measured step(s)")
-    for col in ("stage", "rank", "fwd ms/mb", "pred", "bwd ms/mb", "pred", "compute ms/step", "wait ms/step", "peak MiB", "pred"):
+    k, steps = plan["stages"], m["steps_measured"]
+    t = Table(title=f"pipeplan run: {plan['schedule']}, {k} stage{'s' if k != 1 else ''}, M={mb}{sharded}, "
+                    f"{steps} measured step{'s' if steps != 1 else ''}",
+              caption="ms/mb: one microbatch; device peak: the whole device (all its stages), as the plan predicts it")
+    for col in ("stage", "rank", "fwd ms/mb", "pred", "bwd ms/mb", "pred", "compute ms/step", "wait ms/step",
+                "device peak MiB", "pred"):
         t.add_column(col, justify="right")
     for s in m["stages"]:
         ps = pstages.get(s["index"], {})
@@ -30,7 +33,8 @@ def render_table(doc: dict[str, Any], console) -> None:
             str(s["index"]), str(s["rank"]),
             _ms(s["fwd_s"]), _ms(ps.get("fwd_s")), _ms(s["bwd_s"]), _ms(ps.get("bwd_s")),
             _ms(s["compute_s"]), _ms(s["wait_s"]),
-            f"{s['peak_memory_bytes'] / 2**20:.1f}", f"{ps.get('memory_bytes', 0) / 2**20:.1f}" if ps else "-",
+            f"{s.get('device_peak_bytes', s['peak_memory_bytes']) / 2**20:.1f}",
+            f"{ps.get('memory_bytes', 0) / 2**20:.1f}" if ps else "-",
         )
     console.print(t)
     it, pit = m["iteration_s"], p.get("iteration_s") or 0.0

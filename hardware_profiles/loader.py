@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from pipeplan._io import atomic_write_text, check_format, check_nesting, read_text
+from pipeplan._io import MAX_NESTING, atomic_write_text, check_format, check_nesting, read_text
 from pipeplan.choices import DTYPES
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
@@ -40,7 +40,7 @@ CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
 # duplicated because hardware_profiles must not import costmodels (a test keeps them in sync).
 EFFICIENCY_KINDS = ("matmul", "conv", "attention", "embedding", "norm", "elementwise", "other", "memory")
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")  # 64 characters at most: names go in tables and messages
 _UNIT_RE = re.compile(r"^\s*[-+]?[0-9.]+(e[-+]?[0-9]+)?\s*[a-zA-Zµ/%]+")
 
 # field -> (unit shown in messages, largest plausible value). The upper bounds catch
@@ -199,7 +199,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
 
     name = c.string(doc["name"], "name")
     if not NAME_RE.match(name):
-        raise c.fail("name", f"must be lower-case letters, digits, '.', '_' or '-' (got {_quote(name)})", "e.g. name: my-a100")
+        raise c.fail("name", f"must be up to 64 lower-case letters, digits, '.', '_' or '-' (got {_quote(name)})", "e.g. name: my-a100")
     aliases = c.string_list(doc.get("aliases", []), "aliases")
     for a in aliases:
         if not NAME_RE.match(a):
@@ -370,8 +370,17 @@ def read_profile_file(path: str | os.PathLike[str]) -> HardwareProfile:
 
 def _refuse_aliases(text: str, path: Path, loader: Any) -> None:
     """Profiles have no use for YAML anchors and aliases, and aliases are how a few hundred bytes expand
-    to gigabytes ("billion laughs"): refuse the first one, from the event stream, before anything is built."""
+    to gigabytes ("billion laughs"): refuse the first one, and nesting deeper than MAX_NESTING, from the
+    event stream, before anything is built."""
+    depth = 0
     for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, yaml.CollectionStartEvent):  # libyaml's loader recurses per level: deep input crashes it
+            depth += 1
+            if depth > MAX_NESTING:
+                line = event.start_mark.line + 1 if event.start_mark else 0
+                raise UserError(f"{path}: line {line}: nested deeper than {MAX_NESTING} levels", "pass a profile")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
         if isinstance(event, yaml.AliasEvent):
             line = event.start_mark.line + 1 if event.start_mark else 0
             raise UserError(f"{path}: line {line}: YAML aliases (*{_quote(event.anchor, 30, bare=True)}) are not "
@@ -415,6 +424,17 @@ def list_profiles() -> list[HardwareProfile]:
 
 def _looks_like_path(s: str) -> bool:
     return s.endswith((".yaml", ".yml")) or "/" in s or os.sep in s or s.startswith(".")
+
+
+def profile_reference(profile: HardwareProfile) -> str:
+    """What a plan records so `show` finds the same profile again: a catalogue or user-folder profile by
+    name, one loaded from a YAML path by that path (absolute: the plan may be shown from another folder)."""
+    if not profile.path:
+        return profile.name
+    folder = Path(profile.path).resolve().parent
+    if folder in (CATALOG_DIR.resolve(), user_profile_dir().resolve()):
+        return profile.name
+    return str(Path(profile.path).resolve())
 
 
 def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:

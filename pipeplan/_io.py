@@ -19,7 +19,6 @@ from typing import Any
 
 from pipeplan.errors import UserError
 
-
 MAX_INPUT_BYTES = 256 * 2**20
 """Largest input file read (graphs of leaf-level traces of big models run to tens of MB)."""
 MAX_NESTING = 64

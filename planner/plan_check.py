@@ -32,6 +32,9 @@ def check_plan_doc(doc: dict[str, Any], path: str | os.PathLike[str]) -> None:
         raise f.fail("batch_size", batch, f"divisible by microbatches x data_parallel = {m} x {d}")
     graph = f.mapping(f.require(doc, "graph", "graph"), "graph")
     stages = f.items(f.require(doc, "stages", "stages"), "stages", empty=False)
+    indices = [s.get("index") if isinstance(s, dict) else None for s in stages]
+    if all(isinstance(i, int) for i in indices) and indices != list(range(len(stages))):
+        raise f.fail("stages", f"stages {indices}", "numbered 0, 1, ... in order (a stage was removed or reordered)")
     for i, stage in enumerate(stages):
         _check_stage(f, stage, i, devices)
     _check_coverage(f, stages, graph)
@@ -42,8 +45,34 @@ def check_plan_doc(doc: dict[str, Any], path: str | os.PathLike[str]) -> None:
     if problem:
         raise f.fail("microbatches", m, f"what {schedule} can run: it {problem}")
     for key, value in f.mapping(f.require(doc, "predicted", "predicted"), "predicted").items():
-        if key != "fits":
-            f.number(value, f"predicted.{key}")
+        if key == "fits":
+            f.boolean(value, "predicted.fits")
+        else:
+            f.number(value, f"predicted.{key}", low=-ROUNDING)
+    _check_descriptive(f, doc, graph)
+
+
+ROUNDING = 1e-9
+"""Predicted fractions and times come from float arithmetic: a bubble of -2.2e-16 is a zero, not an error."""
+
+
+def _check_descriptive(f: Fields, doc: dict[str, Any], graph: dict[str, Any]) -> None:
+    """The fields `show` prints and `run` reads besides the stages: right types, so no reader trips on them."""
+    f.string(f.require(doc, "profile", "profile"), "profile")
+    for key in ("dtype", "optimizer", "times", "sharding", "mixed_precision"):
+        if key in doc:
+            f.string(doc[key], key)
+    f.boolean(doc.get("recompute", False), "recompute")
+    f.items(doc.get("alternatives", []), "alternatives")
+    for i, alt in enumerate(doc.get("alternatives", [])):
+        f.mapping(alt, f"alternatives[{i}]")
+    f.strings(doc.get("notes", []), "notes")
+    f.mapping(doc.get("solver", {}), "solver")
+    for key in ("model_file", "entry", "name"):
+        f.optional_string(graph.get(key), f"graph.{key}")
+    f.string(f.require(graph, "fingerprint", "graph.fingerprint"), "graph.fingerprint")
+    if graph.get("trace_batch_size") is not None:
+        f.integer(graph["trace_batch_size"], "graph.trace_batch_size", low=1)
 
 
 def _check_stage(f: Fields, stage: Any, i: int, devices: int) -> None:
@@ -57,7 +86,7 @@ def _check_stage(f: Fields, stage: Any, i: int, devices: int) -> None:
     f.integer(stage.get("replicas", 1), f"{field}.replicas", low=1)
     for key, value in f.mapping(stage.get("predicted", {}), f"{field}.predicted").items():
         if key in STAGE_PREDICTED or key.endswith("_bytes"):
-            f.number(value, f"{field}.predicted.{key}")
+            f.number(value, f"{field}.predicted.{key}", low=-ROUNDING)
 
 
 def _check_coverage(f: Fields, stages: list[dict[str, Any]], graph: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from pipeplan.costmodels.compute import local_times_note
 from pipeplan.costmodels.graph import Graph
 from pipeplan.costmodels.memory import MemoryBreakdown
+from pipeplan.hardware_profiles.loader import profile_reference
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.plan import Plan, Prediction, Stage, StagePrediction
@@ -104,7 +105,7 @@ def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assi
                      reps=reps, slow=slow, overhead_s=overhead_s)
     return Plan(
         graph=graph_info,
-        profile=profile.name,
+        profile=profile_reference(profile),
         schedule=config.schedule,
         microbatches=config.microbatches,
         batch_size=request.batch_size,

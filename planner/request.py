@@ -134,11 +134,13 @@ class PlanRequest:
             raise UserError(f"--sharding {self.sharding} needs a schedule that flushes; pipedream never does",
                             "drop --sharding or pick gpipe, 1f1b or interleaved")
 
-    def check_graph(self, n_layers: int) -> None:
-        """The checks that need the graph: a stage needs a layer."""
+    def check_graph(self, n_layers: int, *, grouped: bool = False) -> None:
+        """The checks that need the graph: a stage needs a layer. A finer trace can only help when the graph
+        was grouped (traced at a --depth); a leaf-module or imported graph has no finer form."""
         if self.stages is not None and self.stages > n_layers:
             raise UserError(f"--stages {self.stages} exceeds the graph's {n_layers} layers",
-                            "trace with a larger --depth or use fewer stages")
+                            "trace with a larger --depth or use fewer stages" if grouped else
+                            f"use --stages {n_layers} or fewer: each stage needs at least one layer")
 
     @property
     def schedules(self) -> tuple[ScheduleName, ...]:

@@ -235,10 +235,17 @@ class _Search:
             self.infeasible += 1
             self.failures.append(Failure(plan.predicted.peak_memory_bytes, "exact", cfg))
             return None
-        self.top.append(Candidate(plan, cfg, part))
-        self.top.sort(key=Candidate.rank)
-        del self.top[self.request.top:]
+        self.admit(Candidate(plan, cfg, part))
         return plan
+
+    def admit(self, new: Candidate) -> None:
+        """Keep the `top` fastest configurations, one partition each: several partitions of one configuration
+        (the DP's, the heuristics', the ILP's) would show as runners-up that read the same."""
+        same = [c for c in self.top if c.config == new.config]
+        if same and same[0].rank() <= new.rank():
+            return
+        self.top = sorted([c for c in self.top if c.config != new.config] + [new], key=Candidate.rank)
+        del self.top[self.request.top:]
 
     def view(self) -> SearchView:
         return SearchView(self.graph, self.profile, self.request, self.failures, self.problem, self.memory)
@@ -356,7 +363,7 @@ def search(graph: Graph, profile: HardwareProfile, request: PlanRequest, *,
     t0 = time.perf_counter()
     request = request.for_profile(profile)
     n = len(graph.layers)
-    request.check_graph(n)
+    request.check_graph(n, grouped=graph.source.get("depth") is not None)
     sr = _Search(graph, profile, request)
     if not any(sr.problem(1).compute_s):
         raise UserError(f"graph {graph.name!r} has no layer times under --times {request.times} "

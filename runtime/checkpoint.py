@@ -12,6 +12,7 @@ step folder without a manifest is ignored. Shards are plain tensors and dicts
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 from pathlib import Path
@@ -19,8 +20,9 @@ from typing import Any
 
 import torch
 
-from pipeplan._io import atomic_write_bytes, atomic_write_json, read_json
+from pipeplan._io import atomic_write_bytes, atomic_write_json, check_format, read_json
 from pipeplan.errors import UserError
+from pipeplan.fields import Fields
 
 CHECKPOINT_FORMAT = "pipeplan.checkpoint/v1"
 
@@ -41,39 +43,90 @@ def save_shard(root: str | os.PathLike, step: int, stage: int, module: torch.nn.
 
 
 def save_manifest(root: str | os.PathLike, step: int, *, stages: int, fingerprint: str, losses: list[float]) -> None:
-    """Called once every shard of `step` exists (after a barrier)."""
+    """Called once every shard of `step` exists (after a barrier). Each shard's size and SHA-256 go in the
+    manifest, so a resume can tell a truncated or damaged shard and fall back to an older checkpoint."""
     folder = step_dir(root, step)
     missing = [s for s in range(stages) if not (folder / f"stage-{s}.pt").exists()]
     if missing:
         raise RuntimeError(f"checkpoint step {step}: shards of stages {missing} are missing")
+    shards = [f"stage-{s}.pt" for s in range(stages)]
     doc = {"format": CHECKPOINT_FORMAT, "step": step, "stages": stages, "fingerprint": fingerprint,
-           "shards": [f"stage-{s}.pt" for s in range(stages)], "losses": losses}
+           "shards": shards, "shard_bytes": [(folder / s).stat().st_size for s in shards],
+           "shard_sha256": [_sha256(folder / s) for s in shards], "losses": losses}
     atomic_write_json(folder / "manifest.json", doc)
     atomic_write_json(Path(root) / "latest.json", {"format": CHECKPOINT_FORMAT, "step": step, "dir": folder.name})
 
 
-def latest(root: str | os.PathLike, *, stages: int, fingerprint: str) -> dict[str, Any] | None:
-    """The newest complete checkpoint's manifest, or None when there is none."""
-    root = Path(root)
-    candidates = sorted(root.glob("step-*/manifest.json"), reverse=True)
-    for manifest in candidates:
-        doc = read_json(manifest, "checkpoint manifest")
-        if doc.get("format") != CHECKPOINT_FORMAT:
-            continue
-        if doc.get("fingerprint") != fingerprint or doc.get("stages") != stages:
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A manifest, every field checked (pipeplan/fields.py), with "path" set to its folder."""
+    doc = read_json(path, "checkpoint manifest")
+    check_format(doc, path, CHECKPOINT_FORMAT)
+    f = Fields(path, "delete this checkpoint folder or resume from another --checkpoint-dir")
+    f.integer(f.require(doc, "step", "step"), "step")
+    stages = f.integer(f.require(doc, "stages", "stages"), "stages", low=1)
+    f.string(f.require(doc, "fingerprint", "fingerprint"), "fingerprint")
+    shards = f.strings(f.require(doc, "shards", "shards"), "shards")
+    if shards != [f"stage-{s}.pt" for s in range(stages)]:
+        raise f.fail("shards", shards, f"stage-0.pt .. stage-{stages - 1}.pt")
+    for key in ("shard_bytes", "shard_sha256"):
+        if key in doc and len(f.items(doc[key], key)) != stages:
+            raise f.fail(key, doc[key], f"one entry per shard ({stages})")
+    doc["path"] = str(path.parent)
+    return doc
+
+
+def damage(manifest: dict[str, Any]) -> str | None:
+    """What is wrong with a checkpoint's shards (missing, truncated, changed), or None when intact."""
+    folder = Path(manifest["path"])
+    for i, name in enumerate(manifest["shards"]):
+        shard = folder / name
+        if not shard.is_file():
+            return f"{shard} is missing"
+        if "shard_bytes" in manifest and shard.stat().st_size != manifest["shard_bytes"][i]:
+            return f"{shard} has {shard.stat().st_size} bytes, the manifest says {manifest['shard_bytes'][i]}"
+        if "shard_sha256" in manifest and _sha256(shard) != manifest["shard_sha256"][i]:
+            return f"{shard} does not match its SHA-256 in the manifest"
+    return None
+
+
+def latest(root: str | os.PathLike, *, stages: int, fingerprint: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """The newest intact checkpoint's manifest (or None) and one line per newer one skipped as damaged.
+
+    A step folder without a manifest was interrupted while saving and is ignored;
+    a manifest of another model or plan is an error (resuming from it would
+    silently train something else).
+    """
+    skipped = []
+    for manifest_path in sorted(Path(root).glob("step-*/manifest.json"), reverse=True):
+        doc = read_manifest(manifest_path)
+        if doc["fingerprint"] != fingerprint or doc["stages"] != stages:
             raise UserError(
-                f"{manifest}: checkpoint is of another model or plan (fingerprint/stages differ)",
+                f"{manifest_path}: checkpoint is of another model or plan (fingerprint/stages differ)",
                 "pass the plan it was written with, or another --checkpoint-dir",
             )
-        doc["path"] = str(manifest.parent)
-        return doc
-    return None
+        problem = damage(doc)
+        if problem is None:
+            return doc, skipped
+        skipped.append(f"skipped the checkpoint of step {doc['step']}: {problem}")
+    return None, skipped
 
 
 def load_shard(manifest: dict[str, Any], stage: int, module: torch.nn.Module,
                optimizer: torch.optim.Optimizer | None) -> None:
     path = Path(manifest["path"]) / f"stage-{stage}.pt"
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError) as e:  # damaged after the launcher's check
+        raise UserError(f"{path}: unreadable checkpoint shard ({str(e)[:80]})",
+                        "delete that step folder to resume from the one before") from None
     module.load_state_dict(state["model"])
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])

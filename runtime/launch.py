@@ -13,9 +13,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,27 @@ def check_plan(plan, opts: LaunchOptions) -> int:
     return per_node
 
 
+def check_resume(plan, opts: LaunchOptions) -> dict[str, Any] | None:
+    """With --resume: the checkpoint the run will start from ({"step", "dir", "skipped"}), checked before
+    any process starts. No intact checkpoint, or one at or past --steps, is a user error: starting from
+    scratch, or measuring nothing, without a word would hide it."""
+    if not opts.resume or not opts.checkpoint_dir:
+        return None
+    from pipeplan.runtime import checkpoint as ckpt
+
+    root = Path(opts.checkpoint_dir)
+    if not root.is_dir():
+        raise UserError(f"--resume: checkpoint folder {root} does not exist", "check --checkpoint-dir, or drop --resume")
+    manifest, skipped = ckpt.latest(root, stages=len(plan.stages), fingerprint=plan.graph["fingerprint"])
+    if manifest is None:
+        why = f" ({skipped[-1]})" if skipped else ""
+        raise UserError(f"--resume: no intact checkpoint in {root}{why}", "check --checkpoint-dir, or drop --resume")
+    if manifest["step"] >= opts.steps:
+        raise UserError(f"--resume: the checkpoint in {root} is at step {manifest['step']}, not before --steps {opts.steps}",
+                        f"pass --steps greater than {manifest['step']}")
+    return {"step": manifest["step"], "dir": str(root), "skipped": skipped}
+
+
 def torchrun_command(plan_path: str, per_node: int, opts: LaunchOptions, run_dir: str) -> list[str]:
     """torchrun starting the worker (opts.worker_script in tests) on this node, with the run's options."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(per_node), "--max-restarts", "0"]
@@ -132,47 +155,154 @@ def failed_rank(log: str, run_dir: Path, world: int) -> tuple[int | None, str]:
 
 
 def launch(plan_path: str, opts: LaunchOptions, *, progress=None) -> dict[str, Any]:
-    """Run the plan; returns rank 0's result document (see worker.teardown)."""
+    """Run the plan; returns rank 0's result document (see worker.teardown).
+
+    The run folder (torchrun's log, per-rank status and results) is a temp folder
+    removed on every way out; the failure message carries the failing rank's own
+    error line instead of pointing into it.
+    """
     from pipeplan.planner.plan import load_plan
 
     plan = load_plan(plan_path)
     per_node = check_plan(plan, opts)
+    resumed = check_resume(plan, opts)
     if opts.checkpoint_dir:
         Path(opts.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     if opts.dump_params:
         Path(opts.dump_params).mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="pipeplan-run-"))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **opts.env}
-    cmd = torchrun_command(plan_path, per_node, opts, str(run_dir))
-    log_path = run_dir / "torchrun.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
-    log_text = log_path.read_text(errors="replace")
+    try:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **opts.env}
+        cmd = torchrun_command(plan_path, per_node, opts, str(run_dir))
+        returncode = run_torchrun(cmd, env, run_dir / "torchrun.log")
+        result = _outcome(plan, opts, per_node, run_dir, returncode)
+        if resumed is not None and result:
+            result["resumed"] = resumed
+        return result
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _outcome(plan, opts: LaunchOptions, per_node: int, run_dir: Path, returncode: int) -> dict[str, Any]:
+    """Rank 0's result, or the error the run ended with (a rank's user error, else the failed rank)."""
     errors = sorted(run_dir.glob("error-rank*.json"))
     if errors:
-        message = json.loads(errors[0].read_text())["message"]
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise UserError(message)
-    if proc.returncode != 0:
-        world = per_node * opts.nnodes
-        rank, cause = failed_rank(log_text, run_dir, world)
+        raise UserError(json.loads(errors[0].read_text())["message"])
+    log_text = (run_dir / "torchrun.log").read_text(errors="replace")
+    if returncode != 0:
+        rank, cause = failed_rank(log_text, run_dir, per_node * opts.nnodes)
+        tail = _last_error_line(log_text, rank)
+        if rank is None:
+            raise RankFailed(f"the run failed (torchrun exit {returncode}){': ' + tail if tail else ''}")
         from pipeplan.runtime.worker import stage_ranks
 
-        if rank is None:
-            raise RankFailed(f"the run failed (torchrun exit {proc.returncode}); log: {log_path}")
         stages = sorted(s for s, rs in stage_ranks(plan).items() if rank in rs)
         names = ", ".join(f"stage {s}" for s in stages) or "no stage"
-        tail = _last_error_line(log_text, rank)
-        raise RankFailed(
-            f"rank {rank} ({names}) failed ({cause}){': ' + tail if tail else ''}; all ranks were stopped (log: {log_path})"
-        )
+        raise RankFailed(f"rank {rank} ({names}) failed ({cause}){': ' + tail if tail else ''}; all ranks were stopped")
     result_path = run_dir / "result.json"
     if not result_path.exists():  # another node's launcher: rank 0 reports
-        shutil.rmtree(run_dir, ignore_errors=True)
         return {}
-    result = json.loads(result_path.read_text())
-    shutil.rmtree(run_dir, ignore_errors=True)
+    result: dict[str, Any] = json.loads(result_path.read_text())
     return result
+
+
+class Stopped(Exception):
+    """The launcher got SIGTERM or SIGINT; every child was stopped. `signum` is the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}: torchrun and every worker were stopped")
+        self.signum = signum
+
+
+STOP_GRACE_S = 8.0
+"""How long torchrun gets to stop its workers after the forwarded signal before the group is killed."""
+
+
+def run_torchrun(cmd: list[str], env: dict[str, str], log_path: Path) -> int:
+    """Run torchrun in its own process group and never leave it behind.
+
+    A batch scheduler cancels a job with SIGTERM to the launcher (Ctrl-C sends
+    SIGINT): the signal is forwarded to torchrun's whole group (torchrun and
+    its workers), which gets STOP_GRACE_S to exit before SIGKILL; then
+    `Stopped` is raised. Any other way out (an exception) kills the group too.
+    """
+    received: list[int] = []
+
+    def forward(signum, frame):
+        received.append(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        try:
+            while proc.poll() is None and not received:
+                try:
+                    proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+            if received:
+                _stop_group(proc, received[0])
+                raise Stopped(received[0])
+            return proc.returncode
+        finally:
+            if proc.poll() is None or _alive(_descendants(proc.pid)):
+                _stop_group(proc, signal.SIGTERM)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (Linux /proc; torchrun starts each worker in a session of its own,
+    so signalling torchrun's group does not reach them)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pids: list[int]) -> list[int]:
+    live = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            live.append(pid)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            live.append(pid)
+    return live
+
+
+def _stop_group(proc: subprocess.Popen, signum: int) -> None:
+    """Signal torchrun's group (torchrun passes it on to its workers), wait up to STOP_GRACE_S for torchrun
+    and every process below it to exit, then SIGKILL whatever is left."""
+    family = _descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signum)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline and (proc.poll() is None or _alive(family)):
+        family = sorted(set(family) | set(_descendants(proc.pid)))
+        time.sleep(0.1)
+    for pid in [proc.pid, *_alive(family)] if proc.poll() is None else _alive(family):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
 
 
 def _last_error_line(log: str, rank: int | None = None) -> str:

@@ -37,6 +37,7 @@ def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
                 "compute_s": compute_s,  # all microbatches of one step
                 "wait_s": max(0.0, iteration_s - rank_compute),  # the rank's idle + communication time per step
                 "peak_memory_bytes": st["peak_memory_bytes"],
+                "device_peak_bytes": r.get("device_peak_bytes", st["peak_memory_bytes"]),  # the rank's device
                 "weights_bytes": st["weights_bytes"],
                 "grad_bytes": st["grad_bytes"],
                 "optimizer_bytes": st["optimizer_bytes"],

@@ -348,7 +348,7 @@ def load_split_model(plan) -> tuple[Any, Any, Split]:
     torch.manual_seed(SEED)
     model = spec.build()
     ep, graph = export_structure(spec, plan.microbatch_size, depth=plan.graph.get("depth"), model=model)
-    if graph.fingerprint() != plan.graph["fingerprint"]:
+    if graph.fingerprint() != plan.graph["fingerprint"] and not _same_layers_at_another_batch(plan, graph):
         raise UserError(
             f"the model in {plan.graph['model_file']} no longer matches the plan (graph fingerprint "
             f"{graph.fingerprint()} != {plan.graph['fingerprint']})",
@@ -357,6 +357,10 @@ def load_split_model(plan) -> tuple[Any, Any, Split]:
     gm = ep.module()
     layer_nodes = {layer.name: layer.nodes for layer in graph.layers}
     layer_stage = {name: s.index for s in plan.stages for name in s.layers}
+    unknown = [n for n in layer_stage if n not in layer_nodes]
+    if unknown:
+        raise UserError(f"stage {layer_stage[unknown[0]]} of the plan names layer {unknown[0][:60]!r}, which the model "
+                        f"in {plan.graph['model_file']} does not have", "re-plan from the model file")
     missing = [n for n in layer_nodes if n not in layer_stage]
     if missing:
         raise UserError(f"the plan assigns no stage to layer {missing[0]!r}", "re-plan")
@@ -431,9 +435,9 @@ def resume_step(opts: Options, plan, modules: dict[int, torch.nn.Module],
     """The step to start from: with --resume, the last complete checkpoint's (its shards loaded), else 0."""
     if not (opts.resume and opts.checkpoint_dir):
         return 0
-    manifest = ckpt.latest(opts.checkpoint_dir, stages=len(plan.stages), fingerprint=plan.graph["fingerprint"])
-    if manifest is None:
-        return 0
+    manifest, _ = ckpt.latest(opts.checkpoint_dir, stages=len(plan.stages), fingerprint=plan.graph["fingerprint"])
+    if manifest is None:  # the launcher checked; the folder changed since
+        raise UserError(f"--resume: no intact checkpoint in {opts.checkpoint_dir}", "run without --resume")
     for s in modules:
         ckpt.load_shard(manifest, s, modules[s], optimizers.get(s))
     return int(manifest["step"])
@@ -569,12 +573,33 @@ def teardown(st: RunState, log: StepLog, out_dir: Path, dump_dir: Path | None) -
                                 len(st.mine), st.sharded.get(s)) for s in st.mine],
         "events": {s: st.stats[s].events[-2 * st.plan.microbatches:] for s in st.mine},
     }
+    record["device_peak_bytes"] = device_peak_bytes(record["stages"], st.device)
     if dump_dir:
         dump_parameters(st, dump_dir)
     records: list[Any] | None = [None] * st.world if st.rank == 0 else None
     dist.gather_object(record, records, dst=0)
     if st.rank == 0:
         atomic_write_json(Path(out_dir) / "result.json", {"first_step": st.first_step, "ranks": records})
+
+
+def _same_layers_at_another_batch(plan, graph) -> bool:
+    """A plan traced at another batch size than the microbatch it runs may export differently in
+    batch-dependent details only (Hugging Face's mask code skips an expand at batch 1): the stages are
+    cut by layer names, so what matters is that the same layers come in the same order."""
+    traced_at = plan.graph.get("trace_batch_size")
+    if traced_at is None or traced_at == plan.microbatch_size:
+        return False
+    return [layer.name for layer in graph.layers] == [name for s in plan.stages for name in s.layers]
+
+
+def device_peak_bytes(stages: list[dict[str, Any]], device: torch.device) -> int:
+    """The whole device's peak, what the plan predicts per device (a device holds several stages under
+    interleaving): CUDA measures it directly (every stage record carries it); on the CPU it is the state of
+    every stage the rank holds plus the rank's activation peak (one meter per rank)."""
+    if device.type == "cuda":
+        return max(s["peak_memory_bytes"] for s in stages)
+    state = sum(s["weights_bytes"] + s["grad_bytes"] + s["optimizer_bytes"] for s in stages)
+    return state + max(s["activation_bytes"] for s in stages)
 
 
 def dump_parameters(st: RunState, dump_dir: Path) -> None:

@@ -128,3 +128,28 @@ def test_two_nodes_on_one_machine_train_like_one_node(plan_path):
     assert doc["plan"]["devices"] == 2 and [s["rank"] for s in doc["measured"]["stages"]] == [0, 1]
     ref, _, _ = reference_steps(str(MODEL), BATCH, 3, microbatches=M, optimizer="adam", lr=LR)
     torch.testing.assert_close(torch.tensor(doc["losses"]), torch.tensor(ref), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_plan_traced_at_batch_1_runs_at_another_microbatch(tmp_path):
+    """Hugging Face's mask code exports differently at batch 1 (another fingerprint, the same layers): a plan
+    traced at the default batch 1 and run at microbatch 2 trains, and equals single-process training."""
+    from pipeplan.costmodels.model_file import load_model_file
+    from pipeplan.costmodels.trace import export_structure
+
+    model = REPO / "tests" / "runtime_model_hf_gpt2.py"
+    plan = hand_plan(str(model), stages=2, devices=2, schedule="gpipe", microbatches=2, batch_size=4)
+    _, at_1 = export_structure(load_model_file(str(model)), 1)
+    assert at_1.fingerprint() != plan.graph["fingerprint"]  # the case: batch 1 exports another program
+    plan.graph.update(fingerprint=at_1.fingerprint(), trace_batch_size=1)
+    plan.save(tmp_path / "plan.json")
+    r = run_cli("run", str(tmp_path / "plan.json"), "--steps", "2", "--warmup", "0", "--optimizer", "sgd", "--lr",
+                "0.01", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref, _, _ = reference_steps(str(model), 4, 2, microbatches=2)
+    torch.testing.assert_close(torch.tensor(json.loads(r.stdout)["losses"]), torch.tensor(ref), rtol=1e-4, atol=1e-6)
+    renamed = json.loads((tmp_path / "plan.json").read_text())
+    renamed["stages"][1]["layers"][0] += "_x"  # other layer names: still refused
+    (tmp_path / "bad.json").write_text(json.dumps(renamed))
+    r = run_cli("run", str(tmp_path / "bad.json"), "--steps", "1", "--warmup", "0", timeout=300)
+    assert r.returncode == 2 and "no longer matches the plan" in r.stderr, r.stderr[-2000:]

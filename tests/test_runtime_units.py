@@ -34,7 +34,8 @@ def test_checkpoint_ignores_step_without_manifest(tmp_path):
         ckpt.save_shard(tmp_path, 2, stage, m, opt)
     ckpt.save_manifest(tmp_path, 2, stages=2, fingerprint="sha256:x", losses=[1.0, 0.5])
     ckpt.save_shard(tmp_path, 4, 0, m, opt)  # step 4 interrupted: one shard, no manifest
-    latest = ckpt.latest(tmp_path, stages=2, fingerprint="sha256:x")
+    latest, skipped = ckpt.latest(tmp_path, stages=2, fingerprint="sha256:x")
+    assert skipped == []
     assert latest["step"] == 2 and latest["losses"] == [1.0, 0.5]
     assert json.loads((tmp_path / "latest.json").read_text())["step"] == 2
     m2 = torch.nn.Linear(2, 2)
@@ -46,6 +47,42 @@ def test_checkpoint_ignores_step_without_manifest(tmp_path):
         ckpt.latest(tmp_path, stages=2, fingerprint="sha256:other")
     with pytest.raises(RuntimeError, match="missing"):
         ckpt.save_manifest(tmp_path, 4, stages=2, fingerprint="sha256:x", losses=[])
+
+
+def _two_checkpoints(root):
+    m = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in (2, 4):
+        for stage in (0, 1):
+            ckpt.save_shard(root, step, stage, m, opt)
+        ckpt.save_manifest(root, step, stages=2, fingerprint="sha256:x", losses=[])
+    return ckpt.step_dir(root, 4) / "stage-1.pt"
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]), "bytes, the manifest says"),
+    (lambda p: p.write_bytes(p.read_bytes()[:-1] + bytes([p.read_bytes()[-1] ^ 1])), "does not match its SHA-256"),
+    (lambda p: p.unlink(), "is missing"),
+])
+def test_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, damage, why):
+    shard = _two_checkpoints(tmp_path)
+    damage(shard)
+    latest, skipped = ckpt.latest(tmp_path, stages=2, fingerprint="sha256:x")
+    assert latest["step"] == 2
+    assert len(skipped) == 1 and "step 4" in skipped[0] and why in skipped[0] and str(shard) in skipped[0]
+
+
+def test_no_intact_checkpoint_and_a_bad_manifest(tmp_path):
+    _two_checkpoints(tmp_path)
+    for step in (2, 4):
+        (ckpt.step_dir(tmp_path, step) / "stage-0.pt").write_bytes(b"")
+    latest, skipped = ckpt.latest(tmp_path, stages=2, fingerprint="sha256:x")
+    assert latest is None and len(skipped) == 2
+    manifest = ckpt.step_dir(tmp_path, 4) / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**doc, "step": -3}))
+    with pytest.raises(UserError, match=r"manifest.json: step is -3: must be an integer >= 0"):
+        ckpt.latest(tmp_path, stages=2, fingerprint="sha256:x")
 
 
 def test_failed_rank_from_torchrun_report(tmp_path):

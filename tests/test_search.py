@@ -450,3 +450,21 @@ def test_memory_model_charges_tied_copies_like_evaluate():
     for cut in range(1, 6):
         plan = evaluate(g, prof, [0] * cut + [1] * (6 - cut), schedule="1f1b", microbatches=4, batch_size=16)
         assert [model(0, 0, cut), model(1, cut, 6)] == [s.predicted.memory_bytes for s in plan.stages]
+
+
+def test_runners_up_are_distinct_configurations():
+    """Several partitions of one configuration (DP, heuristics, ILP) used to be listed as runners-up that
+    read the same; each configuration now appears once, with its best partition."""
+    from cli_fixtures import chain_graph
+    from pipeplan.hardware_profiles import load_profile
+
+    request = PlanRequest(devices=4, batch_size=8, top=8)
+    res = search(chain_graph(), load_profile("a100-80gb-sxm"), request)
+    keys = [(a["schedule"], a["stages"], a["chunks"], a["data_parallel"], a["microbatches"], a["recompute"],
+             a["sharding"]) for a in res.best.alternatives]
+    assert len(keys) == len(set(keys)) == 7
+    best_key = (res.best.schedule, len(res.best.stages) // res.best.chunks, res.best.chunks, res.best.data_parallel,
+                res.best.microbatches, res.best.recompute, res.best.sharding)
+    assert best_key not in keys
+    rates = [res.best.predicted.samples_per_s] + [a["samples_per_s"] for a in res.best.alternatives]
+    assert rates == sorted(rates, reverse=True)
