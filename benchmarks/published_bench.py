@@ -1,0 +1,537 @@
+"""Published GPU training throughput against pipeplan's prediction of the same configuration.
+
+Usage (prints the table; --write-results rewrites this benchmark's section of benchmarks/RESULTS.md):
+
+    python benchmarks/published_bench.py [--only SUBSTRING] [--no-cache] [--no-depth-check] [--write-results]
+
+Each row of benchmarks/published/cases.yaml is a measured number from a paper or a vendor/framework page
+(quoted there with its source): a model of known shape trained on named GPUs with a known parallel
+configuration. For each row the model is traced weight-free (a Hugging Face config.json through
+`pipeplan.trace(..., time_layers=False)`; ResNet-50 from the model defined at the end of this file),
+`pipeplan.search` is run with everything the source fixed (stages, data-parallel replicas, microbatches,
+schedule, recomputation, dtype, ZeRO level, mixed-precision recipe) on the catalogue profile of that GPU,
+and the best plan's samples/s is converted to the source's metric (tokens/s per GPU, samples/s, or the
+source's own FLOP formula). Nothing is fitted to the rows. Rows with tensor parallelism are listed but not
+predicted (pipeplan does not model it) and are left out of the error statistics.
+
+Traced graphs are cached under /tmp/pipeplan-published-bench (keyed by the model file, sequence length,
+torch version and the tracer's sources); --no-cache retraces. The depth check retraces two models with one
+layer per op (instead of one per transformer block) to show what the block-level roofline hides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SECTION = "## Published GPU training throughput (`benchmarks/published_bench.py`)"
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "published"
+ROOT = HERE.parent
+CACHE = Path("/tmp/pipeplan-published-bench")
+TARGET_MEDIAN, TARGET_WORST = 0.10, 0.25  # issue 16: median |error| <= 10%, worst <= 25%
+# Models traced one layer per transformer block by default (blocks.coarse_depth), retraced one layer per op.
+DEPTH_CHECK = (("mpt-7b", 4), ("zb-gpt-6.2b", 4), ("bert-large-128", 5))
+
+
+# Written from the run recorded in benchmarks/RESULTS.md (the predictions are deterministic: no timing is involved).
+ANALYSIS = """
+**Where the cost model misses (a baseline: nothing was tuned to these rows).** Almost every miss is an
+over-prediction, and almost all of it is per-microbatch compute; the schedule and the sends are right.
+
+1. *One efficiency for every device and dtype.* `DEFAULT_EFFICIENCY` (costmodels/compute.py) prices every matmul
+   at 0.70 of the profile's dense peak, so compute scales with the catalogue peak: H100/A100 = 3.17x. The same
+   LLM Foundry models and configurations run 2.12-2.29x faster on H100 (line above the depth check); published
+   MFU is 55-64% on A100 and 38-46% on H100. Hence every H100 row on one or two nodes is 1.32-1.74 while the
+   A100 rows of the same models are 0.94-1.16: the largest single miss (5 rows, including the worst).
+   Convolutions show the same by dtype: ResNet-50 in fp32 on V100 (CUDA cores) is under-predicted (0.76: the
+   published 367 img/s is 57% of 15.7 TFLOP/s against the conv default 0.60), in TF32 on A100 over-predicted
+   (1.46), in fp16 within 0.98-1.11 on one GPU. Fix: efficiencies per profile and dtype, i.e. the `efficiency:`
+   mapping `HardwareProfile` already reads, filled in for hardware_profiles/catalog/h100-sxm.yaml and friends,
+   and `efficiency_for(profile, kind)` in costmodels/compute.py taking the dtype (tensor-core and CUDA-core
+   rates differ), calibrated on this table (issue 16's second half).
+2. *Memory-bound ops hidden inside grouped layers.* A model with more than `MAX_LEAF_LAYERS` (256) leaf modules
+   is traced one layer per transformer block (`blocks.coarse_depth`), and `layer_roofline_s` prices a layer as
+   max(sum of FLOPs / compute rate, sum of bytes / bandwidth): the block's layer norms, GELU, softmax, dropout
+   and residual traffic cost nothing ("hidden under FLOPs": 8-31% of the predicted time of the per-block LLM
+   rows, 43-46% of BERT's). Retraced one layer per op, the same rows drop by 3-14% (depth check: mpt-7b 1.08 ->
+   0.99 on A100, 1.49 -> 1.31 on H100; zb-6.2b 1.18 -> 1.11; BERT-large seq 128 1.43 -> 1.23) and the model
+   family stops jumping at the 256-leaf boundary (mpt-1b, per op, 0.99; mpt-3b, per block, 1.11). Fix: price a
+   grouped layer as the sum of its ops' rooflines: keep per-op (or per-kind) FLOPs and bytes on the `Layer` when
+   costmodels/export.py `build_structure` groups nodes, and sum `roofline_time_s` over them in
+   `layer_roofline_s` / `layer_times_s` instead of one max over the totals.
+3. *Traffic the graph does not carry.* The loss runs outside the exported program: costmodels/measure.py charges
+   its FLOPs to the last layer, but `bytes_moved` has none of its traffic, and `activation_bytes_scale` halves
+   all traffic under bf16 although transformers upcasts the logits to fp32. For mpt-125m (vocabulary 50368, 32 x
+   2048 tokens per microbatch) the fp32 cross-entropy reads and writes about 13 GB of logits per pass over them,
+   by our estimate (about five passes at 80% of HBM bandwidth) a tenth of its iteration; it is the one
+   over-predicted per-op A100 row of its family (1.20 against 0.99-1.04). Fix: count the loss's nodes (export
+   the loss with the model, or run it under the same byte counter) and scale bytes per tensor dtype rather than
+   per request dtype.
+4. *Communication and overlap.* Within a node the models agree with the published scaling: BERT 8-GPU over 1-GPU
+   is 7.9x published and 8.0x predicted. ResNet-50 loses more (published strong scaling 6.7-6.9x, predicted
+   7.97x, so its 8-GPU rows are 0.14-0.20 above its 1-GPU rows), but its all-reduce is under 1% of the predicted
+   iteration: what the published runs lose is most likely outside the model step (DALI image decoding at
+   16.6k img/s, host overheads), which pipeplan does not model. Across nodes, mpt-7b on 128 H100s shows 27% exposed ZeRO-3 time in
+   the prediction (ring all-gathers and reduce-scatters at the 50 GB/s inter-node link, `comm.group_link` takes
+   the slowest hop), while the published per-GPU throughput is within 2% of the 8-GPU run; that row's 1.11 is
+   this cancelling the 1.49 compute over-prediction of item 1, so it says nothing yet about the collective
+   model. The end-of-iteration all-reduce is never overlapped with the backward (`_sync_times`): 9% of the
+   Megatron 1.7B iteration (fp32 gradients over 4 nodes).
+5. *The pipeline schedule is not the problem.* The Zero Bubble 1F1B rows predict bubbles of 25%/12% (1.5B, 24/64
+   microbatches) and 27%/14% (28.3B, 96/256), the paper's Table 5 gives 1F1B bubble rates of 0.243/0.124 and
+   0.265/0.135; the ratio is flat in the microbatch count (1.17-1.29), so the miss is per microbatch (items 1-2,
+   fp16 Megatron kernels without fusion), not the simulator or the p2p sends.
+6. *Memory (not scored here): recomputation is per stage.* Three rows that trained are predicted out of memory
+   (mpt-30b with activation checkpointing, 132 GiB; Megatron 1.7B with recomputation, 318 GiB).
+   `_held_activations` (costmodels/memory.py) keeps the stage inputs plus one microbatch's activations of the
+   whole stage while it recomputes, and the simulator's `recompute_bytes` (planner/predict_inputs.py) likewise,
+   so a one-stage plan holds the entire model's activations; FSDP and Megatron-LM checkpoint every transformer
+   layer and hold one layer's. Fix: per-layer checkpointing there (layer inputs of the stage + the largest
+   layer's saved bytes).
+
+Rows and assumptions: LLM Foundry's rows quote the benchmark README at commit c90b9b31 (MPT configs from the
+same repository; the traced parameter counts equal the table's NumParams exactly); Megatron 1.7B's microbatch
+size and the Zero Bubble models' vocabulary (32000, which reproduces the named sizes) and fp16 are not in the
+sources and are assumptions, recorded per row in cases.yaml; BERT is built as transformers' BertLMHeadModel,
+whose MLM head runs on every token as DeepLearningExamples' BertForPreTraining does (no NSP head).
+"""
+
+
+# ---- ResNet-50 v1.5 (torchvision's layout; stride 2 in the 3x3 convolution), traced as a model file ----
+
+class Bottleneck(nn.Module):
+    def __init__(self, cin: int, width: int, stride: int):
+        super().__init__()
+        cout = width * 4
+        self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        return F.relu(y + (x if self.downsample is None else self.downsample(x)))
+
+
+class ResNet50(nn.Module):
+    def __init__(self, classes: int = 1000):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                                  nn.MaxPool2d(3, stride=2, padding=1))
+        blocks, cin = [], 64
+        for i, (width, n) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3), strict=True)):
+            for j in range(n):
+                blocks.append(Bottleneck(cin, width, 2 if (j == 0 and i > 0) else 1))
+                cin = width * 4
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        x = self.blocks(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def build_resnet50():
+    return ResNet50()
+
+
+def example_inputs(batch_size):
+    return (torch.randn(batch_size, 3, 224, 224),)
+
+
+def example_target(batch_size):
+    return torch.randint(0, 1000, (batch_size,))
+
+
+def loss_fn(output, target):
+    return F.cross_entropy(output, target)
+
+
+# ---- cases, graphs, predictions ------------------------------------------------------------------------
+
+def load_cases() -> dict[str, Any]:
+    import yaml
+
+    with open(DATA / "cases.yaml", encoding="utf-8") as f:
+        doc = yaml.safe_load(f)
+    for c in doc["cases"]:
+        assert c["tp"] * c["pp"] * c["dp"] == c["gpus"], c["id"]
+        assert c["micro_batch"] * c["microbatches"] * c["dp"] == c["global_batch"], c["id"]
+        assert c["source"] in doc["sources"] and c["model"] in doc["models"], c["id"]
+    return doc
+
+
+def _tracer_hash() -> str:
+    h = hashlib.sha1(torch.__version__.encode())
+    for p in sorted((ROOT / "costmodels").glob("*.py")):
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def model_path(model: dict[str, Any]) -> Path:
+    return (DATA / (model.get("config") or model["model_file"])).resolve()
+
+
+def trace_model(model: dict[str, Any], *, use_cache: bool, depth: int | None = None):
+    """The model's layer graph at batch 1 (weight-free, untimed), from the cache when it is there."""
+    import pipeplan
+    from pipeplan.costmodels.graph import load_graph
+
+    path = model_path(model)
+    seq = model.get("seq_len")
+    salt = f"|{seq}|{model.get('entry')}|{depth}|{_tracer_hash()}".encode()
+    key = hashlib.sha1(path.read_bytes() + salt).hexdigest()[:16]
+    cached = CACHE / f"{path.stem}-{seq}-{depth}-{key}.json"
+    if use_cache and cached.exists():
+        return load_graph(cached), 0.0
+    t0 = time.perf_counter()
+    kwargs: dict[str, Any] = {"time_layers": False, "fvcore_check": False, "depth": depth}
+    if model.get("config"):
+        kwargs["seq_len"] = seq
+    else:
+        kwargs["entry"] = model["entry"]
+    graph = pipeplan.trace(str(path), 1, **kwargs)
+    took = time.perf_counter() - t0
+    CACHE.mkdir(parents=True, exist_ok=True)
+    graph.save(cached)
+    return graph, took
+
+
+def megatron_flops(cfg: dict[str, Any], seq: int, batch: int) -> float:
+    """Narayanan et al. 2021 eq. 3 (with recomputation): 96 B s l h^2 (1 + s/(6h) + V/(16 l h))."""
+    l, h, V = cfg["n_layer"], cfg["n_embd"], cfg["vocab_size"]
+    return 96.0 * batch * seq * l * h * h * (1 + seq / (6 * h) + V / (16 * l * h))
+
+
+def to_metric(case: dict[str, Any], model: dict[str, Any], samples_per_s: float) -> float:
+    metric, gpus = case["metric"], case["gpus"]
+    if metric == "samples_per_s":
+        return samples_per_s
+    if metric == "samples_per_s_per_gpu":
+        return samples_per_s / gpus
+    if metric == "tokens_per_s_per_gpu":
+        return samples_per_s * model["seq_len"] / gpus
+    if metric == "megatron_tflops_per_gpu":
+        cfg = json.loads(model_path(model).read_text())
+        per_sample = megatron_flops(cfg, model["seq_len"], 1)
+        return per_sample * samples_per_s / gpus / 1e12
+    raise ValueError(f"unknown metric {metric}")
+
+
+def predict_case(case: dict[str, Any], graph) -> dict[str, Any]:
+    """pipeplan's best plan for exactly the published configuration (search with everything fixed)."""
+    import pipeplan
+    from pipeplan.errors import InfeasibleError
+    from pipeplan.planner.baselines import equal_layers
+
+    profile = pipeplan.load_profile(case["gpu"])
+    request = pipeplan.PlanRequest(
+        devices=case["gpus"], batch_size=case["global_batch"], schedule=case["schedule"], stages=case["pp"],
+        data_parallel=case["dp"], microbatches=case["microbatches"], chunks=1,
+        recompute="on" if case["recompute"] else "off", dtype=case["precision"], optimizer=case["optimizer"],
+        mixed_precision=case["mixed_precision"], sharding=case["sharding"], top=1)
+    fits = True
+    try:
+        plan = pipeplan.search(graph, profile, request).best
+    except InfeasibleError:  # pipeplan's memory model says it does not fit; predict the equal split anyway
+        fits = False
+        plan = pipeplan.evaluate(graph, profile, equal_layers(len(graph.layers), case["pp"]), schedule=case["schedule"],
+                                 microbatches=case["microbatches"], batch_size=case["global_batch"],
+                                 data_parallel=case["dp"], recompute=case["recompute"], dtype=case["precision"],
+                                 optimizer=case["optimizer"], sharding=case["sharding"],
+                                 mixed_precision=case["mixed_precision"])
+    st = [s.predicted for s in plan.stages]
+    M, it = plan.microbatches, plan.predicted.iteration_s
+    busiest = max(s.compute_s for s in st) * M
+    comm = max(max(s.fwd_comm_s - s.fwd_s, 0.0) + max(s.bwd_comm_s - s.bwd_s, 0.0) for s in st) * M \
+        + max(s.allreduce_s for s in st)
+    return {"plan": plan, "profile": profile, "fits": fits, "samples_per_s": plan.predicted.samples_per_s,
+            "mfu": plan.predicted.achieved_flops_fraction, "bubble": plan.predicted.bubble_fraction,
+            "compute_share": busiest / it if it > 0 else 0.0, "exposed_comm_share": comm / it if it > 0 else 0.0,
+            "peak_gib": plan.predicted.peak_memory_bytes / 2**30}
+
+
+def kind_shares(graph, profile, dtype: str, samples: int) -> dict[str, Any]:
+    """Predicted fwd+bwd time per op kind at `samples` per microbatch, and the share of memory-bound time."""
+    from pipeplan.costmodels.compute import (
+        efficiency_for,
+        layer_bytes,
+        peak_flops_for_kind,
+        used_param_bytes,
+    )
+    from pipeplan.costmodels.graph import LAYER_KINDS
+    from pipeplan.costmodels.memory import activation_bytes_scale
+
+    ratio = samples / graph.batch_size
+    scale = activation_bytes_scale(dtype)
+    by_kind: dict[str, float] = {}
+    total = mem_bound = hidden_mem = 0.0
+    for layer, used in zip(graph.layers, used_param_bytes(graph), strict=True):
+        kind = layer.kind if layer.kind in LAYER_KINDS else "other"
+        ce, me = efficiency_for(profile, kind)
+        peak = peak_flops_for_kind(profile, kind, dtype)
+        fb, bb = layer_bytes(layer, ratio=ratio, weight_bytes=used)
+        for flops, nbytes in ((layer.fwd_flops * ratio, fb * scale), (layer.bwd_flops * ratio, bb * scale)):
+            c = flops / (peak * ce)
+            m = nbytes / (profile.mem_bw_bytes_per_s * me)
+            t = max(c, m)
+            total += t
+            by_kind[kind] = by_kind.get(kind, 0.0) + t
+            if m > c:
+                mem_bound += t
+            else:
+                hidden_mem += m  # bytes the roofline's max() hides under this layer's FLOPs
+    return {"by_kind": {k: v / total for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+            "memory_bound": mem_bound / total, "hidden_memory": hidden_mem / total}
+
+
+# ---- report ---------------------------------------------------------------------------------------------
+
+def published_mfu(case: dict[str, Any]) -> str:
+    """The source's own utilisation figure, where its row has one (LLM Foundry MFU; Megatron % of peak)."""
+    cells = [c.strip() for c in case["quote"].split("|")]
+    if case["source"] == "llm-foundry":
+        return f"{float(cells[4]):.0f}%"
+    if case["source"] == "megatron-ptdp":
+        return cells[9]
+    return "—"
+
+
+def fmt_num(x: float) -> str:
+    if x >= 1000:
+        return f"{x:,.0f}"
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+UNITS = {"tokens_per_s_per_gpu": "tok/s/GPU", "samples_per_s": "samples/s", "samples_per_s_per_gpu": "samples/s/GPU",
+         "megatron_tflops_per_gpu": "TFLOP/s/GPU"}
+
+
+def config_text(c: dict[str, Any]) -> str:
+    par = []
+    if c["tp"] > 1:
+        par.append(f"TP{c['tp']}")
+    if c["pp"] > 1:
+        par.append(f"PP{c['pp']} {c['schedule']}")
+    if c["dp"] > 1:
+        par.append(f"DP{c['dp']}" + (f" {c['sharding']}" if c["sharding"] != "none" else ""))
+    par.append(f"mb {c['micro_batch']} x {c['microbatches']}")
+    par.append(c["precision"])
+    if c["recompute"]:
+        par.append("recompute")
+    return ", ".join(par)
+
+
+def summary(rows: list[dict[str, Any]]) -> tuple[float, float, str]:
+    errs = [(abs(r["ratio"] - 1), r["id"]) for r in rows if r.get("ratio") is not None]
+    med = statistics.median(e for e, _ in errs)
+    worst, worst_id = max(errs)
+    return med, worst, worst_id
+
+
+def run(args) -> str:
+
+    doc = load_cases()
+    models, sources = doc["models"], doc["sources"]
+    cases = [c for c in doc["cases"] if not args.only or args.only in c["id"]]
+    graphs: dict[str, Any] = {}
+    trace_s: dict[str, float] = {}
+    t_start = time.perf_counter()
+    load_at_start = os.getloadavg()[0]
+    param_checks = []
+    for c in cases:
+        m = models[c["model"]]
+        if c["tp"] > 1 or c["model"] in graphs:
+            continue
+        graphs[c["model"]], trace_s[c["model"]] = trace_model(m, use_cache=not args.no_cache)
+        if m.get("params"):
+            traced = sum(layer.param_bytes for layer in graphs[c["model"]].layers) // 4
+            param_checks.append((c["model"], traced, m["params"]))
+        print(f"traced {c['model']}: {len(graphs[c['model']].layers)} layers"
+              + (f" in {trace_s[c['model']]:.1f} s" if trace_s[c["model"]] else " (cached)"), flush=True)
+    rows = []
+    for c in cases:
+        m = models[c["model"]]
+        row = {"id": c["id"], "case": c, "model": m, "published": float(c["published"]), "ratio": None}
+        if c["tp"] == 1:
+            p = predict_case(c, graphs[c["model"]])
+            row.update(p)
+            row["predicted"] = to_metric(c, m, p["samples_per_s"])
+            row["ratio"] = row["predicted"] / row["published"]
+        rows.append(row)
+        print(f"{c['id']:28s} published {c['published']:>10} predicted "
+              + (f"{row['predicted']:10.1f}  ratio {row['ratio']:.2f}" if row["ratio"] else "(tensor parallel)"),
+              flush=True)
+    elapsed = time.perf_counter() - t_start
+
+    # --- the table
+    lines = ["| row | model | GPUs | config | published | predicted | ratio | source |",
+             "|---|---|---|---|---:|---:|---:|---|"]
+    for r in rows:
+        c = r["case"]
+        unit = UNITS[c["metric"]]
+        pred = ("n/a (TP not modelled)" if r["ratio"] is None
+                else fmt_num(r["predicted"]) + ("" if r["fits"] else " (OOM predicted)"))
+        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        src = f"{c['source']}: {c['table']}"
+        lines.append(f"| {c['id']} | {r['model']['shape']} | {c['gpus']}x {c['gpu']} | {config_text(c)} | "
+                     f"{fmt_num(r['published'])} {unit} | {pred} | {ratio} | {src} |")
+    predicted = [r for r in rows if r["ratio"] is not None]
+    med, worst, worst_id = summary(predicted)
+    n_src = len({r["case"]["source"] for r in predicted})
+    n_pp = sum(r["case"]["pp"] > 1 for r in predicted)
+    per_source = []
+    for s in sources:
+        rs = [r for r in predicted if r["case"]["source"] == s]
+        if rs:
+            ratios = [r["ratio"] for r in rs]
+            per_source.append(f"{s}: {len(rs)} rows, median ratio {statistics.median(ratios):.2f} "
+                              f"(range {min(ratios):.2f}-{max(ratios):.2f})")
+
+    # --- diagnostics: where the predicted time goes
+    diag = ["| row | published MFU | pred MFU | compute share | exposed comm share | bubble | pred peak GiB | "
+            "time by kind (memory-bound share) |",
+            "|---|---:|---:|---:|---:|---:|---:|---|"]
+    shares_seen = {}
+    for r in predicted:
+        c = r["case"]
+        key = (c["model"], c["gpu"], c["precision"], c["micro_batch"])
+        if key not in shares_seen:
+            shares_seen[key] = kind_shares(graphs[c["model"]], r["profile"], c["precision"], c["micro_batch"])
+        ks = shares_seen[key]
+        kinds = ", ".join(f"{k} {v:.0%}" for k, v in ks["by_kind"].items() if v >= 0.005)
+        diag.append(f"| {r['id']} | {published_mfu(c)} | {r['mfu']:.0%} | {r['compute_share']:.0%} | "
+                    f"{r['exposed_comm_share']:.0%} | "
+                    f"{max(r['bubble'], 0.0):.0%} | {r['peak_gib']:.1f} | {kinds} ({ks['memory_bound']:.0%}; "
+                    f"hidden under FLOPs {ks['hidden_memory']:.0%}) |")
+
+    # --- the same model and configuration on A100 and H100 (LLM Foundry runs both)
+    speedups = []
+    index = {(r["case"]["model"], r["case"]["gpus"], r["case"]["gpu"]): r for r in predicted}
+    for (mk, n, gpu), ra in index.items():
+        rh = index.get((mk, n, "h100-sxm"))
+        if gpu == "a100-80gb-sxm" and rh is not None:
+            speedups.append(f"{mk} on {n} GPUs: published {rh['published'] / ra['published']:.2f}x, "
+                            f"predicted {rh['predicted'] / ra['predicted']:.2f}x")
+    oom = [f"{r['id']} {r['peak_gib']:.0f} GiB" for r in predicted if not r["fits"]]
+
+    # --- depth check: the same rows with one layer per op
+    depth_lines = []
+    if not args.no_depth_check:
+        for model_key, depth in DEPTH_CHECK:
+            rs = [r for r in predicted if r["case"]["model"] == model_key]
+            if not rs:
+                continue
+            g, took = trace_model(models[model_key], use_cache=not args.no_cache, depth=depth)
+            kinds = sorted({layer.kind for layer in g.layers})
+            for r in rs:
+                p = predict_case(r["case"], g)
+                fine = to_metric(r["case"], r["model"], p["samples_per_s"])
+                ks = kind_shares(g, p["profile"], r["case"]["precision"], r["case"]["micro_batch"])
+                depth_lines.append(
+                    f"| {r['id']} | {len(graphs[model_key].layers)} -> {len(g.layers)} ({', '.join(kinds)}) | "
+                    f"{r['ratio']:.2f} | {fine / r['published']:.2f} | "
+                    + ", ".join(f"{k} {v:.0%}" for k, v in ks["by_kind"].items() if v >= 0.005)
+                    + f" (memory-bound {ks['memory_bound']:.0%}) |")
+            print(f"depth check {model_key}: {len(g.layers)} layers" + (f", traced in {took:.1f} s" if took else ""))
+
+    checks = "; ".join(f"{k} {t:,} (published {p:,}{', exact' if t == p else f', {t / p - 1:+.2%}'})"
+                       for k, t, p in param_checks)
+    body = [
+        "Command: `python benchmarks/published_bench.py --write-results`  ",
+        f"Machine: {os.cpu_count()} cores, no GPU, torch {torch.__version__}; "
+        f"load average at start {load_at_start:.1f}. "
+        f"Wall time {elapsed:.0f} s (traces {sum(trace_s.values()):.0f} s; cached graphs are reused from /tmp).  ",
+        f"Cases: benchmarks/published/cases.yaml ({len(rows)} rows from "
+        f"{len({r['case']['source'] for r in rows})} sources, each with the "
+        "quoted row and what the source leaves open); model configs in benchmarks/published/. Every prediction "
+        "is `pipeplan.search` with the published stages, data-parallel size, microbatches, schedule, recomputation, "
+        "dtype, ZeRO level and mixed-precision recipe fixed, on the catalogue profile of the GPU; nothing is fitted. "
+        "ratio = predicted / published.  ",
+        f"Parameter counts of the traced models against the source: {checks}.",
+        "",
+        *lines,
+        "",
+        f"**{len(predicted)} predicted rows from {n_src} sources (none with tensor parallelism; "
+        f"{n_pp} pipeline-parallel, "
+        f"{len(predicted) - n_pp} data-parallel or single-GPU): median |error| {med:.0%} (target <= "
+        f"{TARGET_MEDIAN:.0%}: {'met' if med <= TARGET_MEDIAN else 'not met'}), worst {worst:.0%} ({worst_id}; "
+        f"target <= {TARGET_WORST:.0%}: {'met' if worst <= TARGET_WORST else 'not met'}).** "
+        f"Tensor-parallel rows ({len(rows) - len(predicted)}) are listed for the record and not counted. "
+        f"{sum(r['ratio'] > 1 for r in predicted)} of {len(predicted)} rows are over-predicted; median ratio "
+        f"{statistics.median(r['ratio'] for r in predicted):.2f}.  ",
+        "Per source: " + "; ".join(per_source) + ".",
+        "",
+        "Where the predicted iteration goes (pred MFU: model FLOPs over the iteration at the dtype's dense peak, "
+        "as the sources compute MFU; compute share: the busiest device's forward + backward (+ recompute) "
+        "over the iteration; exposed comm: ZeRO collectives longer than the op they overlap, plus the "
+        "end-of-iteration all-reduce; time by kind: share of the summed layer rooflines, with the share of it "
+        "in memory-bound layers, and the layers' memory time that the max() of the roofline hides under their "
+        "FLOPs):",
+        "",
+        *diag,
+        "",
+        "H100 over A100, same model and parallel configuration: " + "; ".join(speedups)
+        + f" (the catalogue's dense bf16 peaks differ {989.4 / 312:.2f}x).  ",
+        "Rows the published run trained but pipeplan's memory model predicts out of memory (its prediction is "
+        "still shown): " + ("; ".join(oom) if oom else "none") + ".",
+    ]
+    if depth_lines:
+        body += [
+            "",
+            "Depth check: rows of models that `trace` groups one layer per transformer block by default "
+            "(more than `MAX_LEAF_LAYERS` leaf modules), retraced with one layer per op "
+            f"({', '.join(f'{m}: depth={d}' for m, d in DEPTH_CHECK)}), everything else equal:",
+            "",
+            "| row | layers (kinds) | ratio, per block | ratio, per op | time by kind, per op |",
+            "|---|---|---:|---:|---|",
+            *depth_lines,
+        ]
+    return "\n".join(body)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="only the cases whose id contains this")
+    ap.add_argument("--no-cache", action="store_true",
+                    help="retrace every model (cache: /tmp/pipeplan-published-bench)")
+    ap.add_argument("--no-depth-check", action="store_true", help="skip retracing two models with one layer per op")
+    ap.add_argument("--write-results", action="store_true", help="rewrite this section of benchmarks/RESULTS.md")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))  # a source checkout works without installing
+    torch.set_num_threads(1)
+    body = run(args) + "\n\n" + ANALYSIS.strip()
+    print("\n" + body)
+    if args.write_results:
+        sys.path.insert(0, str(HERE))
+        from results import write_section
+
+        write_section(SECTION, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
