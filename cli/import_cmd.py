@@ -10,18 +10,22 @@ import json
 
 import click
 
+from pipeplan.cli.options import MAX_BATCH_SIZE, count
+
 
 @click.command("import")
 @click.argument("pipedream_file", metavar="GRAPH_TXT")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the graph JSON.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--batch-size", type=count(MAX_BATCH_SIZE), default=1, show_default=True,
               help="Minibatch size the profile was taken at (PipeDream files do not record it).")
 @click.option("--name", default=None, help="Graph name (default: from the file name).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout instead of a table.")
 def import_(pipedream_file, output, batch_size, name, as_json):
     """Convert a PipeDream profiler GRAPH_TXT into a pipeplan graph JSON."""
+    from pipeplan._io import check_destination
     from pipeplan.costmodels.pipedream_import import load_pipedream_graph
 
+    check_destination(output, "-o")
     graph = load_pipedream_graph(pipedream_file, batch_size=batch_size, name=name)
     graph.save(output)
     totals = graph.totals()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 
 import click
@@ -95,6 +96,15 @@ def _relative(message: str) -> str:
         return message
 
 
+def _terminated(signum, frame) -> None:
+    """SIGTERM (a scheduler's cancel) unwinds like Ctrl-C: `finally` blocks stop the children a command
+    started (calibrate's link processes; `run` forwards the signal to torchrun itself), atomic writes
+    remove their temp files, and the exit code is 128 + 15."""
+    click.echo("error: stopped by SIGTERM", err=True)
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (`pipeplan`, `python -m pipeplan`)."""
+    signal.signal(signal.SIGTERM, _terminated)
     cli.main(args=argv, prog_name="pipeplan")

@@ -16,6 +16,7 @@ from typing import Callable
 
 import click
 
+from pipeplan._io import check_destination
 from pipeplan.choices import (
     DTYPE_CHOICES,
     MIXED_PRECISIONS,
@@ -39,6 +40,22 @@ DEFAULT_BATCH_SIZE = 64
 DEFAULT_TRACE_BATCH_SIZE = 1
 DEFAULT_MAX_SEQ_LEN = 4096  # costmodels/hf_config.py's cap on the default --seq-len (kept equal by a test)
 
+# Upper bounds of the counting flags, far beyond any real job but small enough that the search stays quick:
+# unbounded, `--gpus 1e23` or `-b 1e25` ran until the machine was out of memory (the search enumerates
+# devices and the divisors of the batch) and `-m 1e6` simulated a million microbatches per candidate.
+MAX_DEVICES = 2**18
+MAX_BATCH_SIZE = 2**24
+MAX_MICROBATCHES = 4096
+MAX_TRACE_BATCH_SIZE = 2**16
+MAX_SEQ_LEN = 2**20
+MAX_DEPTH = 64
+MAX_REPEATS = 1000
+
+
+def count(most: int) -> click.IntRange:
+    """A positive count of at most `most` (click names the flag and the range when a value is outside it)."""
+    return click.IntRange(min=1, max=most)
+
 
 def _choice(values) -> click.Choice:
     return click.Choice(values, case_sensitive=False)
@@ -57,13 +74,12 @@ def planning_options(*, with_profile: bool = True) -> Callable:
                                   times=times.lower(), sharding=sharding.lower(), mixed_precision=mixed_precision.lower())
             return f(*args, request=request, **kw)
 
-        pos = click.IntRange(min=1)
         decorators = [
-            click.option("--gpus", "--devices", "gpus", type=pos, required=True, help="Number of accelerators available."),
-            click.option("--batch-size", "-b", type=pos, default=DEFAULT_BATCH_SIZE, show_default=True, help="Global batch size (samples per iteration)."),
-            click.option("--microbatches", "-m", type=pos, default=None, help="Microbatches per iteration (default: searched)."),
+            click.option("--gpus", "--devices", "gpus", type=count(MAX_DEVICES), required=True, help="Number of accelerators available."),
+            click.option("--batch-size", "-b", type=count(MAX_BATCH_SIZE), default=DEFAULT_BATCH_SIZE, show_default=True, help="Global batch size (samples per iteration)."),
+            click.option("--microbatches", "-m", type=count(MAX_MICROBATCHES), default=None, help="Microbatches per iteration (default: searched)."),
             click.option("--schedule", type=_choice(SCHEDULE_CHOICES), default="auto", show_default=True, help="Pipeline schedule."),
-            click.option("--stages", "-k", type=pos, default=None, help="Pipeline stages (default: searched)."),
+            click.option("--stages", "-k", type=count(MAX_DEVICES), default=None, help="Pipeline stages (default: searched)."),
             click.option("--solver", type=_choice(SOLVERS), default="auto", show_default=True, help="Partitioner: DP for chains, ILP for DAGs."),
             click.option("--dtype", type=_choice(DTYPE_CHOICES), default="auto", show_default=True,
                          help="Training precision; auto = fp32 on a local profile, else bf16 mixed precision (fp16 where there is no bf16)."),
@@ -93,11 +109,11 @@ def trace_options(f):
     """Flags that only matter when the input is a model.py (or a Hugging Face config.json) that must be traced first."""
     decorators = [
         click.option("--entry", default=None, help="Builder function in model.py [default: build_model]."),
-        click.option("--trace-batch-size", type=click.IntRange(min=1), default=None,
+        click.option("--trace-batch-size", type=count(MAX_TRACE_BATCH_SIZE), default=None,
                      help=f"Batch size to trace at [default: {DEFAULT_TRACE_BATCH_SIZE}]; costs scale per sample."),
-        click.option("--depth", type=click.IntRange(min=1), default=None, help="Module depth to group layers at [default: leaf modules]."),
-        click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timed repeats per layer while tracing [default: adaptive]."),
-        click.option("--seq-len", type=click.IntRange(min=1), default=None,
+        click.option("--depth", type=count(MAX_DEPTH), default=None, help="Module depth to group layers at [default: leaf modules]."),
+        click.option("--repeats", type=count(MAX_REPEATS), default=None, help="Timed repeats per layer while tracing [default: adaptive]."),
+        click.option("--seq-len", type=count(MAX_SEQ_LEN), default=None,
                      help=f"Training sequence length of a Hugging Face config.json model [default: its max_position_embeddings, at most {DEFAULT_MAX_SEQ_LEN}]."),
     ]
     for d in reversed(decorators):
@@ -123,11 +139,8 @@ def check_output_paths(*, output=None, plot=None, chrome_trace=None) -> None:
     if plot is not None and Path(plot).suffix.lower() != ".png":
         raise UserError(f"--plot {plot}: the plot is a PNG image", "name the file *.png")
     for flag, value in (("-o/--output", output), ("--plot", plot), ("--chrome-trace", chrome_trace)):
-        if value is None:
-            continue
-        folder = Path(value).parent
-        if str(folder) and not folder.is_dir():
-            raise UserError(f"{flag} {value}: folder {folder} does not exist", "create it or pick another output path")
+        if value is not None:
+            check_destination(value, flag)
     paths = [p for p in (output, plot, chrome_trace) if p is not None]
     if len({str(Path(p).resolve()) for p in paths}) != len(paths):
         raise UserError("two outputs name the same file", "give -o, --plot and --chrome-trace different paths")

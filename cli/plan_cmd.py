@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from pipeplan.cli.options import output_options, planning_options, profile_option
+from pipeplan.cli.options import MAX_BATCH_SIZE, count, output_options, planning_options, profile_option
 
 
 @click.command("plan")
@@ -16,7 +16,7 @@ from pipeplan.cli.options import output_options, planning_options, profile_optio
 @profile_option
 @planning_options()
 @output_options
-@click.option("--profiled-batch-size", type=click.IntRange(min=1), default=None,
+@click.option("--profiled-batch-size", type=count(MAX_BATCH_SIZE), default=None,
               help="For a PipeDream graph.txt: the minibatch size its times were measured at (the file does not "
                    "record it; PipeDream's image models used 64-256). Without it, times count as per sample.")
 def plan(graph_file, profile, request, output, as_json, plot, chrome_trace, profiled_batch_size):
@@ -28,6 +28,8 @@ def plan(graph_file, profile, request, output, as_json, plot, chrome_trace, prof
     def load(phases, _profile):  # a saved graph needs no profile to load
         from pathlib import Path
 
+        if Path(graph_file).is_dir():
+            raise UserError(f"{graph_file}: is a folder", "pass a graph.json from `pipeplan trace` or a PipeDream graph.txt")
         if not Path(graph_file).is_file():
             raise UserError(f"{graph_file}: no such file", "pass a graph.json from `pipeplan trace` or a PipeDream graph.txt")
         return load_saved_graph(graph_file, profiled_batch_size=profiled_batch_size)

@@ -210,6 +210,16 @@ def schedule_png(plan, sim, *, capacity_bytes: int | None = None, title: str = "
     return _png(fig)
 
 
+LOG_AXIS_SPAN = 30.0
+"""Largest/smallest bar beyond which compare's axis turns logarithmic (a bar under 1/30 is a sliver)."""
+
+
+def compare_axis_is_log(values: Sequence[float]) -> bool:
+    """Whether the feasible bars span more than LOG_AXIS_SPAN (infeasible rows, drawn as 0, do not count)."""
+    positive = [v for v in values if v > 0]
+    return len(positive) > 1 and max(positive) / min(positive) > LOG_AXIS_SPAN
+
+
 def compare_png(rows: list[dict[str, Any]], *, title: str = "") -> bytes:
     """Horizontal bars of predicted samples/s per profile, annotated with the best configuration."""
     n = max(1, len(rows))
@@ -220,6 +230,8 @@ def compare_png(rows: list[dict[str, Any]], *, title: str = "") -> bytes:
     colours = ["#4C72B0" if r["feasible"] else "#CCCCCC" for r in rows]
     ax.barh(ys, values, color=colours)
     top = max(values + [1e-9])
+    log = compare_axis_is_log(values)  # 3.6K beside 4M: a linear axis draws the small bar as nothing
+    left = min(v for v in values if v > 0) / 2 if log else 0.0
     for y, r, v in zip(ys, rows, values, strict=True):
         if r["feasible"]:
             reps = r["replicas"] if isinstance(r["replicas"], int) else max(r["replicas"])
@@ -228,13 +240,18 @@ def compare_png(rows: list[dict[str, Any]], *, title: str = "") -> bytes:
                      f"M={r['microbatches']}, {r['schedule']}, {used:.0f}% memory")
         else:
             label = " no feasible plan"
-        ax.text(v, y, label, va="center", ha="left", fontsize=8)
+        ax.text(max(v, left), y, label, va="center", ha="left", fontsize=8)  # log axes have no 0
     ax.set_yticks(ys)
     ax.set_yticklabels([r["profile"] for r in rows])
     ax.invert_yaxis()
-    ax.set_xlim(0, top * 1.9)
+    if log:
+        ax.set_xscale("log")
+        ax.set_xlim(left, top * 30)
+        ax.set_xlabel("predicted samples/s (log scale)")
+    else:
+        ax.set_xlim(0, top * 1.9)
+        ax.set_xlabel("predicted samples/s")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: fmt_count(x)))
-    ax.set_xlabel("predicted samples/s")
     ax.set_title(title, fontsize=10, loc="left")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from pipeplan._io import check_destination
 from pipeplan.choices import DTYPES
 from pipeplan.cli.console import stdout_console
 from pipeplan.errors import UserError
@@ -124,10 +126,11 @@ def calibrate_cmd(output: Path, name: str, budget_s: float, as_json: bool, quiet
     from pipeplan.cli.progress import progress_display
     from pipeplan.hardware_profiles.calibrate import calibrate
 
+    if not math.isfinite(budget_s):  # click's range lets "nan" through (every comparison with NaN is false)
+        raise UserError(f"--budget-s {budget_s}: not a number of seconds", "e.g. --budget-s 45")
     if not NAME_RE.match(name):
         raise UserError(f"--name {name!r}: use lower-case letters, digits, '.', '_' or '-'", "e.g. --name my-workstation")
-    if not output.parent.exists() and str(output.parent) not in ("", "."):
-        raise UserError(f"{output}: folder {output.parent} does not exist", "create it or pick another output path")
+    check_destination(output, "-o")
     with progress_display(enabled=not quiet) as phases:
         prof = calibrate(budget_s=budget_s, progress=phases("calibrate: "), name=name)
     save_profile(prof, output)

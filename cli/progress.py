@@ -71,7 +71,8 @@ class PhaseProgress:
 @contextmanager
 def progress_display(enabled: bool = True, console: Console | None = None) -> Iterator[Callable[[str], PhaseProgress]]:
     """Yield a factory: `phases("trace: ")` returns a callback that shows phases with that prefix."""
-    if not enabled:
+    console = console or stderr_console
+    if not enabled or not console.is_terminal:  # piped or logged: bars would print as rows of box characters
         yield lambda prefix="": PhaseProgress(None, prefix)
         return
     progress = Progress(
@@ -80,7 +81,7 @@ def progress_display(enabled: bool = True, console: Console | None = None) -> It
         BarColumn(bar_width=24),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=console or stderr_console,
+        console=console,
         transient=False,
     )
     callbacks: list[PhaseProgress] = []

@@ -79,7 +79,7 @@ def plan_header(plan, profile=None) -> Text:
     text = Text()
     available = (plan.solver or {}).get("search", {}).get("devices_available")
     of = f" (of {available} available)" if available and available != plan.devices else ""
-    text.append(f"{plan.devices} × {plan.profile}{device}{of}", style="bold")
+    text.append(f"{plan.devices} × {shown_path(plan.profile)}{device}{of}", style="bold")
     text.append(
         f": {plan.schedule}, {shape}, {plan.microbatches} microbatch{'es' if plan.microbatches != 1 else ''} of "
         f"{plan.microbatch_size} (batch {plan.batch_size}), {plan.dtype}{_recipe(plan)}, {plan.optimizer}"
@@ -232,9 +232,13 @@ def alternatives_table(plan, limit: int = 5) -> Table | None:
     alts = (plan.alternatives or [])[:limit]
     if not alts:
         return None
-    t = Table(title="Runners-up", title_justify="left", header_style="bold")
-    for col in ("schedule", "K×d", "M", "recompute", "samples/s", "peak memory"):
-        t.add_column(col, justify="left" if col == "schedule" else "right")
+    # Rows that differ only in rank placement would read the same: name it when the search kept more than one.
+    best_layout = (plan.solver or {}).get("layout", "stage-major")
+    placements = len({best_layout} | {a.get("layout", "stage-major") for a in alts}) > 1
+    t = Table(title="Runners-up", title_justify="left", header_style="bold",
+              caption=f"the plan above places ranks {best_layout}" if placements else None, caption_justify="left")
+    for col in ("schedule", "K×d", "M", "recompute", "samples/s", "peak memory") + (("placement",) if placements else ()):
+        t.add_column(col, justify="left" if col in ("schedule", "placement") else "right")
     for a in alts:
         chunks = a.get("chunks") or 1
         sched = str(a.get("schedule")) + (f" (v={chunks})" if chunks > 1 else "")
@@ -246,7 +250,8 @@ def alternatives_table(plan, limit: int = 5) -> Table | None:
         if a.get("sharding", "none") != "none":
             sched += f", {SHARDING_NAMES[a['sharding']]}"
         t.add_row(sched, f"{a.get('stages')}×{d}", str(a.get("microbatches")), "on" if a.get("recompute") else "off",
-                  f"{sps:,.1f}" if isinstance(sps, (int, float)) else "—", fmt_bytes(a.get("peak_memory_bytes")))
+                  f"{sps:,.1f}" if isinstance(sps, (int, float)) else "—", fmt_bytes(a.get("peak_memory_bytes")),
+                  *((a.get("layout", "stage-major"),) if placements else ()))
     return t
 
 

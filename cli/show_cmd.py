@@ -16,6 +16,25 @@ import click
 from pipeplan.cli.options import check_output_paths
 
 
+def _plan_profile(recorded: str, plan_file: str, load):
+    """The plan's profile: a name, or the YAML path it was made with; failing that, a YAML of that name beside
+    the plan file (a plan and its profile copied together to another folder or machine)."""
+    from pathlib import Path
+
+    from pipeplan.errors import UserError
+
+    try:
+        return load(recorded)
+    except UserError:
+        if not recorded.endswith((".yaml", ".yml")):
+            raise
+        folder = Path(plan_file).parent
+        for candidate in (folder / recorded, folder / Path(recorded).name):  # a relative path, then the name
+            if candidate.is_file() and candidate.resolve() != Path(recorded).resolve():
+                return load(str(candidate))
+        raise
+
+
 @click.command("show")
 @click.argument("plan_file", metavar="PLAN.json")
 @click.option("--graph", "graph_file", default=None, help="The plan's graph.json, for the model summary and parameter counts.")
@@ -42,7 +61,7 @@ def show(plan_file, graph_file, as_json, plot, chrome_trace):
             )
     notes = []
     try:
-        profile = load_profile(plan.profile)
+        profile = _plan_profile(plan.profile, plan_file, load_profile)
     except UserError as e:  # a user profile that moved: the report just loses the capacity column
         profile = None
         notes.append(f"profile {plan.profile!r} not found ({e}); memory capacity not shown")

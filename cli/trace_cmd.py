@@ -10,29 +10,31 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from pipeplan._io import check_destination
+from pipeplan.cli.console import stdout_console
 from pipeplan.cli.fmt import fmt_bytes, fmt_count, fmt_flops, fmt_ms, fmt_seconds, shorten
+from pipeplan.cli.options import MAX_DEPTH, MAX_REPEATS, MAX_SEQ_LEN, MAX_TRACE_BATCH_SIZE, count
 from pipeplan.cli.progress import progress_display
 from pipeplan.errors import UserError
 
 
 @click.command("trace")
 @click.argument("model_file", type=click.Path(dir_okay=True))
-@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--batch-size", "-b", type=count(MAX_TRACE_BATCH_SIZE), default=8, show_default=True,
               help="Samples per batch to trace at (costs are for this batch).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default="graph.json", show_default=True,
               help="Graph file to write (pipeplan.graph/v1, see docs/graph-format.md).")
 @click.option("--entry", default="build_model", show_default=True, help="Builder function in the model file.")
-@click.option("--depth", type=click.IntRange(min=1), default=None,
+@click.option("--depth", type=count(MAX_DEPTH), default=None,
               help="Group ops by modules at this nesting depth [default: leaf modules].")
-@click.option("--repeats", type=click.IntRange(min=1), default=None,
+@click.option("--repeats", type=count(MAX_REPEATS), default=None,
               help="Timed training steps after the warm-up [default: as many as fit in ~10 s, 1 to 10].")
-@click.option("--seq-len", type=click.IntRange(min=1), default=None,
+@click.option("--seq-len", type=count(MAX_SEQ_LEN), default=None,
               help="Training sequence length when MODEL_FILE is a Hugging Face config.json "
                    "[default: its max_position_embeddings, at most 4096].")
 @click.option("--no-times", is_flag=True,
@@ -45,9 +47,7 @@ def trace(model_file, batch_size, output, entry, depth, repeats, seq_len, no_tim
     """Trace MODEL_FILE (defines build_model and example_inputs, or is a Hugging Face config.json) into a measured layer graph."""
     from pipeplan.costmodels.trace import trace as run_trace
 
-    folder = Path(output).parent
-    if str(folder) and not folder.is_dir():
-        raise UserError(f"-o {output}: folder {folder} does not exist", "create it or pick another output path")
+    check_destination(output, "-o")
     if no_times and repeats is not None:
         raise UserError("--repeats counts timed steps, but --no-times times nothing", "drop one of them")
     # With --json, stdout carries the document only: whatever the user's code prints goes to stderr.
@@ -64,7 +64,7 @@ def trace(model_file, batch_size, output, entry, depth, repeats, seq_len, no_tim
 
 
 def print_summary(graph, output: str | None = None, console: Console | None = None, top: int = 10) -> None:
-    console = console or Console()
+    console = console or stdout_console()  # piped: no padding, no cells wrapped at 80 columns
     t = graph.totals()
     step_s = sum(l.fwd_s + l.bwd_s for l in graph.layers)
     head = Table(title=f"{graph.name}: traced at batch {graph.batch_size}", show_header=False, box=None)

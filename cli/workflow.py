@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeplan._io import atomic_write_bytes, atomic_write_json
+from pipeplan.cli.report import shown_path
 from pipeplan.errors import UserError
 
 MODEL_SUFFIXES = (".py",)
@@ -24,6 +25,8 @@ def json_kind(path: str) -> str:
         if p.stat().st_size > MAX_SNIFF_BYTES:
             return "graph"
         doc = json.loads(p.read_text(encoding="utf-8"))
+    except RecursionError:  # nested past json's limit: the graph reader says so, naming the file
+        return "graph"
     except (OSError, ValueError):
         return "other"
     if isinstance(doc, dict) and "format" in doc:
@@ -151,7 +154,7 @@ def write_outputs(plan, graph, profile, *, output: str | None, plot: str | None,
         if chrome_trace:
             from pipeplan.planner.timeline import chrome_trace as to_chrome
 
-            atomic_write_json(chrome_trace, to_chrome(sim.events, title=f"pipeplan: {plan.graph.get('name', '')} on {plan.profile}"))
+            atomic_write_json(chrome_trace, to_chrome(sim.events, title=f"pipeplan: {plan.graph.get('name', '')} on {shown_path(plan.profile)}"))
     return sim
 
 
@@ -178,6 +181,6 @@ def plot_title(plan, graph=None) -> str:
     if d > 1:
         shape += f" × {d} data-parallel replicas (one replica drawn)"
     return (
-        f"{name} on {plan.devices}× {plan.profile}: {plan.schedule}, {shape}, "
+        f"{name} on {plan.devices}× {shown_path(plan.profile)}: {plan.schedule}, {shape}, "
         f"{plan.microbatches} microbatch{'es' if plan.microbatches != 1 else ''}"
     )

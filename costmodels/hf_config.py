@@ -25,12 +25,22 @@ import torch
 import torch.nn.functional as F
 
 from pipeplan._io import read_json
+from pipeplan.costmodels.hf_config_check import (
+    ConfigValues,
+    check_config,
+    check_fields,
+    check_relations,
+    is_field_error,
+    name_non_finite,
+    one_line,
+    rejection,
+)
 from pipeplan.errors import UserError
+from pipeplan.fields import Fields, quote
 
 DEFAULT_MAX_SEQ_LEN = 4096  # the default --seq-len: max_position_embeddings, but no more than this
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config.json is a few KiB; anything this big is another file
 GRAPH_FORMAT_PREFIX = "pipeplan.graph/"
-
 
 def is_json_path(path: str) -> bool:
     return os.path.splitext(path)[1].lower() == ".json"
@@ -42,7 +52,11 @@ def read_config_dict(path: str) -> dict[str, Any]:
     if size > MAX_CONFIG_BYTES:
         raise UserError(f"{path}: not a Hugging Face config ({size} bytes; a config.json is a few KiB)",
                         "pass the model's config.json")
-    doc = read_json(path, "Hugging Face config.json")
+    try:
+        doc = read_json(path, "Hugging Face config.json")
+    except UserError:
+        name_non_finite(path)  # NaN, Infinity, 1e400: say which field
+        raise
     if not isinstance(doc, dict):
         raise UserError(f"{path}: not a Hugging Face config (the JSON is a {type(doc).__name__}, not an object)",
                         "pass the model's config.json")
@@ -53,17 +67,9 @@ def read_config_dict(path: str) -> dict[str, Any]:
     if "model_type" not in doc:
         raise UserError(f"{path}: not a Hugging Face config (no \"model_type\" field)", "pass the model's config.json")
     if not isinstance(doc["model_type"], str):
-        raise UserError(f"{path}: not a Hugging Face config (\"model_type\" is {doc['model_type']!r}, not a string)",
-                        "pass the model's config.json")
+        raise UserError(f"{path}: not a Hugging Face config "
+                        f"(\"model_type\" is {quote(doc['model_type'])}, not a string)", "pass the model's config.json")
     return doc
-
-
-def _one_line(e: BaseException, limit: int = 240) -> str:
-    """An exception's text on one line (transformers' validation errors span several)."""
-    text = " ".join(str(e).split())
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _transformers() -> types.ModuleType:
@@ -83,19 +89,27 @@ def make_config(path: str, doc: dict[str, Any]) -> Any:
 
     model_type = doc["model_type"]
     if model_type not in CONFIG_MAPPING:
-        raise UserError(f"{path}: unknown model_type {model_type!r} (transformers {transformers.__version__} does not know it)",
+        raise UserError(f"{path}: unknown model_type {quote(model_type)} "
+                        f"(transformers {transformers.__version__} does not know it)",
                         "check the spelling, or install a transformers that has this architecture")
     config_class = CONFIG_MAPPING[model_type]
     if config_class not in MODEL_FOR_CAUSAL_LM_MAPPING:
-        raise UserError(f"{path}: model_type {model_type!r} has no causal language model in transformers "
+        raise UserError(f"{path}: model_type {quote(model_type)} has no causal language model in transformers "
                         f"(AutoModelForCausalLM cannot build a {config_class.__name__})",
                         "pass the config of a decoder-only language model (Llama, Mistral, Mixtral, GPT-2, ...)")
+    check_fields(path, doc, types=False)  # ranges first: a zero head count or a 10**30 width is not for transformers
     fields = {k: v for k, v in doc.items() if k != "model_type"}
     try:
         config = config_class.from_dict(fields)
     except Exception as e:  # transformers validates types and shapes (heads dividing the width, ...)
-        raise UserError(f"{path}: transformers rejects this {model_type} config: {_one_line(e)}",
-                        "fix the config's values") from e
+        rejects = f"{path}: transformers rejects this {model_type} config"
+        if not is_field_error(e):  # a rule across fields (heads dividing the width, ...): name the field if we can
+            try:
+                check_relations(Fields(rejects, "fix the config's values"), ConfigValues(doc, None, config_class))
+            except UserError as named:
+                raise named from e
+        raise UserError(f"{rejects}: {rejection(e, doc)}", "fix the config's values") from e
+    check_config(path, doc, config)
     config.use_cache = False  # no KV cache in the output: a training graph
     return config
 
@@ -190,7 +204,7 @@ def build_module(path: str, config: Any, seq_len: int) -> types.ModuleType:
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, AssertionError) as e:
             # values the config class let through but the model cannot be built with; a RuntimeError or
             # MemoryError (out of memory building real weights) is left to ModelSpec's handling
-            raise UserError(f"{path}: transformers cannot build this {config.model_type} model: {_one_line(e)}",
+            raise UserError(f"{path}: transformers cannot build this {config.model_type} model: {one_line(e)}",
                             "fix the config's values") from e
         register_moe_flop_formulas()  # transformers has loaded its expert ops by now
         if "position_ids" in inspect.signature(model.forward).parameters:

@@ -18,6 +18,7 @@ better; documented approximation).
 from __future__ import annotations
 
 import heapq
+import math
 import os
 import re
 from pathlib import Path
@@ -25,6 +26,7 @@ from pathlib import Path
 from pipeplan._io import read_text
 from pipeplan.costmodels.graph import Edge, Graph, Layer
 from pipeplan.errors import UserError
+from pipeplan.fields import quote
 
 _META = re.compile(
     r"forward_compute_time=(?P<f>[^,]+),\s*backward_compute_time=(?P<b>[^,]+),\s*"
@@ -47,14 +49,58 @@ def _kind(desc: str) -> str:
     return "other"
 
 
+# Plausible upper bounds, far above any real profile (the shipped ones peak at 636 ms and 1.6 GB): a
+# value past them is a corrupted file, and would overflow or dominate the planner's arithmetic.
+MAX_TIME_MS = 1e7  # about 2.8 hours for one layer's pass over one minibatch
+MAX_BYTES = 1e15  # a petabyte for one layer's activations or parameters
+_LIMITS = {
+    "forward_compute_time": (MAX_TIME_MS, "ms"),
+    "backward_compute_time": (MAX_TIME_MS, "ms"),
+    "activation_size": (MAX_BYTES, "bytes"),
+    "parameter_size": (MAX_BYTES, "bytes"),
+}
+_FIELDS = tuple(_LIMITS)
+_HINT = "pass an unmodified PipeDream graph.txt"
+
+
 def _number(text: str, path: str, lineno: int, what: str) -> float:
+    """A field's value: a finite number >= 0 and no more than the field's plausible bound."""
+    high, unit = _LIMITS[what]
+    must = f"must be a finite number >= 0 and <= {high:g} ({unit})"
     try:
         value = float(text)
     except ValueError:
-        raise UserError(f"{path}:{lineno}: {what} {text!r} is not a number", "pass an unmodified PipeDream graph.txt") from None
-    if value < 0 or value != value:
-        raise UserError(f"{path}:{lineno}: {what} is negative or NaN", "pass an unmodified PipeDream graph.txt")
+        raise UserError(f"{path}:{lineno}: {what} is {quote(text.strip())}: not a number; {must}", _HINT) from None
+    if not math.isfinite(value) or value < 0 or value > high:
+        raise UserError(f"{path}:{lineno}: {what} is {quote(text.strip())}: {must}", _HINT)
     return value
+
+
+def _activation(text: str, path: str, lineno: int) -> float:
+    """activation_size: one number, or a list `[a; b; ...]` of them (summed), within the same bound."""
+    if not text.startswith("["):
+        return _number(text, path, lineno, "activation_size")
+    if not text.endswith("]"):
+        raise UserError(f"{path}:{lineno}: activation_size is {quote(text)}: a list must be '[a; b; ...]'", _HINT)
+    items = [x for x in text[1:-1].split(";") if x.strip()]
+    total = sum(_number(x, path, lineno, "activation_size") for x in items)
+    if total > MAX_BYTES:
+        raise UserError(f"{path}:{lineno}: activation_size is {quote(text)}: its sum {total:g} must be "
+                        f"<= {MAX_BYTES:g} (bytes)", _HINT)
+    return total
+
+
+def _node_line_error(path: str, lineno: int, line: str) -> UserError:
+    """Why a node line does not parse: a missing field by name when one is, else the line itself (shortened)."""
+    if " -- " in line:
+        for f in _FIELDS:
+            if f"{f}=" not in line:
+                return UserError(f"{path}:{lineno}: {f} is missing from node line {quote(line)}", _HINT)
+            if re.search(rf"{f}=\s*(,|$)", line):
+                return UserError(f"{path}:{lineno}: {f} has no value in node line {quote(line)}", _HINT)
+    return UserError(f"{path}:{lineno}: not a PipeDream node line: {quote(line)}",
+                     "each node line is 'nodeN -- <description> -- forward_compute_time=<ms>, "
+                     "backward_compute_time=<ms>, activation_size=<bytes>, parameter_size=<bytes>'")
 
 
 def parse_pipedream(
@@ -62,30 +108,27 @@ def parse_pipedream(
 ) -> tuple[dict[str, tuple[str, float, float, float, float]], list[tuple[str, str]]]:
     """-> ({node_id: (desc, fwd_ms, bwd_ms, act_bytes, param_bytes)}, [(src, dst)]), file order."""
     nodes: dict[str, tuple[str, float, float, float, float]] = {}
-    edges: list[tuple[str, str]] = []
+    edges: list[tuple[str, str, int]] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue
         if raw.startswith("\t"):
             parts = raw.strip().split(" -- ")
-            if len(parts) != 2:
-                raise UserError(f"{path}:{lineno}: edge line must be 'nodeA -- nodeB'", "pass a PipeDream graph.txt")
-            edges.append((parts[0].strip(), parts[1].strip()))
+            if len(parts) != 2 or not all(x.strip() for x in parts):
+                raise UserError(f"{path}:{lineno}: edge line {quote(raw.strip())} must be 'nodeA -- nodeB'",
+                                "pass a PipeDream graph.txt")
+            edges.append((parts[0].strip(), parts[1].strip(), lineno))
             continue
-        node_id, sep, rest = raw.strip().partition(" -- ")
+        line = raw.strip()
+        node_id, sep, rest = line.partition(" -- ")
         m = _META.search(rest)
-        if not sep or m is None:
-            raise UserError(f"{path}:{lineno}: not a PipeDream node line", "pass a PipeDream profiler graph.txt")
+        if not sep or m is None or not node_id.strip():
+            raise _node_line_error(path, lineno, line)
         desc = rest[: m.start()].rstrip()
         desc = desc[: -len("--")].rstrip() if desc.endswith("--") else desc
-        act_text = m.group("a").strip()
-        if act_text.startswith("["):
-            items = [x for x in act_text.strip("[]").split(";") if x.strip()]
-            act = sum(_number(x.strip(), path, lineno, "activation_size") for x in items)
-        else:
-            act = _number(act_text, path, lineno, "activation_size")
+        act = _activation(m.group("a").strip(), path, lineno)
         if node_id in nodes:
-            raise UserError(f"{path}:{lineno}: node {node_id} is defined twice", "pass a PipeDream graph.txt")
+            raise UserError(f"{path}:{lineno}: node {quote(node_id)} is defined twice", "pass a PipeDream graph.txt")
         nodes[node_id] = (
             desc,
             _number(m.group("f"), path, lineno, "forward_compute_time"),
@@ -95,11 +138,12 @@ def parse_pipedream(
         )
     if not nodes:
         raise UserError(f"{path}: no nodes found", "pass a PipeDream profiler graph.txt")
-    for src, dst in edges:
+    for src, dst, lineno in edges:
         for end in (src, dst):
             if end not in nodes:
-                raise UserError(f"{path}: edge {src} -- {dst} names unknown node {end}", "pass a complete graph.txt")
-    return nodes, edges
+                raise UserError(f"{path}:{lineno}: edge {quote(src)} -- {quote(dst)} names unknown node {quote(end)}",
+                                "pass a complete graph.txt")
+    return nodes, [(s, d) for s, d, _ in edges]
 
 
 def _node_key(node_id: str) -> tuple[int, str]:

@@ -235,13 +235,16 @@ def measure_p2p(timeout_s: float = 60.0) -> P2PResult:
     procs = [ctx.Process(target=_p2p_worker, args=(r, port, queue), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
+    interrupted = True  # SIGTERM/Ctrl-C while waiting: kill the link processes at once, not after the joins
     try:
         status, payload = queue.get(timeout=timeout_s)
+        interrupted = False
     except Exception:
         status, payload = "error", f"no answer within {timeout_s:.0f} s"
+        interrupted = False
     finally:
         for p in procs:
-            p.join(timeout=5)
+            p.join(timeout=0 if interrupted else 5)
             if p.is_alive():
                 p.kill()
                 p.join()

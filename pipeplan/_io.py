@@ -38,6 +38,8 @@ def check_destination(path: str | os.PathLike[str], option: str = "output") -> N
     directory = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise UserError(f"{option} {path}: is a folder", "give a file name")
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"{option} {path}: {directory} is a file, not a folder", "pick another output path")
     if not directory.is_dir():
         raise UserError(f"{option} {path}: folder {directory} does not exist", "create it or pick another output path")
     if not os.access(directory, os.W_OK | os.X_OK):
@@ -80,6 +82,8 @@ def read_text(path: str | os.PathLike[str], *, what: str, missing: str | None = 
     the message's noun when the path does not exist (default: "no such " + what).
     """
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{p}: is a folder", f"pass a {what}")
     if not p.is_file():
         raise UserError(f"{p}: {missing or 'no such ' + what}", missing_hint)
     size = p.stat().st_size

@@ -134,3 +134,40 @@ def test_a_signal_stops_torchrun_and_every_worker(plan_path, tmp_path, signum):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+@pytest.mark.slow
+def test_sigterm_during_calibrate_stops_its_link_processes(tmp_path):
+    out = tmp_path / "local.yaml"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeplan", "profiles", "calibrate", "-o", str(out), "--quiet"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (kids := _children(proc.pid)):
+            assert proc.poll() is None and time.monotonic() < deadline, "calibrate never started its link processes"
+            time.sleep(0.2)
+        time.sleep(1)
+        kids = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+        assert proc.returncode == 143, err
+        assert [l for l in err.splitlines() if l.strip()] == ["error: stopped by SIGTERM"]
+        t0 = time.monotonic()
+        while [k for k in kids if Path(f"/proc/{k}").exists()] and time.monotonic() - t0 < 10:
+            time.sleep(0.2)
+        assert [k for k in kids if Path(f"/proc/{k}").exists()] == []
+        assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -271,6 +271,42 @@ def test_show_a_plan_whose_profile_file_moved(tmp_path):
     assert png_size(tmp_path / "p.png")[0] > 900
 
 
+
+def _own_profile(path: Path) -> Path:
+    """A user profile YAML (the H100 catalogue entry under another name), at `path`."""
+    text = (ROOT / "hardware_profiles" / "catalog" / "h100-sxm.yaml").read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("aliases")]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join("name: my-box" if line.startswith("name:") else line for line in lines) + "\n")
+    return path
+
+
+def test_show_finds_the_profile_a_plan_was_made_with(graph_file, tmp_path, monkeypatch):
+    """A plan made with `--profile profiles/local.yaml` used to say profile 'local' not found in `show`."""
+    _own_profile(tmp_path / "profiles" / "local.yaml")
+    monkeypatch.chdir(tmp_path)
+    run(["plan", graph_file, "--profile", "profiles/local.yaml", "--gpus", "2", "-b", "8", "-o", "plan.json"])
+    report = run(["show", "plan.json"]).stdout
+    assert "profiles/local.yaml" in report and str(tmp_path) not in report and "not found" not in report
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # shown from another folder: the recorded path still leads to it
+    doc = run_json(["show", "../plan.json"])
+    assert doc["notes"] == [] and doc["profile"]["name"] == "my-box"
+
+
+def test_show_finds_a_profile_copied_beside_its_plan(graph_file, tmp_path, monkeypatch):
+    """A plan and its profile moved together (another folder, another machine): the YAML beside the plan."""
+    own = _own_profile(tmp_path / "made" / "box.yaml")
+    monkeypatch.chdir(tmp_path / "made")
+    run(["plan", graph_file, "--profile", "box.yaml", "--gpus", "2", "-b", "8", "-o", "plan.json"])
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("plan.json", "box.yaml"):
+        (tmp_path / "made" / name).rename(moved / name)
+    assert not own.exists()
+    doc = run_json(["show", moved / "plan.json"])
+    assert doc["notes"] == [] and doc["profile"]["name"] == "my-box"
+
 def test_json_stdout_stays_clean_when_the_model_prints(tmp_path):
     model = tmp_path / "chatty.py"
     model.write_text(

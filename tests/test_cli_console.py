@@ -20,7 +20,7 @@ DOC = {  # the shape runtime.report.summarize returns
 def test_piped_run_table_is_not_truncated(monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     console = stdout_console()
-    assert not console.is_terminal and console.width == 140
+    assert not console.is_terminal and console.width >= 140
     console.file = io.StringIO()
     render_table(DOC, console)
     text = console.file.getvalue()
@@ -31,3 +31,20 @@ def test_piped_run_table_is_not_truncated(monkeypatch):
 def test_columns_wins_when_set(monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     assert stdout_console().width == 100
+
+
+def test_piped_trace_summary_keeps_cells_whole(monkeypatch, capsys):
+    """`pipeplan trace ... | cat` printed "33.6" and "MFLOP" on two lines, every line padded to 80 columns."""
+    from cli_fixtures import chain_graph
+    from pipeplan.cli.fmt import fmt_flops
+    from pipeplan.cli.trace_cmd import print_summary
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    graph = chain_graph()
+    print_summary(graph, "graph.json")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and [line for line in lines if line != line.rstrip()] == []
+    heaviest = max(graph.layers, key=lambda l: l.fwd_s + l.bwd_s)
+    cell = fmt_flops(heaviest.fwd_flops)
+    assert " " in cell  # "4.19 MFLOP": the value and its unit, which a narrow table splits
+    assert any(cell in line and "│" in line for line in lines)

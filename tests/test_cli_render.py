@@ -165,12 +165,38 @@ def test_compare_png(tmp_path):
     assert w > 500 and h > 100
 
 
+
+@pytest.mark.parametrize("rates, scale", [((3.6e3, 4e6), "log"), ((2e6, 4e6), "linear")])
+def test_compare_png_axis_shows_a_small_bar_beside_a_big_one(monkeypatch, rates, scale):
+    """3.6K samples/s beside 4M drew as nothing on a linear axis: a span over 30x is drawn on a log axis, said
+    in the label, with every label (an infeasible row's too) at a finite place."""
+    import pipeplan.cli.plots as plots
+
+    class P:
+        device, usable_memory_bytes, local = "H100", 80 << 30, False
+
+    rows = []
+    for i, rate in enumerate(rates):
+        P.name = f"gpu-{i}"
+        row = compare_row(P, hand_plan(), "bf16")
+        rows.append({**row, "samples_per_s": rate})
+    P.name = "gpu-none"
+    rows.append(compare_row(P, None, "bf16", error="does not fit"))
+    figures = []
+    monkeypatch.setattr(plots, "_png", lambda fig: figures.append(fig) or b"")
+    plots.compare_png(rows, title="x")
+    ax = figures[0].axes[0]
+    assert ax.get_xscale() == scale and ("log scale" in ax.get_xlabel()) == (scale == "log")
+    lo, hi = ax.get_xlim()
+    assert 0 <= lo < min(rates) and hi > max(rates)
+    assert all(lo <= t.get_position()[0] <= hi for t in ax.texts)
+
 def test_progress_phases_become_lines_and_counters_stay_one_line():
     import io
 
     from pipeplan.cli.progress import progress_display
 
-    console = Console(file=io.StringIO(), width=120)
+    console = Console(file=io.StringIO(), width=120, force_terminal=True)  # bars are for terminals only
     with progress_display(console=console) as phases:
         trace = phases("trace: ")
         trace("loading model file", 0, 1)
@@ -186,6 +212,37 @@ def test_progress_phases_become_lines_and_counters_stay_one_line():
     assert descriptions == ["trace: loading model file", "trace: exporting", "trace: timing layers", "plan: 5 stages x 1 replicas"]
     assert all(t.completed == t.total for t in progress.tasks)  # finished phases show as complete
 
+
+
+def test_piped_progress_is_silent():
+    """Piped or logged, a live display would print rows of bar characters and cursor codes: nothing goes out."""
+    import io
+
+    from pipeplan.cli.progress import progress_display
+
+    out = io.StringIO()
+    with progress_display(console=Console(file=out, width=120)) as phases:
+        trace = phases("trace: ")
+        for done in range(4):
+            trace("timing layers", done, 3)
+    assert trace._progress is None and out.getvalue() == ""
+
+
+def test_runners_up_name_the_placement_when_it_is_what_differs():
+    """Two runners-up of one configuration that differ in rank placement used to read as the same row."""
+    import dataclasses
+
+    plan = hand_plan()
+    row = {"schedule": "1f1b", "stages": 2, "chunks": 1, "data_parallel": 4, "replicas": [4, 4], "devices": 8,
+           "microbatches": 8, "recompute": False, "sharding": "none", "samples_per_s": 790.0,
+           "peak_memory_bytes": 12 << 30}
+    same = dataclasses.replace(plan, alternatives=[{**row, "layout": "stage-major"}, {**row, "samples_per_s": 780.0}])
+    assert "placement" not in render(plan_report(same, model_summary=graph_summary(chain_graph())))
+    mixed = dataclasses.replace(plan, alternatives=[{**row, "layout": "pipeline-major"}, {**row, "samples_per_s": 780.0}])
+    text = render(plan_report(mixed, model_summary=graph_summary(chain_graph())))
+    rows = [line for line in text.splitlines() if "1f1b" in line and "│" in line]
+    assert len(rows) == 2 and "pipeline-major" in rows[0] and "stage-major" in rows[1]
+    assert "placement" in text and "the plan above places ranks stage-major" in text
 
 def test_dtype_auto():
     from dataclasses import replace

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -110,3 +111,16 @@ def test_from_dict_ignores_unknown_keys(searched):
     doc["future_field"] = 1
     doc["stages"][0]["predicted"]["future"] = 2
     assert Plan.from_dict(doc) == res.best
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_keep_the_users_umask(tmp_path, umask, mode):
+    """mkstemp creates 0600 files; a plan, graph or profile must get what any new file gets under the umask."""
+    from pipeplan._io import atomic_write_text
+
+    old = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "out.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out.json").stat().st_mode & 0o777 == mode

@@ -33,11 +33,12 @@ def plan_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def killed_run(plan_path, tmp_path_factory):
-    ckpt = tmp_path_factory.mktemp("ckpt")
+    ckpt, tmp = tmp_path_factory.mktemp("ckpt"), tmp_path_factory.mktemp("tmpdir")
     t0 = time.monotonic()
     r = run_cli("run", str(plan_path), "--steps", str(STEPS), "--warmup", "0", "--lr", str(LR),
                 "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--worker-script", str(FAULT_WORKER),
-                env={"PIPEPLAN_TEST_KILL_RANK": "1", "PIPEPLAN_TEST_KILL_STEP": "3"}, timeout=120)
+                env={"PIPEPLAN_TEST_KILL_RANK": "1", "PIPEPLAN_TEST_KILL_STEP": "3", "TMPDIR": str(tmp)}, timeout=120)
+    assert list(tmp.glob("pipeplan-run-*")) == []  # the failed run removed its run folder
     return r, time.monotonic() - t0, ckpt
 
 
