@@ -80,7 +80,9 @@ def main() -> None:
     rc, cases, wall_s, leftovers, alive = run_suite()
     body = table(cases)
     verdict = (f"pytest exit {rc}; {len(cases)} bad-input cases, each ended in exit 2 with one line naming the file or "
-               "option, no traceback, nothing on stdout, no output or temp file left" if rc == 0 else
+               "option, no traceback, nothing on stdout, no output or temp file left; and the signal cases (SIGTERM and "
+               "SIGINT to `pipeplan run`, SIGTERM to `profiles calibrate`) exited 128 + the signal with no child left "
+               "10 s later" if rc == 0 else
                f"pytest exit {rc}: some cases did not end as they should (see the output above)")
     after = (f"TMPDIR after the suite: {len(leftovers)} `pipeplan-run-*` folders left; processes of the suite still "
              f"alive 2 s after it ended: {len(alive)}")
