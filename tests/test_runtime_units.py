@@ -231,3 +231,17 @@ def test_checkpointing_a_sharded_plan_is_refused_before_launch(tmp_path):
         check_plan(plan, LaunchOptions(steps=2, checkpoint_dir=str(tmp_path / "ck")))
     plan.sharding = "none"
     assert check_plan(plan, LaunchOptions(steps=2, checkpoint_dir=str(tmp_path / "ck"))) == 4
+
+
+def test_device_peak_counts_every_stage_a_device_holds():
+    """Interleaved: a device holds several stages, and the plan predicts the device's peak; on the CPU each
+    stage record has its own state and the rank's one activation meter, on CUDA every record has the device's."""
+    from pipeplan.runtime.worker import device_peak_bytes
+
+    stages = [{"weights_bytes": 10, "grad_bytes": 10, "optimizer_bytes": 20, "activation_bytes": 7,
+               "peak_memory_bytes": 47},
+              {"weights_bytes": 5, "grad_bytes": 5, "optimizer_bytes": 10, "activation_bytes": 7,
+               "peak_memory_bytes": 27}]
+    assert device_peak_bytes(stages, torch.device("cpu")) == 40 + 20 + 7
+    cuda = [{**s, "peak_memory_bytes": 90} for s in stages]
+    assert device_peak_bytes(cuda, torch.device("cuda")) == 90
