@@ -77,6 +77,17 @@ def group_link(profile: HardwareProfile, ranks: Iterable[int]) -> Link:
     return profile.intra_node if len(nodes) == 1 else profile.inter_node
 
 
+def collective_link(profile: HardwareProfile, ranks: Iterable[int], op: str) -> Link:
+    """The link `op` ("allreduce", "reduce_scatter", "all_gather") over `ranks` is priced with: the profile's
+    measured collective within a node where it has one (a local profile: gloo's collectives on the CPU),
+    else `group_link`."""
+    ranks = list(ranks)
+    link = group_link(profile, ranks)
+    if op in profile.collectives and link is profile.intra_node:
+        return profile.collectives[op]
+    return link
+
+
 def send_time_between_s(nbytes: float, profile: HardwareProfile, src_rank: int, dst_rank: int) -> float:
     """Point-to-point send between two global device ranks over the right level of the hierarchy."""
     return p2p_time_s(nbytes, profile.link_between(src_rank, dst_rank))

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pipeplan.errors import UserError
-from pipeplan.hardware_profiles import op_overhead
+from pipeplan.hardware_profiles import collectives, op_overhead
 from pipeplan.hardware_profiles.allocator import keep_freed_memory
 from pipeplan.hardware_profiles.loader import save_profile  # noqa: F401 - the interface names it here too
 from pipeplan.hardware_profiles.local_device import (
@@ -78,7 +78,7 @@ P2P_REPS = (200, 40, 20, 10)
 Progress = Callable[[str, int, int], None]
 Probe: TypeAlias = tuple[list[float], list[float]]  # local_device.concurrency_probe: (alone, together) step times
 PipelineEvents: TypeAlias = dict[str, list[list[op_overhead.Event]]]  # op_overhead.run_pipeline, one rank's
-P2PResult: TypeAlias = tuple[dict[int, float], list[PipelineEvents], list[Probe]]
+P2PResult: TypeAlias = tuple[dict[int, float], list[PipelineEvents], list[Probe], dict[str, dict[int, float]]]
 _T = TypeVar("_T")
 
 
@@ -213,13 +213,14 @@ def _p2p_worker(rank: int, port: int, queue: Queue[tuple[str, Any]]) -> None:
                 if i >= 2:
                     times.append(time.perf_counter() - t0)
             one_way[nbytes] = min(times) / 2
+        collective_times = collectives.time_collectives(dist, torch)
         slowdown = concurrency_probe(rank, 2)
         events = op_overhead.run_pipeline(rank)
         gathered: list[Any] = [None, None]  # all_gather_object fills it with each rank's (probe, events)
         dist.all_gather_object(gathered, (slowdown, events))
         dist.destroy_process_group()
         if rank == 0:
-            queue.put(("ok", (one_way, [g[1] for g in gathered], [g[0] for g in gathered])))
+            queue.put(("ok", (one_way, [g[1] for g in gathered], [g[0] for g in gathered], collective_times)))
     except Exception as e:  # reported to the parent, which raises
         queue.put(("error", f"rank {rank}: {type(e).__name__}: {e}"))
 
@@ -347,7 +348,8 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
     finally:
         torch.set_num_threads(prev_threads)
     share = cpu_share(wall0, cpu0)
-    one_way, pipeline_events, slowdowns = step("link, pipeline ops and two busy cores (2 processes, gloo)", measure_p2p)
+    one_way, pipeline_events, slowdowns, collective_times = step(
+        "link, collectives, pipeline ops and two busy cores (2 processes, gloo)", measure_p2p)
     link_bw, link_lat = link_from_p2p(one_way)
     overhead_s, overhead_per_byte_s, overhead_detail = op_overhead.op_overhead_s(
         pipeline_events, lambda nbytes: link_lat + nbytes / link_bw)
@@ -388,6 +390,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         op_overhead_s=overhead_s,
         op_overhead_s_per_byte=overhead_per_byte_s,
         concurrency_slowdown=min(4.0, max(1.0, slowdown_from_probes(slowdowns))),
+        collectives=collectives.links_from_times(collective_times),
         notes=(
             "One device = one CPU core running one thread. Memory is MemTotal split evenly over the cores; "
             "usable is 80% of that (the OS, Python and torch need the rest). The inter-node link is the "
@@ -412,6 +415,8 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
             "copy_gbps": round(copy_bw / 1e9, 2),
             "elementwise_add_relu_gbps": gf(elem),
             "p2p_one_way_us": {int(k): round(v * 1e6, 2) for k, v in sorted(one_way.items())},
+            "collectives_us": {op: {int(k): round(v * 1e6, 1) for k, v in sorted(ts.items())}
+                               for op, ts in collective_times.items()},
             "op_overhead": overhead_detail,
             "concurrency_slowdown_per_rank": [round(x, 3) for x in rank_slowdowns(slowdowns)],
             "memory_total_bytes": mem_total,

@@ -79,7 +79,9 @@ _TOP_KEYS = {
     "notes": False,
     "local": False,
     "calibration": False,
+    "collectives": False,
 }
+COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
 _LINK_KEYS = {"kind": True, "bandwidth_gbps": True, "latency_us": True, "notes": False}
 
 
@@ -238,6 +240,8 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         efficiency[k] = e
 
     slowdown = c.number(doc.get("concurrency_slowdown", 1.0), "concurrency_slowdown")
+    collectives = c.mapping(doc.get("collectives") or {}, "collectives")
+    c.keys(collectives, {k: False for k in COLLECTIVES}, prefix="collectives.")
     if not 1.0 <= slowdown <= 4.0:
         raise c.fail("concurrency_slowdown", f"is a factor on compute time in [1, 4], got {_quote(slowdown)}")
     overhead_s = {k: v * 1e-6 for k, v in c.schedule_map(doc, "op_overhead_us").items()}
@@ -277,6 +281,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         op_overhead_s=overhead_s,
         op_overhead_s_per_byte=per_byte_s,
         concurrency_slowdown=slowdown,
+        collectives={k: c.link(v, f"collectives.{k}") for k, v in collectives.items()},
     )
 
 
@@ -315,6 +320,8 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         doc["op_overhead_us_per_mib"] = {k: _num(v * 1e6 * MIB) for k, v in profile.op_overhead_s_per_byte.items()}
     if profile.local:
         doc["local"] = True
+    if profile.collectives:
+        doc["collectives"] = {k: link(v) for k, v in profile.collectives.items()}
     if profile.calibration:
         doc["calibration"] = profile.calibration
     if profile.confidence:

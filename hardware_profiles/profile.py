@@ -52,6 +52,11 @@ class HardwareProfile:
     # GPUs: 1. A local profile's cores share caches, memory bandwidth and sometimes a physical
     # core, so `profiles calibrate` measures it (its other timings run on one core alone).
     concurrency_slowdown: float = 1.0
+    # Collectives as measured within a node ("allreduce", "reduce_scatter", "all_gather"): a Link each, fitted
+    # so that costmodels.comm's ring formulas give the measured times of a 2-rank group. A CPU's gloo
+    # collectives reduce in memory and copy through the sockets, so they are far slower than its send link
+    # suggests. Measured by `profiles calibrate`; empty = priced from intra_node.
+    collectives: dict[str, Link] = field(default_factory=dict)
 
     def overhead_for(self, schedule: str, nbytes: int = 0) -> float:
         """Runtime seconds for one op of `schedule` that sends and receives `nbytes` in all: the schedule's

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeplan.costmodels.comm import allreduce_time_s, group_link, half_ring_time_s, p2p_time_s
+from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_ring_time_s, p2p_time_s
 from pipeplan.costmodels.graph import Graph, SharedParam
 from pipeplan.costmodels.memory import MemoryBreakdown, model_state_bytes, stage_memory
 from pipeplan.hardware_profiles.profile import HardwareProfile
@@ -159,10 +159,10 @@ def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, 
             continue
         full = model_state_bytes(own_params[s], optimizer=request.optimizer, dtype=request.training_dtype,
                                  mixed_precision=request.mixed_precision)
-        link = group_link(profile, ranks[s])
-        rs, ag = (half_ring_time_s(n, reps[s], link) for n in (full.grad_bytes, full.weights_bytes))
+        rs = half_ring_time_s(full.grad_bytes, reps[s], collective_link(profile, ranks[s], "reduce_scatter"))
+        ag = half_ring_time_s(full.weights_bytes, reps[s], collective_link(profile, ranks[s], "all_gather"))
         if config.sharding == "none":
-            step_end[s] = allreduce_time_s(full.grad_bytes, reps[s], link)
+            step_end[s] = allreduce_time_s(full.grad_bytes, reps[s], collective_link(profile, ranks[s], "allreduce"))
         elif config.sharding == "zero1":
             step_end[s] = rs + ag
         elif config.sharding == "zero2":
@@ -173,7 +173,7 @@ def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, 
         group = sorted({r for s in used for r in ranks[s]})
         grad = model_state_bytes(nbytes, optimizer=request.optimizer, dtype=request.training_dtype,
                                  mixed_precision=request.mixed_precision).grad_bytes
-        step_end[used[0]] += allreduce_time_s(grad, len(group), group_link(profile, group))
+        step_end[used[0]] += allreduce_time_s(grad, len(group), collective_link(profile, group, "allreduce"))
     return _Sync(step_end, fwd, bwd)
 
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 import pipeplan.hardware_profiles.calibrate as calibrate_mod
 from pipeline_timeline import timeline
 from pipeplan.cli.main import cli
+from pipeplan.costmodels.comm import allreduce_time_s
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles import load_profile, op_overhead, save_profile
 
@@ -50,6 +51,17 @@ FAKE_P2P = {4: 50e-6, 64 * 1024: 50e-6 + 64 * 1024 / 2e9, MIB: 50e-6 + MIB / 2e9
 
 
 FAKE_GAP_S = {"gpipe": (8e-4, 0.0), "1f1b": (2e-4, 1e-10)}  # per op: fixed s, s per byte moved
+# gloo collectives of a 2-rank group: (bandwidth B/s, latency s) each, timed through the ring formulas
+FAKE_COLLECTIVES = {"allreduce": (1e9, 100e-6), "reduce_scatter": (0.5e9, 250e-6), "all_gather": (1e9, 120e-6)}
+
+
+def fake_collective_times() -> dict[str, dict[int, float]]:
+    """Ring times for two ranks, written out: all-reduce 2 (r-1)/r n/bw + 2 (r-1) lat, the halves (r-1)/r n/bw + (r-1) lat."""
+    out = {}
+    for op, (bw, lat) in FAKE_COLLECTIVES.items():
+        steps = 2 if op == "allreduce" else 1
+        out[op] = {n: steps * (0.5 * n / bw + lat) for n in (16 * 1024, 256 * 1024, 4 * MIB, 16 * MIB)}
+    return out
 
 
 def fake_pipeline_events() -> list[dict]:
@@ -104,7 +116,8 @@ def fake_measurements(monkeypatch):
     monkeypatch.setattr(calibrate_mod, "measure_conv", lambda cap: [120e9, 90e9])
     monkeypatch.setattr(calibrate_mod, "measure_attention", lambda cap: 50e9)
     monkeypatch.setattr(calibrate_mod, "measure_memory", lambda cap: (20e9, [20e9, 10e9]))
-    monkeypatch.setattr(calibrate_mod, "measure_p2p", lambda: (dict(FAKE_P2P), fake_pipeline_events(), FAKE_PROBES))
+    monkeypatch.setattr(calibrate_mod, "measure_p2p",
+                        lambda: (dict(FAKE_P2P), fake_pipeline_events(), FAKE_PROBES, fake_collective_times()))
     fake_measurements.bf16_speedup = 2.0
     return fake_measurements
 
@@ -124,6 +137,9 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
     assert p.intra_node.latency_s == pytest.approx(50e-6)
     assert p.intra_node.bandwidth_bytes_per_s == pytest.approx(2e9)
     assert p.inter_node == p.intra_node  # one machine: loopback both ways
+    for op, (bw, lat) in FAKE_COLLECTIVES.items():  # the fitted links give back the links the times came from
+        assert p.collectives[op].bandwidth_bytes_per_s == pytest.approx(bw, rel=1e-9)
+        assert p.collectives[op].latency_s == pytest.approx(lat, rel=1e-9)
     assert p.op_overhead_s == pytest.approx({k: v[0] for k, v in FAKE_GAP_S.items()}, abs=1e-12)
     assert p.op_overhead_s_per_byte == pytest.approx({k: v[1] for k, v in FAKE_GAP_S.items()}, abs=1e-16)
     # each rank alone averages 1.2x slower together, but in every round one of them ran 1.3x slower,
@@ -142,6 +158,10 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
     q = load_profile(str(tmp_path / "local.yaml"))
     assert q.local and q.peak_flops == p.peak_flops and q.efficiency == pytest.approx(p.efficiency)
     assert q.calibration["matmul_fp32_gflops"] == [80.0, 100.0, 64.0, 100.0]
+    assert set(q.collectives) == set(p.collectives)
+    for op, link in q.collectives.items():
+        assert (link.bandwidth_bytes_per_s, link.latency_s) == pytest.approx(
+            (p.collectives[op].bandwidth_bytes_per_s, p.collectives[op].latency_s))
     r = CliRunner().invoke(cli, ["profiles", "show", str(tmp_path / "local.yaml")])
     assert r.exit_code == 0 and "loopback" in r.stdout and "cpu_share" in r.stdout and "(local)" in r.stdout
 
@@ -210,6 +230,10 @@ def test_real_calibration_writes_a_loadable_local_profile(real_run):
     assert all(1e-6 < o < 4e-3 for o in at_1mib.values()), (prof.op_overhead_s, prof.op_overhead_s_per_byte)
     assert 1.0 <= prof.concurrency_slowdown <= 4.0
     assert len(prof.calibration["concurrency_slowdown_per_rank"]) == 2
+    # gloo's collectives, timed and fitted: the fitted all-reduce gives back the measured 16 MiB time
+    assert set(prof.collectives) == {"allreduce", "reduce_scatter", "all_gather"}
+    measured_s = prof.calibration["collectives_us"]["allreduce"][16 * MIB] / 1e6
+    assert allreduce_time_s(16 * MIB, 2, prof.collectives["allreduce"]) == pytest.approx(measured_s, rel=1e-3)
 
 
 def _best_s(fn, reps=9):
@@ -301,3 +325,21 @@ def test_real_calibration_bandwidth_reproduces_a_copy(real_run):
     dst = torch.empty_like(src)
     pred = 2 * calibrate_mod.MEMORY_BYTES / prof.mem_bw_bytes_per_s
     _ratio_within_band(lambda: _best_s(lambda: dst.copy_(src), reps=15), pred, prof)
+
+
+def test_collectives_are_priced_with_the_measured_links_within_a_node():
+    """A local profile's measured gloo collectives price its all-reduces; a group that leaves the node, or a
+    profile without measurements, keeps the link formulas (costmodels/comm.collective_link)."""
+    import dataclasses
+
+    from pipeplan.costmodels.comm import collective_link
+    from pipeplan.hardware_profiles.profile import Link
+
+    base = load_profile("a100-80gb-sxm")
+    assert collective_link(base, [0, 1], "allreduce") is base.intra_node
+    measured = Link("gloo allreduce", 1e9, 1e-4)
+    prof = dataclasses.replace(base, collectives={"allreduce": measured})
+    assert collective_link(prof, [0, 1], "allreduce") is measured
+    assert collective_link(prof, [0, 1], "all_gather") is prof.intra_node
+    assert collective_link(prof, [0, prof.devices_per_node], "allreduce") is prof.inter_node
+    assert allreduce_time_s(16 * MIB, 2, measured) == pytest.approx(16 * MIB / 1e9 + 2e-4)
