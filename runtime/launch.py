@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,16 +223,19 @@ def run_torchrun(cmd: list[str], env: dict[str, str], log_path: Path) -> int:
     """Run torchrun in its own process group and never leave it behind.
 
     A batch scheduler cancels a job with SIGTERM to the launcher (Ctrl-C sends
-    SIGINT): the signal is forwarded to torchrun's whole group (torchrun and
-    its workers), which gets STOP_GRACE_S to exit before SIGKILL; then
-    `Stopped` is raised. Any other way out (an exception) kills the group too.
+    SIGINT): the signal is forwarded to torchrun's group, torchrun passes it to
+    its workers, and all of them get STOP_GRACE_S to exit before SIGKILL; then
+    `Stopped` is raised. Any other way out (an exception) stops them too.
+    (Handlers can only be set from the main thread; elsewhere the caller's own
+    signal handling applies, and the `finally` still stops the children.)
     """
     received: list[int] = []
 
     def forward(signum, frame):
         received.append(signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
     try:
         with open(log_path, "w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
