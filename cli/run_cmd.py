@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import click
@@ -19,19 +20,21 @@ from pipeplan.choices import OPTIMIZERS
 @click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Machines taking part.")
 @click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This machine's index.")
 @click.option("--master-addr", default=None, help="Address of node 0 (several machines).")
-@click.option("--master-port", type=int, default=None, help="Port on node 0 (several machines; default 29500).")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=None, help="Port on node 0 (several machines; default 29500).")
 @click.option("--nproc-per-node", type=click.IntRange(min=1), default=None, help="Processes per machine (default: devices / nnodes).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (measured, predicted, losses) to stdout.")
 @click.option("--chrome-trace", type=click.Path(dir_okay=False), default=None, help="Write measured + simulated timelines (Perfetto).")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None, help="Folder for per-stage checkpoints.")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True, help="Checkpoint every S steps (0: never).")
 @click.option("--resume", is_flag=True, help="Continue from the last complete checkpoint in --checkpoint-dir.")
+@click.option("--log", "log_file", type=click.Path(dir_okay=False), default=None,
+              help="Keep torchrun's and every rank's output in this file (also when the run fails).")
 @click.option("--dump-params", type=click.Path(file_okay=False), default=None, hidden=True,
               help="Write each stage's final parameters to DIR/stage-<i>.pt (tests).")
 @click.option("--worker-script", type=click.Path(dir_okay=False, exists=True), default=None, hidden=True,
               help="Python script torchrun starts instead of pipeplan.runtime.worker (tests: fault injection).")
 def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr, master_port, nproc_per_node,
-        as_json, chrome_trace, checkpoint_dir, checkpoint_every, resume, dump_params, worker_script):
+        as_json, chrome_trace, checkpoint_dir, checkpoint_every, resume, log_file, dump_params, worker_script):
     """Train PLAN_FILE's pipeline on torch.distributed (one process per device) and report measured vs predicted."""
     from rich.console import Console
 
@@ -44,30 +47,34 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
     from pipeplan.runtime.report import summarize
 
     warmup = _warmup(steps, warmup)
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        raise click.BadParameter(f"{lr} is not a positive finite learning rate", param_hint="'--lr'")
     plan = load_plan(plan_file)
     if chrome_trace:
         check_destination(chrome_trace, "--chrome-trace")
+    ctx = click.get_current_context()
+    debug = bool((ctx.find_root().obj or {}).get("debug"))
     opts = LaunchOptions(steps=steps, warmup=warmup, lr=lr, optimizer=optimizer, nnodes=nnodes, node_rank=node_rank,
                          master_addr=master_addr, master_port=master_port, nproc_per_node=nproc_per_node,
                          checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
-                         dump_params=dump_params, worker_script=worker_script)
+                         dump_params=dump_params, worker_script=worker_script, log=log_file, keep_run_dir=debug)
     err = Console(stderr=True)
+
+    def notify(line: str) -> None:  # shown before training starts (the checkpoint resumed from)
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+
     try:
         if as_json:
-            result = launch(plan_file, opts)
+            result = launch(plan_file, opts, notify=notify)
         else:
             with err.status(f"training {steps} step(s) of {plan.schedule} on {len({d for s in plan.stages for d in s.devices})} process(es)"):
-                result = launch(plan_file, opts)
+                result = launch(plan_file, opts, notify=notify)
     except RankFailed as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     except Stopped as e:  # SIGTERM (a scheduler's cancel) or Ctrl-C: the convention is 128 + the signal
         click.echo(f"error: {e}", err=True)
         sys.exit(128 + e.signum)
-    if result.get("resumed"):
-        for line in result["resumed"]["skipped"]:
-            click.echo(f"warning: {line}", err=True)
-        click.echo(f"resumed from the checkpoint of step {result['resumed']['step']} in {checkpoint_dir}", err=True)
     if not result:  # not node 0: rank 0's node reports
         err.print("done (results are reported on node 0)")
         return

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -85,15 +86,22 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 def damage(manifest: dict[str, Any]) -> str | None:
     """What is wrong with a checkpoint's shards (missing, truncated, changed), or None when intact."""
-    folder = Path(manifest["path"])
-    for i, name in enumerate(manifest["shards"]):
-        shard = folder / name
-        if not shard.is_file():
-            return f"{shard} is missing"
-        if "shard_bytes" in manifest and shard.stat().st_size != manifest["shard_bytes"][i]:
-            return f"{shard} has {shard.stat().st_size} bytes, the manifest says {manifest['shard_bytes'][i]}"
-        if "shard_sha256" in manifest and _sha256(shard) != manifest["shard_sha256"][i]:
-            return f"{shard} does not match its SHA-256 in the manifest"
+    for stage in range(len(manifest["shards"])):
+        problem = shard_damage(manifest, stage)
+        if problem is not None:
+            return problem
+    return None
+
+
+def shard_damage(manifest: dict[str, Any], stage: int) -> str | None:
+    """What is wrong with one stage's shard, or None when it matches the manifest's size and SHA-256."""
+    shard = Path(manifest["path"]) / manifest["shards"][stage]
+    if not shard.is_file():
+        return f"{shard} is missing"
+    if "shard_bytes" in manifest and shard.stat().st_size != manifest["shard_bytes"][stage]:
+        return f"{shard} has {shard.stat().st_size} bytes, the manifest says {manifest['shard_bytes'][stage]}"
+    if "shard_sha256" in manifest and _sha256(shard) != manifest["shard_sha256"][stage]:
+        return f"{shard} does not match its SHA-256 in the manifest"
     return None
 
 
@@ -121,12 +129,17 @@ def latest(root: str | os.PathLike, *, stages: int, fingerprint: str) -> tuple[d
 
 def load_shard(manifest: dict[str, Any], stage: int, module: torch.nn.Module,
                optimizer: torch.optim.Optimizer | None) -> None:
+    """Load one stage's shard, checked against the manifest first (the launcher checked the whole checkpoint,
+    but a file can change in between); a shard torch cannot read is a user error naming it, not a traceback."""
     path = Path(manifest["path"]) / f"stage-{stage}.pt"
+    hint = "delete that step folder to resume from the one before"
+    problem = shard_damage(manifest, stage)
+    if problem is not None:
+        raise UserError(f"damaged checkpoint shard: {problem}", hint)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError) as e:  # damaged after the launcher's check
-        raise UserError(f"{path}: unreadable checkpoint shard ({str(e)[:80]})",
-                        "delete that step folder to resume from the one before") from None
-    module.load_state_dict(state["model"])
-    if optimizer is not None:
-        optimizer.load_state_dict(state["optimizer"])
+        module.load_state_dict(state["model"])
+        if optimizer is not None:
+            optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError) as e:
+        raise UserError(f"{path}: unreadable checkpoint shard ({str(e)[:80]})", hint) from None

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pipeplan.errors import UserError
 
@@ -45,6 +45,10 @@ class LaunchOptions:
     checkpoint_every: int = 0
     resume: bool = False
     dump_params: str | None = None
+    log: str | None = None
+    """A file to keep torchrun's and every rank's output in, whatever the outcome (the run folder is removed)."""
+    keep_run_dir: bool = False
+    """Keep the temp run folder (torchrun.log, per-rank status and results) for debugging (`--debug`)."""
     env: dict[str, str] = field(default_factory=dict)
     worker_script: str | None = None
     """A script torchrun starts instead of `-m pipeplan.runtime.worker`, with the same arguments. Tests only:
@@ -76,6 +80,9 @@ def check_plan(plan, opts: LaunchOptions) -> int:
                         "a different optimizer shard", "re-plan with --sharding none to checkpoint this run")
     if opts.resume and not opts.checkpoint_dir:
         raise UserError("--resume needs --checkpoint-dir", "pass the --checkpoint-dir of the interrupted run")
+    if opts.node_rank >= opts.nnodes:  # torchrun would wait for a rendezvous that cannot complete
+        raise UserError(f"--node-rank {opts.node_rank} with --nnodes {opts.nnodes}: node ranks are 0..{opts.nnodes - 1}",
+                        "number the machines from 0")
     n = devices_used(plan)
     per_node = opts.nproc_per_node or -(-n // opts.nnodes)
     if per_node * opts.nnodes < n:
@@ -118,7 +125,44 @@ def check_resume(plan, opts: LaunchOptions) -> dict[str, Any] | None:
     return {"step": manifest["step"], "dir": str(root), "skipped": skipped}
 
 
-def torchrun_command(plan_path: str, per_node: int, opts: LaunchOptions, run_dir: str) -> list[str]:
+def check_outputs(opts: LaunchOptions) -> None:
+    """Every place the run will write, checked (folders made) before any process starts, so a read-only or
+    misspelt destination is a one-line error at once rather than after the training."""
+    from pipeplan._io import check_destination
+
+    if opts.checkpoint_dir and opts.checkpoint_every:
+        check_folder(opts.checkpoint_dir, "--checkpoint-dir")
+    if opts.dump_params:
+        check_folder(opts.dump_params, "--dump-params")
+    if opts.log:
+        check_destination(opts.log, "--log")
+
+
+def check_folder(path: str, option: str) -> None:
+    """`path` is, or is now made, a folder this process can write into; else a UserError naming `option`."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{option} {path}: is a file, not a folder", f"pick another {option}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{option} {path}: cannot create the folder ({e.strerror})", f"pick another {option}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{option} {path}: folder is not writable", f"pick another {option}")
+
+
+def make_run_dir() -> Path:
+    """The temp run folder (torchrun's log, per-rank status and results), in $TMPDIR."""
+    try:
+        return Path(tempfile.mkdtemp(prefix="pipeplan-run-"))
+    except OSError as e:
+        where = tempfile.tempdir or os.environ.get("TMPDIR") or "the temp folder"  # tempdir: the one mkdtemp used
+        raise UserError(f"cannot create the run's temp folder in {where} ({e.strerror})",
+                        "set TMPDIR to a writable folder") from None
+
+
+def torchrun_command(plan_path: str, per_node: int, opts: LaunchOptions, run_dir: str,
+                     resume_step: int | None = None) -> list[str]:
     """torchrun starting the worker (opts.worker_script in tests) on this node, with the run's options."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(per_node), "--max-restarts", "0"]
     if opts.nnodes == 1 and opts.master_addr is None:
@@ -135,7 +179,7 @@ def torchrun_command(plan_path: str, per_node: int, opts: LaunchOptions, run_dir
     if opts.checkpoint_dir:
         cmd += ["--checkpoint-dir", os.path.abspath(opts.checkpoint_dir), "--checkpoint-every", str(opts.checkpoint_every)]
     if opts.resume:
-        cmd += ["--resume"]
+        cmd += ["--resume"] + (["--resume-step", str(resume_step)] if resume_step is not None else [])
     if opts.dump_params:
         cmd += ["--dump-params", os.path.abspath(opts.dump_params)]
     return cmd
@@ -155,33 +199,60 @@ def failed_rank(log: str, run_dir: Path, world: int) -> tuple[int | None, str]:
     return None, "unknown cause"
 
 
-def launch(plan_path: str, opts: LaunchOptions, *, progress=None) -> dict[str, Any]:
+def launch(plan_path: str, opts: LaunchOptions, *, notify: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the plan; returns rank 0's result document (see worker.teardown).
 
-    The run folder (torchrun's log, per-rank status and results) is a temp folder
-    removed on every way out; the failure message carries the failing rank's own
-    error line instead of pointing into it.
+    Everything checkable is checked before torchrun starts; `notify` gets the
+    lines to show then (the checkpoint resumed from, damaged ones skipped). The
+    run folder (torchrun's log, per-rank status and results) is a temp folder
+    removed on every way out (kept with opts.keep_run_dir); the failure message
+    carries the failing rank's own error line instead of pointing into it, and
+    opts.log keeps the output.
     """
     from pipeplan.planner.plan import load_plan
 
     plan = load_plan(plan_path)
     per_node = check_plan(plan, opts)
     resumed = check_resume(plan, opts)
-    if opts.checkpoint_dir:
-        Path(opts.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-    if opts.dump_params:
-        Path(opts.dump_params).mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix="pipeplan-run-"))
+    check_outputs(opts)
+    if resumed is not None and notify is not None:
+        for line in resumed["skipped"]:
+            notify(f"warning: {line}")
+        notify(f"resumed from the checkpoint of step {resumed['step']} in {resumed['dir']}")
+    run_dir = make_run_dir()
+    if opts.keep_run_dir and notify is not None:
+        notify(f"run folder (kept): {run_dir}")
     try:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **opts.env}
-        cmd = torchrun_command(plan_path, per_node, opts, str(run_dir))
+        # TMPDIR: torchrun's own log folder (torchelastic_*) and torch's temp files go in the run folder too
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TMPDIR": str(run_dir), **opts.env}
+        cmd = torchrun_command(plan_path, per_node, opts, str(run_dir), resumed["step"] if resumed else None)
         returncode = run_torchrun(cmd, env, run_dir / "torchrun.log")
         result = _outcome(plan, opts, per_node, run_dir, returncode)
         if resumed is not None and result:
             result["resumed"] = resumed
         return result
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        _keep_log(run_dir, opts)
+        if not opts.keep_run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _keep_log(run_dir: Path, opts: LaunchOptions) -> None:
+    """Copy torchrun's log to --log (atomically, keeping the umask), on every way out."""
+    log = run_dir / "torchrun.log"
+    if opts.log and log.exists():
+        from pipeplan._io import atomic_write_bytes
+
+        atomic_write_bytes(opts.log, log.read_bytes())
+
+
+def _where_output_is(opts: LaunchOptions, run_dir: Path) -> str:
+    """Where the failed run's full output can be read, or how to keep it next time."""
+    if opts.log:
+        return f"every rank's output: {opts.log}"
+    if opts.keep_run_dir:
+        return f"every rank's output: {run_dir / 'torchrun.log'}"
+    return "pass --log FILE to keep every rank's output"
 
 
 def _outcome(plan, opts: LaunchOptions, per_node: int, run_dir: Path, returncode: int) -> dict[str, Any]:
@@ -193,13 +264,15 @@ def _outcome(plan, opts: LaunchOptions, per_node: int, run_dir: Path, returncode
     if returncode != 0:
         rank, cause = failed_rank(log_text, run_dir, per_node * opts.nnodes)
         tail = _last_error_line(log_text, rank)
+        where = _where_output_is(opts, run_dir)
         if rank is None:
-            raise RankFailed(f"the run failed (torchrun exit {returncode}){': ' + tail if tail else ''}")
+            raise RankFailed(f"the run failed (torchrun exit {returncode}){': ' + tail if tail else ''} ({where})")
         from pipeplan.runtime.worker import stage_ranks
 
         stages = sorted(s for s, rs in stage_ranks(plan).items() if rank in rs)
         names = ", ".join(f"stage {s}" for s in stages) or "no stage"
-        raise RankFailed(f"rank {rank} ({names}) failed ({cause}){': ' + tail if tail else ''}; all ranks were stopped")
+        raise RankFailed(f"rank {rank} ({names}) failed ({cause}){': ' + tail if tail else ''}; all ranks were "
+                         f"stopped ({where})")
     result_path = run_dir / "result.json"
     if not result_path.exists():  # another node's launcher: rank 0 reports
         return {}
@@ -238,8 +311,8 @@ def run_torchrun(cmd: list[str], env: dict[str, str], log_path: Path) -> int:
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
     try:
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(die_with_parent(cmd), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             while proc.poll() is None and not received:
                 try:
@@ -256,6 +329,25 @@ def run_torchrun(cmd: list[str], env: dict[str, str], log_path: Path) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the launcher dies
+if os.getppid() != int(sys.argv[1]):  # it died before the line above
+    sys.exit(143)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def die_with_parent(cmd: list[str]) -> list[str]:
+    """`cmd` behind a few lines of Python that make Linux send it SIGTERM if the launcher dies without
+    unwinding (SIGKILL, the OOM killer), then exec it: torchrun then stops its workers as on a forwarded
+    SIGTERM, and each worker also asks for SIGKILL when torchrun dies (worker.die_with_parent).
+    No preexec_fn: it is unsafe with threads (the progress spinner)."""
+    if not sys.platform.startswith("linux"):
+        return cmd
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *cmd]
 
 
 def _descendants(pid: int) -> list[int]:

@@ -65,6 +65,7 @@ def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
         "predicted": predicted,
         "losses": losses,
         "first_step": result.get("first_step", 0),
+        "resumed": result.get("resumed"),  # {"step", "dir", "skipped"} after --resume, else None
     }
 
 

@@ -67,6 +67,8 @@ class Options:
     checkpoint_every: int
     resume: bool
     dump_params: str | None
+    resume_step: int | None = None
+    """The checkpoint the launcher checked and announced (launch.check_resume); None: the newest intact one."""
 
 
 def parse(argv: list[str]) -> Options:
@@ -83,8 +85,10 @@ def parse(argv: list[str]) -> Options:
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--dump-params", default=None)
+    p.add_argument("--resume-step", type=int, default=None)
     a = p.parse_args(argv)
-    return Options(a.plan, a.steps, a.warmup, a.lr, a.optimizer, a.run_dir, a.checkpoint_dir, a.checkpoint_every, a.resume, a.dump_params)
+    return Options(a.plan, a.steps, a.warmup, a.lr, a.optimizer, a.run_dir, a.checkpoint_dir, a.checkpoint_every,
+                   a.resume, a.dump_params, a.resume_step)
 
 
 # ---------------------------------------------------------------- placement
@@ -435,7 +439,11 @@ def resume_step(opts: Options, plan, modules: dict[int, torch.nn.Module],
     """The step to start from: with --resume, the last complete checkpoint's (its shards loaded), else 0."""
     if not (opts.resume and opts.checkpoint_dir):
         return 0
-    manifest, _ = ckpt.latest(opts.checkpoint_dir, stages=len(plan.stages), fingerprint=plan.graph["fingerprint"])
+    if opts.resume_step is not None:  # the one the launcher announced, so every rank loads the same step
+        manifest: dict[str, Any] | None = ckpt.read_manifest(ckpt.step_dir(opts.checkpoint_dir, opts.resume_step)
+                                                             / "manifest.json")
+    else:
+        manifest, _ = ckpt.latest(opts.checkpoint_dir, stages=len(plan.stages), fingerprint=plan.graph["fingerprint"])
     if manifest is None:  # the launcher checked; the folder changed since
         raise UserError(f"--resume: no intact checkpoint in {opts.checkpoint_dir}", "run without --resume")
     for s in modules:
@@ -752,8 +760,22 @@ def stage_record(s: int, st: StageStats, module, optimizer, meter, device, stage
     }
 
 
+def die_with_parent() -> None:
+    """Ask Linux for SIGKILL when torchrun dies: torchrun stops its workers when it is signalled, but a torchrun
+    killed outright (SIGKILL, the OOM killer) would leave them training to their last step."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # torchrun died before the line above
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None, *, after_step: StepHook = no_step_hook) -> int:
     """torchrun's entry: one rank's run(s), UserErrors written for the launcher; after_step: see no_step_hook."""
+    die_with_parent()
     opts = parse(sys.argv[1:] if argv is None else argv)
     rank = int(os.environ.get("RANK", 0))
     run_dir = Path(opts.run_dir)

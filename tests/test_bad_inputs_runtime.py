@@ -83,6 +83,16 @@ def test_resume_from_a_checkpoint_with_a_bad_manifest(plan_path, tmp_path):
     (["--resume"], ["--checkpoint-dir"]),
     (["--steps", "0"], ["--steps"]),
     (["--nnodes", "3"], ["3 nodes"]),
+    (["--nnodes", "2", "--node-rank", "2"], ["--node-rank 2", "--nnodes 2"]),
+    (["--master-port", "70000"], ["--master-port"]),
+    (["--lr", "nan"], ["--lr"]),
+    (["--lr", "-0.1"], ["--lr"]),
+    (["--lr", "1e999"], ["--lr"]),
+    (["--steps", "-3"], ["--steps"]),
+    (["--steps", "ten"], ["--steps"]),
+    (["--warmup", "-1"], ["--warmup"]),
+    (["--checkpoint-every", "-2", "--checkpoint-dir", "ck"], ["--checkpoint-every"]),
+    (["--optimizer", "lion"], ["--optimizer"]),
 ])
 def test_bad_run_flags(plan_path, args, names):
     expect_user_error(["run", plan_path, *args], names=names)
@@ -94,6 +104,54 @@ def test_chrome_trace_destination_is_checked_before_the_run(plan_path, tmp_path)
     for target in (tmp_path / "no" / "trace.json", blocker / "trace.json"):
         expect_user_error(["run", plan_path, "--chrome-trace", target], names=["--chrome-trace", str(target.parent)],
                           outputs=[target])
+
+
+def _read_only(monkeypatch, folder: Path) -> None:
+    """`folder` unwritable: chmod where that binds (not as root), else os.access answers as on a read-only mount."""
+    folder.chmod(0o555)
+    if os.access(folder, os.W_OK):  # root ignores modes
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == folder and mode & os.W_OK
+                            else real(p, mode, **kw))
+
+
+def test_output_folders_are_checked_before_the_run(plan_path, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    _read_only(monkeypatch, locked)
+    try:
+        for option, extra in (("--checkpoint-dir", ["--checkpoint-every", "1"]), ("--dump-params", [])):
+            for target, why in ((blocker / "sub", "cannot create"), (blocker, "is a file"), (locked, "not writable")):
+                expect_user_error(["run", plan_path, option, target, *extra], names=[option, str(target), why])
+        for target, why in ((tmp_path / "no" / "run.log", "does not exist"), (locked / "run.log", "not writable")):
+            expect_user_error(["run", plan_path, "--log", target], names=["--log", str(target), why], outputs=[target])
+        expect_user_error(["run", plan_path, "--log", tmp_path], names=["--log", str(tmp_path), "is a directory"])
+    finally:
+        locked.chmod(0o755)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "locked"]
+
+
+def test_an_unusable_temp_folder_is_a_user_error(plan_path, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+    expect_user_error(["run", plan_path], names=[str(tmp_path / "gone"), "TMPDIR"])
+
+
+def test_resume_from_a_file_or_a_damaged_shard_the_workers_would_load(plan_path, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    expect_user_error(["run", plan_path, "--checkpoint-dir", blocker, "--resume"], names=["--checkpoint-dir", str(blocker)])
+    shard = write_checkpoint(tmp_path / "ck", plan_path, 2)
+    manifest = ckpt.read_manifest(ckpt.step_dir(tmp_path / "ck", 2) / "manifest.json")
+    shard.write_bytes(b"\0" * shard.stat().st_size)  # damaged after the launcher's check: what a rank sees
+    with pytest.raises(ckpt.UserError, match="stage-1.pt does not match its SHA-256"):
+        ckpt.load_shard(manifest, 1, torch.nn.Linear(2, 2), None)
+    del manifest["shard_sha256"], manifest["shard_bytes"]  # a manifest without them (older format): torch's error
+    with pytest.raises(ckpt.UserError, match="stage-1.pt: unreadable checkpoint shard"):
+        ckpt.load_shard(manifest, 1, torch.nn.Linear(2, 2), None)
 
 
 def _survivors(marker: str) -> list[str]:
@@ -134,6 +192,31 @@ def test_a_signal_stops_torchrun_and_every_worker(plan_path, tmp_path, signum):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_takes_torchrun_and_every_worker_with_it(plan_path, tmp_path):
+    """SIGKILL (the OOM killer, a scheduler's last resort) cannot be forwarded: Linux's parent-death signal
+    stops torchrun, and each worker's stops it if torchrun goes too; all gone within 10 s."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeplan", "run", str(plan_path), "--steps", "100000", "--warmup", "0"],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len([s for s in _survivors(str(plan_path)) if "runtime.worker" in s]) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "workers never started"
+            time.sleep(0.5)
+        proc.kill()
+        proc.wait(timeout=5)
+        t0 = time.monotonic()
+        while _survivors(str(plan_path)) and time.monotonic() - t0 < 10:
+            time.sleep(0.2)
+        assert _survivors(str(plan_path)) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for line in _survivors(str(plan_path)):  # never leave a test's processes behind
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
 
 
 def _children(pid: int) -> list[int]:
