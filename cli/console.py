@@ -42,8 +42,8 @@ class _StripTrailing:
         return False
 
 
-def stdout_console(width: int = 140) -> Console:
-    """The console for stdout (`width` is kept for callers that ask for one; piped output is never wrapped)."""
+def stdout_console() -> Console:
+    """The console for stdout: the terminal's, or piped, PIPED_WIDTH (COLUMNS if set) without padding."""
     console = Console()
     if console.is_terminal:
         return console

@@ -76,7 +76,7 @@ def list_cmd(as_json: bool) -> None:
             _tf(p.peak_flops.get("bf16")), _tf(p.peak_flops.get("fp32")),
             str(p.devices_per_node), _link(p.intra_node), _link(p.inter_node), _origin(p),
         )
-    stdout_console(220).print(table)
+    stdout_console().print(table)
 
 
 @profiles.command("show")
@@ -110,7 +110,7 @@ def show_cmd(name: str, as_json: bool) -> None:
         t.add_row("calibration" if k == next(iter(p.calibration)) else "", f"{k}: {v}")
     for i, s in enumerate(p.sources):
         t.add_row("sources" if i == 0 else "", s)
-    stdout_console(220).print(t)
+    stdout_console().print(t)
 
 
 @profiles.command("calibrate")

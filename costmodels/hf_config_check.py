@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeplan.errors import UserError
-from pipeplan.fields import Fields, quote
+from pipeplan.fields import Fields, quote, shorten
 
 # Plausible bounds on a config's numbers (the largest real configs are far inside them: Llama 3.1 405B has
 # 126 layers, width 16384 and a vocabulary of 128256; Llama 4 has 10M positions), checked before transformers
@@ -62,8 +62,7 @@ def name_non_finite(path: str) -> None:
         return
     if found:
         field, text = found
-        text = text if len(text) <= 60 else text[:57] + "..."
-        raise UserError(f"{path}: {field} is {text}: must be a finite JSON number (not NaN, Infinity, or past 1.8e308)",
+        raise UserError(f"{path}: {field} is {shorten(text)}: must be a finite JSON number (not NaN, Infinity, or past 1.8e308)",
                         FIX_HINT)
 
 
@@ -230,9 +229,7 @@ def check_config(path: str, doc: dict[str, Any], config: Any) -> None:
 
 def one_line(e: BaseException, limit: int = 240) -> str:
     """An exception's text on one line (transformers' validation errors span several)."""
-    text = " ".join(str(e).split())
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
+    text = shorten(" ".join(str(e).split()), limit)
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 

@@ -27,9 +27,10 @@ from typing import Any
 
 import yaml
 
-from pipeplan._io import MAX_NESTING, atomic_write_text, check_format, check_nesting, read_text
+from pipeplan._io import MAX_NESTING, atomic_write_text, check_format, read_text
 from pipeplan.choices import DTYPES
 from pipeplan.errors import UserError
+from pipeplan.fields import quote
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.schedules import SCHEDULE_NAMES
 from pipeplan.units import GIB, MIB
@@ -103,13 +104,6 @@ def _is_float(text: str) -> bool:
 
 
 # ---------------------------------------------------------------- validation helpers
-def _quote(value: Any, limit: int = 60, *, bare: bool = False) -> str:
-    """A value for a one-line message: its repr, cut to `limit` characters (a hostile file can hold
-    megabytes in one field, and a message must stay one short line)."""
-    text = str(value) if bare else repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 class _Checker:
     """Carries the file path so every message can name it."""
 
@@ -125,7 +119,7 @@ class _Checker:
                 close = difflib.get_close_matches(str(key), list(spec), n=1)
                 guess = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
                 raise UserError(
-                    f"{self.path}: unknown field '{prefix}{_quote(key, 40, bare=True)}'{guess}",
+                    f"{self.path}: unknown field '{prefix}{quote(key, 40, bare=True)}'{guess}",
                     f"allowed here: {', '.join(spec)}",
                 )
         for key, required in spec.items():
@@ -137,37 +131,37 @@ class _Checker:
         in_unit = f" in {unit}" if unit else ""
         if isinstance(value, str) and _is_float(value):
             if re.fullmatch(r"\s*[+-]?\d+[eE][+-]?\d+\s*", value):
-                raise self.fail(field, f"is the text {_quote(value)}, not a number (YAML reads exponents without a "
+                raise self.fail(field, f"is the text {quote(value)}, not a number (YAML reads exponents without a "
                                 "'.' as text)", "write e.g. 1.0e3 or 1000")
-            raise self.fail(field, f"is the text {_quote(value)} (quoted), not a number{in_unit}",
+            raise self.fail(field, f"is the text {quote(value)} (quoted), not a number{in_unit}",
                             f"write it without quotes: {field.rsplit('.', 1)[-1]}: {value.strip()}")
         if isinstance(value, str) and _UNIT_RE.match(value):
             raise self.fail(
                 field,
-                f"must be a plain number{in_unit} (the unit is fixed by the field name), got {_quote(value)}",
+                f"must be a plain number{in_unit} (the unit is fixed by the field name), got {quote(value)}",
                 f"convert it to {unit or 'the unit in the field name'} and write only the number",
             )
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self.fail(field, f"must be a number{in_unit}, got {_quote(value)}")
+            raise self.fail(field, f"must be a number{in_unit}, got {quote(value)}")
         if value < 0 or (value == 0 and not allow_zero):
             sign = "non-negative" if allow_zero else "positive"
-            raise self.fail(field, f"must be a {sign} number{in_unit}, got {_quote(value)}")
+            raise self.fail(field, f"must be a {sign} number{in_unit}, got {quote(value)}")
         if value > top:
             raise self.fail(
                 field,
-                f"is {_quote(value)}, which is implausible{in_unit}",
+                f"is {quote(value)}, which is implausible{in_unit}",
                 f"the field is in {unit}; was the value written in {_SLIPS.get(unit, 'another unit')}?",
             )
         return float(value)
 
     def string(self, value: Any, field: str) -> str:
         if not isinstance(value, str) or not value.strip():
-            raise self.fail(field, f"must be a non-empty string, got {_quote(value)}")
+            raise self.fail(field, f"must be a non-empty string, got {quote(value)}")
         return value
 
     def string_list(self, value: Any, field: str) -> tuple[str, ...]:
         if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-            raise self.fail(field, f"must be a list of strings, got {_quote(value)}")
+            raise self.fail(field, f"must be a list of strings, got {quote(value)}")
         return tuple(value)
 
     def schedule_map(self, doc: dict[str, Any], field: str) -> dict[str, float]:
@@ -178,7 +172,7 @@ class _Checker:
 
     def mapping(self, value: Any, field: str) -> dict[Any, Any]:
         if not isinstance(value, dict):
-            raise self.fail(field, f"must be a mapping (key: value lines), got {_quote(value)}")
+            raise self.fail(field, f"must be a mapping (key: value lines), got {quote(value)}")
         return value
 
     def link(self, value: Any, field: str) -> Link:
@@ -201,11 +195,11 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
 
     name = c.string(doc["name"], "name")
     if not NAME_RE.match(name):
-        raise c.fail("name", f"must be up to 64 lower-case letters, digits, '.', '_' or '-' (got {_quote(name)})", "e.g. name: my-a100")
+        raise c.fail("name", f"must be up to 64 lower-case letters, digits, '.', '_' or '-' (got {quote(name)})", "e.g. name: my-a100")
     aliases = c.string_list(doc.get("aliases", []), "aliases")
     for a in aliases:
         if not NAME_RE.match(a):
-            raise c.fail("aliases", f"entry {_quote(a)} must be lower-case letters, digits, '.', '_' or '-'")
+            raise c.fail("aliases", f"entry {quote(a)} must be lower-case letters, digits, '.', '_' or '-'")
     device = c.string(doc["device"], "device")
 
     memory_gib = c.number(doc["memory_gib"], "memory_gib")
@@ -225,7 +219,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
 
     dpn = doc["devices_per_node"]
     if isinstance(dpn, bool) or not isinstance(dpn, int) or dpn < 1:
-        raise c.fail("devices_per_node", f"must be a whole number >= 1, got {_quote(dpn)}")
+        raise c.fail("devices_per_node", f"must be a whole number >= 1, got {quote(dpn)}")
 
     intra = c.link(doc["intra_node"], "intra_node")
     inter = c.link(doc["inter_node"], "inter_node")
@@ -236,14 +230,14 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     for k, v in eff_doc.items():
         e = c.number(v, f"efficiency.{k}")
         if e > 2.0:
-            raise c.fail(f"efficiency.{k}", f"is an achieved/peak fraction and must be in (0, 2], got {_quote(v)}")
+            raise c.fail(f"efficiency.{k}", f"is an achieved/peak fraction and must be in (0, 2], got {quote(v)}")
         efficiency[k] = e
 
     slowdown = c.number(doc.get("concurrency_slowdown", 1.0), "concurrency_slowdown")
     collectives = c.mapping(doc.get("collectives") or {}, "collectives")
     c.keys(collectives, {k: False for k in COLLECTIVES}, prefix="collectives.")
     if not 1.0 <= slowdown <= 4.0:
-        raise c.fail("concurrency_slowdown", f"is a factor on compute time in [1, 4], got {_quote(slowdown)}")
+        raise c.fail("concurrency_slowdown", f"is a factor on compute time in [1, 4], got {quote(slowdown)}")
     overhead_s = {k: v * 1e-6 for k, v in c.schedule_map(doc, "op_overhead_us").items()}
     per_byte_s = {k: v * 1e-6 / MIB for k, v in c.schedule_map(doc, "op_overhead_us_per_mib").items()}
 
@@ -251,13 +245,13 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     confidence = c.mapping(doc.get("confidence") or {}, "confidence")
     for k, v in confidence.items():
         if v not in ("V", "S", "M"):
-            raise c.fail(f"confidence.{k}", f"must be V, S or M, got {_quote(v)}")
+            raise c.fail(f"confidence.{k}", f"must be V, S or M, got {quote(v)}")
     notes = doc.get("notes", "")
     if not isinstance(notes, str):
-        raise c.fail("notes", f"must be a string, got {_quote(notes)}")
+        raise c.fail("notes", f"must be a string, got {quote(notes)}")
     local = doc.get("local", False)
     if not isinstance(local, bool):
-        raise c.fail("local", f"must be true or false, got {_quote(local)}")
+        raise c.fail("local", f"must be true or false, got {quote(local)}")
     calibration = c.mapping(doc.get("calibration") or {}, "calibration")
 
     return HardwareProfile(
@@ -371,7 +365,6 @@ def read_profile_file(path: str | os.PathLike[str]) -> HardwareProfile:
         raise UserError(f"{p}: invalid YAML{where}: {problem}", "fix the YAML syntax") from None
     if doc is None:
         raise UserError(f"{p}: empty file, not a pipeplan profile", f"a profile starts with 'format: {PROFILE_FORMAT}'")
-    check_nesting(doc, p)
     return parse_profile(doc, str(p))
 
 
@@ -390,7 +383,7 @@ def _refuse_aliases(text: str, path: Path, loader: Any) -> None:
             depth -= 1
         if isinstance(event, yaml.AliasEvent):
             line = event.start_mark.line + 1 if event.start_mark else 0
-            raise UserError(f"{path}: line {line}: YAML aliases (*{_quote(event.anchor, 30, bare=True)}) are not "
+            raise UserError(f"{path}: line {line}: YAML aliases (*{quote(event.anchor, 30, bare=True)}) are not "
                             "allowed in a profile", "write the values out")
 
 
@@ -459,6 +452,6 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     close = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise UserError(
-        f"unknown hardware profile {_quote(s)}",
+        f"unknown hardware profile {quote(s)}",
         f"{hint}run `pipeplan profiles list` for names, or pass a YAML file path",
     )

@@ -20,12 +20,17 @@ from typing import Any
 
 from pipeplan.errors import UserError
 
-__all__ = ["Fields", "quote"]
+__all__ = ["Fields", "quote", "shorten"]
 
 
-def quote(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+def shorten(text: str, limit: int = 60) -> str:
+    """`text` cut to `limit` characters, "..." marking the cut: a message must stay one short line."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def quote(value: Any, limit: int = 60, *, bare: bool = False) -> str:
+    """A value for a one-line message: its repr (its str with `bare`), shortened."""
+    return shorten(str(value) if bare else repr(value), limit)
 
 
 class Fields:
