@@ -131,6 +131,9 @@ def _devices(devices: list[int]) -> str:
         return "—"
     if len(devices) > 2 and devices == list(range(devices[0], devices[0] + len(devices))):
         return f"{devices[0]}–{devices[-1]}"
+    step = devices[1] - devices[0] if len(devices) > 3 else 0
+    if step > 1 and devices == list(range(devices[0], devices[-1] + 1, step)):  # pipeline-major: every step-th
+        return f"{devices[0]},{devices[1]},…,{devices[-1]}"
     return ",".join(str(d) for d in devices)
 
 

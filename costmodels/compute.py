@@ -60,6 +60,10 @@ MATRIX_KINDS = ("matmul", "conv", "attention")
 # consistent with backward doing two GEMMs per forward GEMM (Narayanan et al. 2021, App.).
 BACKWARD_BYTES_FACTOR = 2.0
 
+# The kind each finer cost-part kind (graph.PART_KINDS) is a case of: its efficiency and peak unless a profile
+# names it.
+PART_BASE_KIND = {"conv3x3": "conv", "dropout": "elementwise"}
+
 TIMES = ("model", "measured", "roofline")
 
 # How `local_times_note` starts, so `pipeplan run` can repeat it under a measured-vs-predicted table.
@@ -87,12 +91,22 @@ def roofline_time_s(flops: float, bytes_moved: float, peak_flops: float, mem_bw_
     return max(compute_s, memory_s)
 
 
-def efficiency_for(profile: HardwareProfile, kind: str) -> tuple[float, float]:
-    """(compute, memory) efficiency of an op kind on a profile: the profile's override, else the default."""
-    default_c = LOCAL_DEFAULT_EFFICIENCY if profile.local else DEFAULT_EFFICIENCY.get(kind, DEFAULT_EFFICIENCY["other"])
-    default_m = LOCAL_DEFAULT_EFFICIENCY if profile.local else DEFAULT_MEMORY_EFFICIENCY
+def efficiency_for(profile: HardwareProfile, kind: str, dtype: str | None = None) -> tuple[float, float]:
+    """(compute, memory) efficiency of an op kind on a profile in a dtype.
+
+    Looked up as the profile's "kind@dtype" (tensor-core and CUDA-core paths differ:
+    a GEMM in bf16 is not a GEMM in fp32), then its "kind", then, for the part kinds
+    graph.PART_KINDS adds, the kind they refine (conv3x3 -> conv, dropout ->
+    elementwise), then the defaults above.
+    """
     eff = profile.efficiency or {}
-    return float(eff.get(kind, default_c)), float(eff.get("memory", default_m))
+    base = PART_BASE_KIND.get(kind, kind)
+    default_c = LOCAL_DEFAULT_EFFICIENCY if profile.local else DEFAULT_EFFICIENCY.get(base, DEFAULT_EFFICIENCY["other"])
+    default_m = LOCAL_DEFAULT_EFFICIENCY if profile.local else DEFAULT_MEMORY_EFFICIENCY
+    keys = [f"{k}@{dtype}" for k in (kind, base) if dtype] + [kind, base]
+    compute = next((eff[k] for k in keys if k in eff), default_c)
+    memory = next((eff[k] for k in ([f"memory@{dtype}"] if dtype else []) + ["memory"] if k in eff), default_m)
+    return float(compute), float(memory)
 
 
 def peak_flops_for_kind(profile: HardwareProfile, kind: str, dtype: str) -> float:
@@ -138,6 +152,9 @@ def layer_roofline_s(layer: Layer, profile: HardwareProfile, *, dtype: str = "fp
                      weight_bytes: int | None = None) -> tuple[float, float]:
     """(fwd_s, bwd_s) of one layer for `samples` samples by roofline (the layer was traced at `batch_size`).
 
+    A layer with cost parts (graph.CostPart, what `pipeplan trace` records) is priced
+    part by part (`costmodels.kernels.parts_roofline_s`); one without (an older or
+    hand-written graph) as one op of its kind, as follows.
     FLOPs scale linearly with samples; traffic as in `layer_bytes` (`weight_bytes`:
     all parameter bytes the layer reads, default the ones it owns). Mixed
     precision halves all traffic (16-bit activations and weight copies;
@@ -146,9 +163,13 @@ def layer_roofline_s(layer: Layer, profile: HardwareProfile, *, dtype: str = "fp
     if batch_size <= 0:
         raise ValueError("batch_size must be > 0")
     ratio = 1.0 if samples is None else float(samples) / batch_size
+    if layer.parts:
+        from pipeplan.costmodels.part_costs import parts_roofline_s  # it imports this module
+
+        return parts_roofline_s(layer.parts, profile, dtype=dtype, ratio=ratio)
     kind = layer.kind if layer.kind in LAYER_KINDS else "other"
     peak = peak_flops_for_kind(profile, kind, dtype)
-    ce, me = efficiency_for(profile, kind)
+    ce, me = efficiency_for(profile, kind, dtype)
     scale = activation_bytes_scale(dtype)
     fwd_bytes, bwd_bytes = layer_bytes(layer, ratio=ratio, weight_bytes=weight_bytes)
     fwd = roofline_time_s(layer.fwd_flops * ratio, fwd_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce, me)

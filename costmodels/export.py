@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
-from pipeplan.costmodels.graph import Edge, Graph, Layer, SharedParam
+from pipeplan.costmodels.graph import PART_KINDS, CostPart, Edge, Graph, Layer, SharedParam
 from pipeplan.costmodels.model_file import ModelSpec, _cause, _user_frame_line, is_out_of_memory, out_of_memory_error
 from pipeplan.errors import UserError
 
@@ -271,6 +271,124 @@ def node_kind(node: torch.fx.Node) -> str | None:
         if _matches(name, fragments):
             return kind
     return None
+
+
+def _winograd_eligible(node: torch.fx.Node) -> bool:
+    """A dense 3x3 convolution with stride 1 and no dilation: the shapes Winograd's F(2x2, 3x3) applies to.
+
+    Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks" (CVPR 2016), §4:
+    F(m x m, 3 x 3) for unit stride; cuDNN's WINOGRAD algorithms take 3x3 filters, stride 1.
+    aten.convolution / conv2d args: (input, weight, bias, stride, padding, dilation, [transposed,
+    output_padding,] groups).
+    """
+    args = list(node.args)
+    weight = getattr(args[1], "meta", {}).get("val") if len(args) > 1 else None
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 4 or tuple(weight.shape[2:]) != (3, 3):
+        return False
+    stride: Any = args[3] if len(args) > 3 else [1, 1]
+    dilation: Any = args[5] if len(args) > 5 else [1, 1]
+    groups: Any = args[-1] if len(args) > 6 else 1
+    if len(args) > 6 and args[6] is True:  # aten.convolution's transposed flag
+        return False
+    return set(stride) == {1} and set(dilation) == {1} and groups == 1
+
+
+_DROPOUT = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+
+
+def part_kind(node: torch.fx.Node) -> str | None:
+    """The cost-part kind of one node (graph.PART_KINDS), None for views, which run no kernel."""
+    name = op_name(node)
+    if name in _VIEWS:
+        return None
+    kind = node_kind(node)
+    if kind == "conv" and _winograd_eligible(node):
+        return "conv3x3"
+    if kind is not None:
+        return kind
+    if _matches(name, _DROPOUT):
+        return "dropout"
+    return "other" if _matches(name, _OTHER) else "elementwise"
+
+
+def _node_bytes(node: torch.fx.Node) -> int:
+    """One op's unfused traffic: its inputs read and its outputs written (see `_bytes_moved`)."""
+    return tensor_bytes(node.meta.get("val")) + sum(tensor_bytes(a.meta.get("val")) for a in node.all_input_nodes)
+
+
+def _dropout_mask_bytes(node: torch.fx.Node) -> int:
+    """The mask dropout writes in training, one byte per element (aten native_dropout's bool mask)."""
+    val = node.meta.get("val")  # aten.dropout: the output alone (native_dropout's mask output is counted already)
+    return int(val.numel()) if isinstance(val, torch.Tensor) else 0
+
+
+def cost_parts(nodes: list[torch.fx.Node], node_flops: dict[str, int], param_inputs: set[str],
+               bwd_flops: int) -> list[CostPart]:
+    """A layer's ops summed per part kind (graph.CostPart), in PART_KINDS order.
+
+    Backward FLOPs are attributed per layer by the counter, not per op; they are
+    shared among the parts in proportion to forward FLOPs (a GEMM's backward is two
+    GEMMs of its forward's size, Narayanan et al. 2021 App., and FLOP-free parts
+    have FLOP-free backwards up to elementwise arithmetic).
+    """
+    acc: dict[str, list[int]] = {}
+    for n in nodes:
+        kind = part_kind(n) if n.op == "call_function" else None
+        if kind is None:
+            continue
+        a = acc.setdefault(kind, [0, 0, 0, 0])
+        a[0] += node_flops.get(n.name, 0)
+        a[1] += _node_bytes(n) + (_dropout_mask_bytes(n) if kind == "dropout" else 0)
+        a[2] += sum(tensor_bytes(x.meta.get("val")) for x in n.all_input_nodes if x.name in param_inputs)
+        a[3] += 1
+    fwd_total = sum(a[0] for a in acc.values())
+    ops_total = sum(a[3] for a in acc.values())
+    parts = []
+    for kind in PART_KINDS:
+        if kind in acc:
+            f, b, w, ops = acc[kind]
+            share = f / fwd_total if fwd_total else ops / ops_total
+            parts.append(CostPart(kind=kind, fwd_flops=f, bwd_flops=round(bwd_flops * share), bytes_moved=b,
+                                  param_bytes=min(w, b), ops=ops))
+    return parts
+
+
+# Passes over the model's output that the loss makes, outside the exported forward: cross-entropy reads the
+# logits and writes their log-softmax (aten log_softmax; nll_loss then reads one entry per row), and in
+# backward log_softmax_backward reads the gradient and the output and writes the logits' gradient (4 more,
+# BACKWARD_BYTES_FACTOR x these 2); a regression loss (mse) reads output and target the same way.
+LOSS_OUTPUT_PASSES = 2
+
+
+def with_loss(parts: list[CostPart], output_bytes: int) -> list[CostPart]:
+    """A layer's parts plus the loss over `output_bytes` of model output it produces (an "other" part).
+
+    The trace exports the model's forward only; for a language model the loss over a
+    50k-word vocabulary moves more bytes per token than a small decoder block.
+    """
+    if output_bytes <= 0:
+        return parts
+    add = CostPart(kind="other", bytes_moved=LOSS_OUTPUT_PASSES * output_bytes, ops=2)
+    out = [p for p in parts if p.kind != "other"]
+    old = next((p for p in parts if p.kind == "other"), None)
+    if old is not None:
+        add = CostPart(kind="other", fwd_flops=old.fwd_flops, bwd_flops=old.bwd_flops,
+                       bytes_moved=old.bytes_moved + add.bytes_moved, param_bytes=old.param_bytes, ops=old.ops + 2)
+    out.append(add)
+    return sorted(out, key=lambda p: PART_KINDS.index(p.kind))
+
+
+def user_output_bytes(ep: torch.export.ExportedProgram) -> dict[str, int]:
+    """Node name -> bytes of each tensor the program returns to the caller (what the loss reads)."""
+    names = {s.arg.name for s in ep.graph_signature.output_specs
+             if s.kind == OutputKind.USER_OUTPUT and getattr(s.arg, "name", None)}
+    return {n.name: tensor_bytes(n.meta.get("val")) for n in ep.graph.nodes if n.name in names}
+
+
+def param_input_names(ep: torch.export.ExportedProgram) -> set[str]:
+    """Placeholder names of the program's parameters and buffers (reads of them do not grow with the batch)."""
+    return {s.arg.name for s in ep.graph_signature.input_specs
+            if s.kind in (InputKind.PARAMETER, InputKind.BUFFER) and getattr(s.arg, "name", None)}
 
 
 def _bytes_moved(nodes: list[torch.fx.Node]) -> int:

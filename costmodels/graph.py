@@ -25,6 +25,30 @@ GRAPH_FORMAT = "pipeplan.graph/v1"
 # Kinds of op a layer is dominated by; the roofline uses one efficiency per kind.
 LAYER_KINDS = ("matmul", "conv", "attention", "embedding", "norm", "elementwise", "other")
 
+# Finer kinds for a layer's cost parts (`CostPart`): a layer of one kind holds ops of several, and each is
+# priced by its own roofline. conv3x3: a dense 3x3 stride-1 convolution, which cuDNN may run by Winograd's
+# algorithm with fewer multiplies than its direct FLOPs; dropout: writes a mask beside its output.
+PART_KINDS = (*LAYER_KINDS, "conv3x3", "dropout")
+
+
+@dataclass(frozen=True)
+class CostPart:
+    """The ops of one kind inside a layer, summed: what a per-op roofline needs without the ops themselves.
+
+    A grouped layer (a whole decoder block) is one `kind` for display, but its norms,
+    residual adds and activations move bytes while its GEMMs compute; pricing the block
+    by one max(FLOPs, bytes) hides the memory-bound ops under the GEMMs' FLOPs. `ops`
+    counts the kernels (views excluded) for the per-kernel overheads, and `param_bytes`
+    the weight bytes those ops read, which do not grow with the batch.
+    """
+
+    kind: str
+    fwd_flops: int = 0
+    bwd_flops: int = 0
+    bytes_moved: int = 0  # one forward's traffic of these ops, inputs + outputs + weights read
+    param_bytes: int = 0  # of bytes_moved: parameter reads
+    ops: int = 0
+
 
 @dataclass
 class Layer:
@@ -42,6 +66,7 @@ class Layer:
     outputs: dict[str, int] = field(default_factory=dict)  # tensor name -> bytes, for tensors other layers read
     params: list[str] = field(default_factory=list)  # fully qualified parameter names this layer uses
     nodes: list[str] = field(default_factory=list)  # exported-program node names that make up the layer
+    parts: list[CostPart] = field(default_factory=list)  # per op kind; empty: priced as one op of `kind`
 
 
 @dataclass
@@ -185,11 +210,11 @@ class Graph:
         check_format(doc, path, GRAPH_FORMAT)
         from pipeplan.costmodels.graph_check import check_graph_doc
 
-        check_graph_doc(doc, path, LAYER_KINDS)
+        check_graph_doc(doc, path, LAYER_KINDS, PART_KINDS)
         try:
             layer_keys = {f.name for f in fields(Layer)}
             edge_keys = {f.name for f in fields(Edge)}
-            layers = [Layer(**{k: v for k, v in d.items() if k in layer_keys}) for d in doc["layers"]]
+            layers = [_layer_from_dict(d, layer_keys) for d in doc["layers"]]
             edges = [Edge(**{k: v for k, v in d.items() if k in edge_keys}) for d in doc["edges"]]
             g = cls(
                 name=doc["name"],
@@ -216,6 +241,12 @@ class Graph:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         atomic_write_json(path, self.to_dict())
+
+
+def _layer_from_dict(d: dict[str, Any], layer_keys: set[str]) -> Layer:
+    layer = Layer(**{k: v for k, v in d.items() if k in layer_keys})
+    layer.parts = [CostPart(**p) for p in d.get("parts", [])]
+    return layer
 
 
 def load_graph(path: str | os.PathLike[str]) -> Graph:

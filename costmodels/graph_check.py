@@ -18,7 +18,11 @@ TIMES = ("fwd_s", "bwd_s")
 HINT = "re-run `pipeplan trace` (docs/graph-format.md)"
 
 
-def check_graph_doc(doc: dict[str, Any], path: str | os.PathLike[str], layer_kinds: tuple[str, ...]) -> None:
+PART_COUNTS = ("fwd_flops", "bwd_flops", "bytes_moved", "param_bytes", "ops")
+
+
+def check_graph_doc(doc: dict[str, Any], path: str | os.PathLike[str], layer_kinds: tuple[str, ...],
+                    part_kinds: tuple[str, ...] = ()) -> None:
     f = Fields(path, HINT)
     f.string(f.require(doc, "name", "name"), "name")
     f.integer(f.require(doc, "batch_size", "batch_size"), "batch_size", low=1)
@@ -33,6 +37,7 @@ def check_graph_doc(doc: dict[str, Any], path: str | os.PathLike[str], layer_kin
     seen: set[str] = set()
     for i, layer in enumerate(f.items(f.require(doc, "layers", "layers"), "layers", empty=False)):
         name = _check_layer(f, layer, i, layer_kinds)
+        _check_parts(f, layer, f"layers[{i}] ({name[:40]!r})", part_kinds or layer_kinds)
         if name in seen:
             raise f.fail(f"layers[{i}].name", name, "unique (another layer has this name)")
         seen.add(name)
@@ -65,3 +70,22 @@ def _check_layer(f: Fields, layer: Any, i: int, layer_kinds: tuple[str, ...]) ->
     f.strings(layer.get("params", []), f"{field}.params")
     f.strings(layer.get("nodes", []), f"{field}.nodes")
     return name
+
+
+def _check_parts(f: Fields, layer: Any, field: str, part_kinds: tuple[str, ...]) -> None:
+    """A layer's cost parts: known kinds, each once, counts that are integers >= 0, weights within bytes."""
+    seen: set[str] = set()
+    for j, part in enumerate(f.items(layer.get("parts", []), f"{field}.parts")):
+        at = f"{field}.parts[{j}]"
+        part = f.mapping(part, at)
+        kind = f.string(f.require(part, "kind", f"{at}.kind"), f"{at}.kind")
+        if kind not in part_kinds or kind in seen:
+            raise f.fail(f"{at}.kind", kind, f"one of {', '.join(part_kinds)}, each once per layer")
+        seen.add(kind)
+        unknown = set(part) - {"kind", *PART_COUNTS}
+        if unknown:
+            raise f.fail(f"{at}", sorted(unknown)[0], f"only the keys kind, {', '.join(PART_COUNTS)}")
+        for key in PART_COUNTS:
+            f.integer(part.get(key, 0), f"{at}.{key}")
+        if part.get("param_bytes", 0) > part.get("bytes_moved", 0):
+            raise f.fail(f"{at}.param_bytes", part["param_bytes"], "at most the part's bytes_moved")

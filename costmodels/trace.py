@@ -18,11 +18,15 @@ from torch.utils import _pytree as pytree
 from pipeplan.costmodels import blocks
 from pipeplan.costmodels.export import (
     build_structure,
+    cost_parts,
     export_program,
     fake_leaves,
     node_kind,
+    param_input_names,
     tensor_bytes,
+    user_output_bytes,
     weight_free_model,
+    with_loss,
 )
 from pipeplan.costmodels.graph import Graph, Layer
 from pipeplan.costmodels.model_file import (
@@ -201,6 +205,12 @@ def _measure(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth: in
             timing = measure.time_pass(ep, model, spec, inputs, target, layer_of, n, repeats=repeats,
                                        progress=report)
         fwd_s, bwd_s, graph.source["repeats"] = timing.fwd_s, timing.bwd_s, timing.repeats
+    nodes = {node.name: node for node in ep.graph.nodes}
+    params = param_input_names(ep)
+    loss_read = {i: 0 for i in range(n)}
+    for node_name, size in user_output_bytes(ep).items():
+        if node_name in layer_of:
+            loss_read[layer_of[node_name]] += size
     graph.source["timed"] = time_layers
     graph.source["weights"] = "real" if fake_mode is None else "meta"
     for i, layer in enumerate(graph.layers):
@@ -210,6 +220,8 @@ def _measure(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth: in
         layer.bwd_flops = int(counts.bwd_flops[i])
         layer.saved_bytes = int(counts.saved_bytes[i])
         layer.kind = _refine_kind(layer, counts.node_flops, family)
+        layer.parts = with_loss(cost_parts([nodes[x] for x in layer.nodes if x in nodes], counts.node_flops,
+                                           params, layer.bwd_flops), loss_read[i])
     graph.peak_activation_bytes = int(counts.peak_saved_bytes)
     return blocks.Measured(graph, counts.node_flops, family)
 

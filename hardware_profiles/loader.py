@@ -39,7 +39,9 @@ PROFILE_FORMAT = "pipeplan.profile/v1"
 CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
 # Same kinds as costmodels.graph.LAYER_KINDS plus "memory" (achieved/peak bandwidth);
 # duplicated because hardware_profiles must not import costmodels (a test keeps them in sync).
-EFFICIENCY_KINDS = ("matmul", "conv", "attention", "embedding", "norm", "elementwise", "other", "memory")
+# costmodels.graph.PART_KINDS plus "memory" (bandwidth); each may also be given per dtype as "kind@dtype".
+EFFICIENCY_KINDS = ("matmul", "conv", "attention", "embedding", "norm", "elementwise", "other", "conv3x3", "dropout",
+                    "memory")
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")  # 64 characters at most: names go in tables and messages
 _UNIT_RE = re.compile(r"^\s*[-+]?[0-9.]+(e[-+]?[0-9]+)?\s*[a-zA-Zµ/%]+")
@@ -54,6 +56,8 @@ _UNITS = {
     "latency_us": ("µs", 1e6),
     "op_overhead_us": ("µs", 1e6),
     "op_overhead_us_per_mib": ("µs per MiB", 1e6),
+    "kernel_overhead_us": ("µs", 1e4),
+    "dispatch_us": ("µs", 1e4),
     "peak_tflops": ("TFLOP/s", 1e5),
 }
 
@@ -73,6 +77,8 @@ _TOP_KEYS = {
     "inter_node": True,
     "efficiency": False,
     "op_overhead_us": False,
+    "kernel_overhead_us": False,
+    "dispatch_us": False,
     "op_overhead_us_per_mib": False,
     "concurrency_slowdown": False,
     "sources": False,
@@ -225,7 +231,12 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     inter = c.link(doc["inter_node"], "inter_node")
 
     eff_doc = c.mapping(doc.get("efficiency") or {}, "efficiency")
-    c.keys(eff_doc, {k: False for k in EFFICIENCY_KINDS}, prefix="efficiency.")
+    c.keys({str(k).split("@")[0]: v for k, v in eff_doc.items()}, {k: False for k in EFFICIENCY_KINDS},
+           prefix="efficiency.")
+    for k in eff_doc:
+        if "@" in k and k.split("@", 1)[1] not in DTYPES:
+            raise c.fail(f"efficiency.{quote(k, 40, bare=True)}", f"names no dtype; write kind@dtype with one of "
+                         f"{', '.join(DTYPES)}")
     efficiency = {}
     for k, v in eff_doc.items():
         e = c.number(v, f"efficiency.{k}")
@@ -239,6 +250,10 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     if not 1.0 <= slowdown <= 4.0:
         raise c.fail("concurrency_slowdown", f"is a factor on compute time in [1, 4], got {quote(slowdown)}")
     overhead_s = {k: v * 1e-6 for k, v in c.schedule_map(doc, "op_overhead_us").items()}
+    kernel_us = doc.get("kernel_overhead_us")
+    dispatch_us = doc.get("dispatch_us")
+    kernel_s = None if kernel_us is None else c.number(kernel_us, "kernel_overhead_us", allow_zero=True) * 1e-6
+    dispatch_s = None if dispatch_us is None else c.number(dispatch_us, "dispatch_us", allow_zero=True) * 1e-6
     per_byte_s = {k: v * 1e-6 / MIB for k, v in c.schedule_map(doc, "op_overhead_us_per_mib").items()}
 
     sources = c.string_list(doc.get("sources", []), "sources")
@@ -276,6 +291,8 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         op_overhead_s_per_byte=per_byte_s,
         concurrency_slowdown=slowdown,
         collectives={k: c.link(v, f"collectives.{k}") for k, v in collectives.items()},
+        kernel_overhead_s=kernel_s,
+        dispatch_s=dispatch_s,
     )
 
 
@@ -306,6 +323,10 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
     )
     if profile.efficiency:
         doc["efficiency"] = {k: _num(v) for k, v in profile.efficiency.items()}
+    if profile.kernel_overhead_s is not None:
+        doc["kernel_overhead_us"] = _num(profile.kernel_overhead_s * 1e6)
+    if profile.dispatch_s is not None:
+        doc["dispatch_us"] = _num(profile.dispatch_s * 1e6)
     if profile.concurrency_slowdown != 1.0:
         doc["concurrency_slowdown"] = _num(profile.concurrency_slowdown)
     if profile.op_overhead_s:

@@ -57,6 +57,10 @@ class HardwareProfile:
     # collectives reduce in memory and copy through the sockets, so they are far slower than its send link
     # suggests. Measured by `profiles calibrate`; empty = priced from intra_node.
     collectives: dict[str, Link] = field(default_factory=dict)
+    # Time every kernel takes however small (launch, tail) and host time eager PyTorch spends per op
+    # (costmodels/part_costs.py). None: that module's defaults (0 on a local profile).
+    kernel_overhead_s: float | None = None
+    dispatch_s: float | None = None
 
     def overhead_for(self, schedule: str, nbytes: int = 0) -> float:
         """Runtime seconds for one op of `schedule` that sends and receives `nbytes` in all: the schedule's

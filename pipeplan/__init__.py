@@ -13,7 +13,8 @@ ask for a plan, and read what it predicts::
     >>> split = [s.index for s in best.stages for _ in s.layers]  # every layer's stage
     >>> again = pipeplan.evaluate(graph, profile, split, schedule=best.schedule, microbatches=best.microbatches,
     ...                           batch_size=256, data_parallel=best.data_parallel, chunks=best.chunks,
-    ...                           recompute=best.recompute, layout=best.solver["layout"], dtype=best.dtype)
+    ...                           recompute=best.recompute, layout=best.solver["layout"], dtype=best.dtype,
+    ...                           sharding=best.sharding)
     >>> again.predicted.samples_per_s == best.predicted.samples_per_s   # one prediction path for every split
     True
     >>> # the event simulator alone: 2 stages, 4 microbatches, 1 s forward, 2 s backward: (M + K - 1) x 3 s

@@ -133,9 +133,9 @@ def test_flops_fallbacks():
 
 
 def test_efficiency_kinds_match_the_graph_layer_kinds():
-    from pipeplan.costmodels.graph import LAYER_KINDS
+    from pipeplan.costmodels.graph import PART_KINDS
 
-    assert EFFICIENCY_KINDS == (*LAYER_KINDS, "memory")
+    assert EFFICIENCY_KINDS == (*PART_KINDS, "memory")
 
 
 def test_save_then_load_round_trips_every_catalogue_profile(tmp_path):

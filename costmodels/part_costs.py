@@ -1,0 +1,144 @@
+"""Per-op-kind pricing of a layer: each cost part (graph.CostPart) gets its own roofline, plus per-kernel time.
+
+Why not one roofline per layer: a grouped layer (a decoder block, a ResNet
+bottleneck) mixes GEMMs that are compute-bound with norms, residual adds,
+activations and dropout that are memory-bound. max(FLOPs / peak, bytes / bandwidth)
+over the whole layer lets the GEMMs' FLOPs hide the other ops' traffic, which on a
+GPU runs in separate kernels after the GEMMs, not beside them. So the time of a
+layer is the sum over its parts, each part max(compute, memory) at its own
+efficiency, plus what every kernel costs whatever its size.
+
+Three effects that a FLOP and byte count alone misses, each with its source:
+
+* Training-mode traffic (`TRAFFIC_FACTORS`). The trace counts each op's inputs and
+  outputs once. PyTorch's CUDA kernels for norms read their input twice (a
+  statistics pass, then the normalisation) and their backward reads input and
+  output gradient twice (a reduction, then the elementwise pass); dropout writes a
+  mask (counted at trace time); an elementwise op's backward reads the output
+  gradient and one saved tensor and writes one gradient.
+* Winograd 3x3 convolutions (`WINOGRAD_SPEEDUP`): fewer multiplies than the direct
+  FLOPs on the FP32 (CUDA-core) path.
+* Per-kernel time (`kernel_overhead_s`, `dispatch_s`): a GPU kernel cannot take less
+  than its launch and tail, and eager PyTorch spends host time per op; with small
+  microbatches (deep pipelines) these dominate. A fixed time t0 per kernel is the
+  same model as an efficiency curve by op size, Hockney's r = r_inf * n / (n + n_half)
+  (Hockney & Jesshope, Parallel Computers 2, 1988, §1.3.3), with n_half = t0 * r_inf:
+  time = (F + F_half) / (peak * efficiency).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeplan.costmodels.compute import (
+    BACKWARD_BYTES_FACTOR,
+    PART_BASE_KIND,
+    efficiency_for,
+    peak_flops_for_kind,
+    roofline_time_s,
+)
+from pipeplan.costmodels.graph import CostPart
+from pipeplan.costmodels.memory import activation_bytes_scale
+from pipeplan.hardware_profiles.profile import HardwareProfile
+
+# (forward, backward) traffic as a multiple of the traced forward bytes of a part.
+TRAFFIC_FACTORS: dict[str, tuple[float, float]] = {
+    # PyTorch aten/src/ATen/native/cuda/Normalization.cuh (batch_norm_collect_statistics, then
+    # batch_norm_elemt; backward: batch_norm_backward_reduce, then batch_norm_backward_elemt) and
+    # layer_norm_kernel.cu (RowwiseMoments then the forward kernel; the backward's gamma/beta
+    # reduction then the input-gradient kernel): forward reads x twice and writes y, 3 tensors
+    # against the traced 2; backward reads x and dy twice and writes dx, 5 against 2.
+    "norm": (1.5, 2.5),
+    # y = f(x): backward reads dy and the saved x (or y) and writes dx, 3 tensors against forward's
+    # 2 (aten's *_backward kernels, e.g. threshold_backward for relu, gelu_backward).
+    "elementwise": (1.0, 1.5),
+    # Forward reads x, writes y and a 1-byte mask (the mask is in the traced bytes); backward reads dy
+    # and the mask and writes dx: as much as forward (aten native_dropout_backward).
+    "dropout": (1.0, 1.0),
+}
+
+# cuDNN's Winograd algorithms for 3x3 stride-1 convolutions: F(2x2, 3x3) takes 16 multiplies where
+# direct convolution takes 36, 2.25x fewer (Lavin & Gray, CVPR 2016, §4.1), at the price of transforms
+# that move more bytes. Applied to the FP32 CUDA-core path only: in fp16/bf16/tf32 cuDNN runs 3x3
+# convolutions as implicit GEMMs on tensor cores (NVIDIA cuDNN developer guide, "Tensor Core
+# operations"). Judgement: the F(2x2) figure, not F(4x4)'s 4x, as the typical gain.
+WINOGRAD_SPEEDUP = 2.25
+
+# Kernels a backward runs per forward kernel: a GEMM's or convolution's backward computes the input
+# gradient and the weight gradient as two kernels (Narayanan et al. 2021, App.); elementwise ops one.
+# Judgement: 2.
+BACKWARD_KERNELS_FACTOR = 2.0
+
+# GPU time per kernel however small: launch latency between dependent kernels plus the tail of the
+# last wave. CUDA kernel launch latency is a few microseconds (NVIDIA CUDA C++ Best Practices Guide,
+# "Kernel launch overhead"; CUDA Graphs were introduced to remove it). Judgement: 3 µs.
+DEFAULT_KERNEL_OVERHEAD_S = 3e-6
+# Host time eager PyTorch spends per op (Python, autograd, dispatcher, cudaLaunchKernel): 5-25 µs per
+# op (jiahuanglin.xyz "From PyTorch op to kernel launch" table; He, "Making Deep Learning Go Brrrr
+# From First Principles", 2022, the overhead-bound regime). The GPU runs ahead of the host, so this
+# bounds a layer's time from below rather than adding to it. Judgement: 8 µs.
+DEFAULT_DISPATCH_S = 8e-6
+
+
+def kernel_overheads_s(profile: HardwareProfile) -> tuple[float, float]:
+    """(per-kernel GPU time, per-op host time) of a profile: its own figures, else the defaults above.
+
+    A local (calibrated CPU) profile runs ops synchronously on the cores it times, so
+    its per-op cost is inside its measured rates: 0 unless it records one.
+    """
+    default_k = 0.0 if profile.local else DEFAULT_KERNEL_OVERHEAD_S
+    default_d = 0.0 if profile.local else DEFAULT_DISPATCH_S
+    k = profile.kernel_overhead_s
+    d = profile.dispatch_s
+    return (default_k if k is None else k), (default_d if d is None else d)
+
+
+def part_bytes(part: CostPart, ratio: float) -> tuple[float, float]:
+    """(forward, backward) traffic of a part at `ratio` x the traced batch, in traced (fp32) bytes.
+
+    Weight reads stay fixed and activations scale with the batch; an embedding's
+    forward gathers rows (about its output, counted in the activations twice: read and
+    written) and its backward writes the whole table's dense gradient (as
+    compute.layer_bytes).
+    """
+    w = part.param_bytes
+    act = part.bytes_moved - w
+    if part.kind == "embedding" and w > 0:
+        gathered = 2 * act * ratio
+        return gathered, w + BACKWARD_BYTES_FACTOR * gathered
+    f_factor, b_factor = TRAFFIC_FACTORS.get(part.kind, (1.0, BACKWARD_BYTES_FACTOR))
+    fwd = w + act * ratio
+    return fwd * f_factor, fwd * b_factor
+
+
+def effective_flops(part: CostPart, profile: HardwareProfile, dtype: str) -> tuple[float, float]:
+    """(forward, backward) FLOPs the hardware really executes for a part (Winograd: fewer)."""
+    if part.kind == "conv3x3" and dtype == "fp32" and not profile.local:
+        return part.fwd_flops / WINOGRAD_SPEEDUP, part.bwd_flops / WINOGRAD_SPEEDUP
+    return float(part.fwd_flops), float(part.bwd_flops)
+
+
+def parts_roofline_s(parts: Sequence[CostPart], profile: HardwareProfile, *, dtype: str,
+                     ratio: float) -> tuple[float, float]:
+    """(fwd_s, bwd_s) of a layer's parts at `ratio` x the traced batch: summed rooflines plus kernel time.
+
+    Per pass: sum over parts of max(FLOPs / (peak * eff), bytes / (bandwidth * eff))
+    + kernels x per-kernel time, and no less than ops x host dispatch time.
+    """
+    kernel_s, dispatch_s = kernel_overheads_s(profile)
+    scale = activation_bytes_scale(dtype)
+    fwd = bwd = 0.0
+    ops = 0
+    for part in parts:
+        base = PART_BASE_KIND.get(part.kind, part.kind)
+        peak = peak_flops_for_kind(profile, base, dtype)
+        ce, me = efficiency_for(profile, part.kind, dtype)
+        f_flops, b_flops = effective_flops(part, profile, dtype)
+        f_bytes, b_bytes = part_bytes(part, ratio)
+        fwd += roofline_time_s(f_flops * ratio, f_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce, me)
+        bwd += roofline_time_s(b_flops * ratio, b_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce, me)
+        ops += part.ops
+    fwd = max(fwd + ops * kernel_s, ops * dispatch_s)
+    bwd_ops = ops * BACKWARD_KERNELS_FACTOR
+    bwd = max(bwd + bwd_ops * kernel_s, bwd_ops * dispatch_s)
+    return fwd, bwd
