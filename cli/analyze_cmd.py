@@ -12,7 +12,15 @@ from typing import Any, Callable
 import click
 
 from pipeplan.cli.console import stdout_console
-from pipeplan.cli.options import check_output_paths, output_options, planning_options, profile_option, trace_options
+from pipeplan.cli.options import (
+    check_output_paths,
+    check_split_flags,
+    output_options,
+    planning_options,
+    profile_option,
+    split_options,
+    trace_options,
+)
 from pipeplan.planner.request import PlanRequest
 
 
@@ -33,31 +41,74 @@ def run_analysis(
     as_json: bool,
     plot: str | None,
     chrome_trace: str | None,
+    split: str | None = None,
+    split_from: str | None = None,
 ) -> None:
-    """Shared by `analyze` and `plan`: `load(phases, profile)` returns the graph (tracing if it must)."""
+    """Shared by `analyze` and `plan`: `load(phases, profile)` returns the graph (tracing if it must).
+
+    With `split`/`split_from`, the user's split is predicted beside the best plan (planner/frameworks/judge.py)."""
     from pipeplan.cli.progress import progress_display
     from pipeplan.cli.summary import analyze_document, graph_summary
     from pipeplan.cli.workflow import load_profile, run_search, write_outputs
 
     check_output_paths(output=output, plot=plot, chrome_trace=chrome_trace)
+    check_split_flags(split, split_from)
     profile = load_profile(profile_name)
     request = request.for_profile(profile)
     dtype = request.training_dtype
     profile.flops_for(dtype)  # an unsupported precision (fp32 on a TPU) fails here, before any work
     with quiet_stdout(as_json), progress_display() as phases:
         graph = load(phases, profile)
+        user_split = read_split(graph, split, split_from)  # a bad split fails before the search
         result = run_search(graph, profile, request, progress=phases("plan: "))
+        judged = judge(graph, profile, request, result.best, user_split)
     write_outputs(result.best, graph, profile, output=output, plot=plot, chrome_trace=chrome_trace)
     if as_json:
-        click.echo(json.dumps(analyze_document(result, graph, profile, dtype)))
+        doc = analyze_document(result, graph, profile, dtype)
+        if judged is not None:
+            doc["your_split"] = judged.to_dict()
+        click.echo(json.dumps(doc))
         return
-    from pipeplan.cli.report import plan_report
+    from pipeplan.cli.report import judged_split_report, plan_report
 
     console = stdout_console()
     console.print(plan_report(result.best, model_summary=graph_summary(graph), graph=graph, profile=profile, baseline=result.baseline))
+    if judged is not None:
+        console.print(judged_split_report(judged))
     for flag, path in (("plan", output), ("plot", plot), ("Chrome trace", chrome_trace)):
         if path:
             console.print(f"[dim]wrote {flag}: {path}[/dim]")
+
+
+def read_split(graph, split: str | None, split_from: str | None):
+    """The user's split over the graph's layers (None without one); a bad split is a user error naming the flag."""
+    from pipeplan.errors import UserError
+    from pipeplan.planner.frameworks.split import parse_split, split_from_source
+
+    names = [layer.name for layer in graph.layers]
+    params = [float(layer.param_bytes) for layer in graph.layers]
+    try:
+        if split is not None:
+            return parse_split(split, names, lambda i: params[i] > 0)
+        if split_from is not None:
+            return split_from_source(split_from, names, params)
+    except ValueError as e:
+        flag = f"--split {split}" if split is not None else f"--split-from {split_from}"
+        raise UserError(f"{flag}: {e}", "see docs/cli.md for the split forms") from None
+    return None
+
+
+def judge(graph, profile, request, best, user_split):
+    """The user's split predicted beside the best plan, or None without one."""
+    if user_split is None:
+        return None
+    from pipeplan.errors import UserError
+    from pipeplan.planner.frameworks.judge import judge_split
+
+    try:
+        return judge_split(graph, profile, request.for_profile(profile), best, user_split)
+    except ValueError as e:
+        raise UserError(f"your split: {e}") from None
 
 
 @click.command("analyze")
@@ -66,7 +117,9 @@ def run_analysis(
 @planning_options()
 @trace_options
 @output_options
-def analyze(model, profile, request, entry, trace_batch_size, depth, repeats, seq_len, output, as_json, plot, chrome_trace):
+@split_options
+def analyze(model, profile, request, entry, trace_batch_size, depth, repeats, seq_len, output, as_json, plot, chrome_trace,
+            split, split_from):
     """Trace MODEL.py (or read a saved graph.json / PipeDream graph.txt), find the best pipeline plan, report it.
 
     The model is traced once at a small batch (--trace-batch-size, default 1);
@@ -81,4 +134,5 @@ def analyze(model, profile, request, entry, trace_batch_size, depth, repeats, se
         return load_input_graph(model, entry=entry, trace_batch_size=trace_batch_size, depth=depth, repeats=repeats,
                                 seq_len=seq_len, progress=phases("trace: "), time_layers=timed)
 
-    run_analysis(load, profile_name=profile, request=request, output=output, as_json=as_json, plot=plot, chrome_trace=chrome_trace)
+    run_analysis(load, profile_name=profile, request=request, output=output, as_json=as_json, plot=plot, chrome_trace=chrome_trace,
+                 split=split, split_from=split_from)

@@ -28,6 +28,7 @@ COMMANDS = {
     "compare": "pipeplan.cli.compare_cmd:compare",
     "show": "pipeplan.cli.show_cmd:show",
     "run": "pipeplan.cli.run_cmd:run",
+    "export": "pipeplan.cli.export_cmd:export",
 }
 
 

@@ -134,6 +134,30 @@ def output_options(f):
     return f
 
 
+def split_options(f):
+    """A split to judge beside the best plan: `--split` (boundaries or block counts) or `--split-from` (a framework's)."""
+    decorators = [
+        click.option("--split", default=None,
+                     help="Judge this split beside the best plan: the layers that start stages 2..K "
+                          "(model.layers.8,model.layers.16) or blocks per stage (8,8,8,8)."),
+        click.option("--split-from", default=None,
+                     help="Judge a framework's split: a torchtitan .toml, a DeepSpeed .json {num_stages, "
+                          "partition_method}, a file of Megatron-LM arguments, or deepspeed:K:METHOD."),
+    ]
+    for d in reversed(decorators):
+        f = d(f)
+    return f
+
+
+def check_split_flags(split: str | None, split_from: str | None) -> None:
+    """One split at a time; a --split-from file must exist (checked before the trace and the search)."""
+    if split is not None and split_from is not None:
+        raise UserError("--split and --split-from both name a split", "judge one split at a time")
+    if split_from is not None and not split_from.startswith("deepspeed:") and not Path(split_from).is_file():
+        raise UserError(f"--split-from {split_from}: no such file",
+                        "pass a torchtitan .toml, a DeepSpeed .json, a file of Megatron arguments or deepspeed:K:METHOD")
+
+
 def check_output_paths(*, output=None, plot=None, chrome_trace=None) -> None:
     """Fail before the (possibly long) trace and search, not after them."""
     if plot is not None and Path(plot).suffix.lower() != ".png":

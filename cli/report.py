@@ -304,3 +304,34 @@ def compare_table(rows: list[dict[str, Any]]) -> Table:
 
 def print_report(renderable, console: Console | None = None) -> None:
     (console or stdout_console()).print(renderable)
+
+
+def judged_split_report(judged) -> Group:
+    """`--split` / `--split-from`: the user's split beside the best plan, its stages and why it is slower.
+
+    One headline in the words people ask it ("1.31x slower than the best, stage 0 at
+    97% of memory"), then the split's own stage table and the reasons
+    (planner/frameworks/judge.py)."""
+    plan, best = judged.plan, judged.best
+    cap = plan.predicted.memory_capacity_bytes or None
+    full = max(plan.stages, key=lambda s: s.predicted.memory_bytes)
+    ratio = judged.slowdown
+    head = Text(f"your split ({judged.split.source}): ", style="bold")
+    if ratio > 1.005:
+        head.append(f"{ratio:.2f}x slower than the best", style="bold red" if ratio > 1.1 else "bold yellow")
+    elif ratio < 0.995:
+        head.append(f"{1 / ratio:.2f}x faster than the best plan found", style="bold green")
+    else:
+        head.append("as fast as the best", style="bold green")
+    head.append(f" ({plan.predicted.samples_per_s:,.1f} vs {best.predicted.samples_per_s:,.1f} samples/s)")
+    if cap:
+        frac = full.predicted.memory_bytes / cap
+        head.append(f", stage {full.index} at {100 * frac:.0f}% of memory",
+                    style="red" if frac > 1 else ("yellow" if frac > 0.9 else ""))
+        if not plan.predicted.fits:
+            head.append(" — does not fit", style="red")
+    parts: list[Any] = [Text(""), head, stage_table(plan, None, cap)]
+    if judged.config_note:
+        parts.append(Text(f"note: {judged.config_note}", style="dim"))
+    parts += [Text(f"why: {reason}") for reason in judged.reasons]
+    return Group(*parts)

@@ -1,0 +1,54 @@
+"""What every framework export needs from a plan: its stages as units, and the checks they share.
+
+A plan file names pipeplan layers; `plan_units` reads them as framework units
+(`names.py`) and the stage of each. Stage s of a synchronous plan runs on
+pipeline rank s % P (docs/plan-format.md), which is also how torchtitan's
+"loop" style, Megatron's layout and DeepSpeed (one stage per rank) number them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, model_units
+from pipeplan.planner.plan import Plan
+
+__all__ = ["PlanUnits", "plan_units", "Export", "stage_of_layer", "require_synchronous"]
+
+
+@dataclass(frozen=True)
+class PlanUnits:
+    units: ModelUnits
+    stage_of_layer: tuple[int, ...]
+
+
+def stage_of_layer(plan: Plan) -> list[int]:
+    """The stage of every layer of the plan, in model order (stages are listed in model order)."""
+    return [st.index for st in sorted(plan.stages, key=lambda s: s.index) for _ in st.layers]
+
+
+def plan_units(plan: Plan) -> PlanUnits:
+    names = [name for st in sorted(plan.stages, key=lambda s: s.index) for name in st.layers]
+    return PlanUnits(model_units(names), tuple(stage_of_layer(plan)))
+
+
+def require_synchronous(plan: Plan, framework: str) -> None:
+    """PipeDream's asynchronous schedule and per-stage replicas exist in no framework's pipeline engine."""
+    if plan.schedule == "pipedream":
+        raise Inexpressible(f"{framework} has no asynchronous (PipeDream) schedule; re-plan with --schedule 1f1b")
+
+
+@dataclass
+class Export:
+    """One framework's settings for a plan: structured values, rendered snippets and notes."""
+
+    framework: str
+    settings: dict[str, Any]  # the framework's own option names and values
+    snippets: dict[str, str]  # label -> text to paste (TOML, command line, Python)
+    stage_modules: list[list[str]]  # the framework's names of what each stage holds
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"framework": self.framework, "settings": self.settings, "snippets": self.snippets,
+                "stage_modules": self.stage_modules, "notes": self.notes}
