@@ -43,10 +43,13 @@ def run_analysis(
     chrome_trace: str | None,
     split: str | None = None,
     split_from: str | None = None,
+    retrace: Callable[[Callable, int], Any] | None = None,
 ) -> None:
     """Shared by `analyze` and `plan`: `load(phases, profile)` returns the graph (tracing if it must).
 
-    With `split`/`split_from`, the user's split is predicted beside the best plan (planner/frameworks/judge.py)."""
+    With `split`/`split_from`, the user's split is predicted beside the best plan (planner/frameworks/judge.py).
+    `retrace(phases, batch)` traces the model again (a model file, not a saved graph): on a local profile the
+    chosen configuration is re-timed like a device before the report (cli/device_like.py)."""
     from pipeplan.cli.progress import progress_display
     from pipeplan.cli.summary import analyze_document, graph_summary
     from pipeplan.cli.workflow import load_profile, run_search, write_outputs
@@ -61,6 +64,11 @@ def run_analysis(
         graph = load(phases, profile)
         user_split = read_split(graph, split, split_from)  # a bad split fails before the search
         result = run_search(graph, profile, request, progress=phases("plan: "))
+        if retrace is not None:
+            from pipeplan.cli.device_like import retime_like_device
+
+            graph, result = retime_like_device(graph, profile, request, result, lambda b: retrace(phases, b),
+                                               progress=phases("re-plan on device-like times: "))
         judged = judge(graph, profile, request, result.best, user_split)
     write_outputs(result.best, graph, profile, output=output, plot=plot, chrome_trace=chrome_trace)
     if as_json:
@@ -127,12 +135,16 @@ def analyze(model, profile, request, entry, trace_batch_size, depth, repeats, se
     Layers are timed only when the plan uses the times (a local profile, or
     --times measured); otherwise the model is traced without weights.
     """
-    from pipeplan.cli.workflow import layer_times_wanted, load_input_graph
+    from pipeplan.cli.workflow import is_model_file, layer_times_wanted, load_input_graph
 
     def load(phases, loaded_profile):
         timed = layer_times_wanted([loaded_profile], request)
         return load_input_graph(model, entry=entry, trace_batch_size=trace_batch_size, depth=depth, repeats=repeats,
                                 seq_len=seq_len, progress=phases("trace: "), time_layers=timed)
 
+    def retrace(phases, batch):
+        return load_input_graph(model, entry=entry, trace_batch_size=batch, depth=depth, repeats=repeats,
+                                seq_len=seq_len, progress=phases("re-time like a device: "), time_layers=True)
+
     run_analysis(load, profile_name=profile, request=request, output=output, as_json=as_json, plot=plot, chrome_trace=chrome_trace,
-                 split=split, split_from=split_from)
+                 split=split, split_from=split_from, retrace=retrace if is_model_file(model) else None)

@@ -217,7 +217,7 @@ def _timed_here(graph: Graph, profile: HardwareProfile, dtype: str) -> bool:
             and any(l.fwd_s > 0 for l in graph.layers))
 
 
-def _device_threads(profile: HardwareProfile) -> int:
+def device_threads(profile: HardwareProfile) -> int:
     """Threads one local device runs (`calibration["threads_per_device"]`, 1 when not recorded)."""
     return int((getattr(profile, "calibration", None) or {}).get("threads_per_device", 1))
 
@@ -225,7 +225,7 @@ def _device_threads(profile: HardwareProfile) -> int:
 def _timed_on_device_threads(graph: Graph, profile: HardwareProfile) -> bool:
     """Whether the trace ran on one device's thread count (a graph that does not record it is taken to have)."""
     threads = graph.source.get("threads")
-    return threads is None or int(threads) == _device_threads(profile)
+    return threads is None or int(threads) == device_threads(profile)
 
 
 def uses_measured_times(graph: Graph, profile: HardwareProfile, dtype: str) -> bool:
@@ -254,12 +254,12 @@ def local_times_note(graph: Graph, profile: HardwareProfile, *, dtype: str, time
     """
     if times != "model" or not _timed_here(graph, profile, dtype):
         return None
-    device_threads = _device_threads(profile)
+    threads = device_threads(profile)
     redo = (f"for a prediction to compare with `pipeplan run`, trace like a device: "
-            f"OMP_NUM_THREADS={device_threads} with --trace-batch-size {samples} (and this plan's -m)")
+            f"OMP_NUM_THREADS={threads} with --trace-batch-size {samples} (and this plan's -m)")
     if not _timed_on_device_threads(graph, profile):
         return (f"{LOCAL_TIMES_NOTE_PREFIX} the roofline's (optimistic for small layers): the trace ran on "
-                f"{graph.source.get('threads')} threads and a {profile.name} device is {device_threads}; {redo}")
+                f"{graph.source.get('threads')} threads and a {profile.name} device is {threads}; {redo}")
     if samples != graph.batch_size:
         return (f"{LOCAL_TIMES_NOTE_PREFIX} measured times scaled from the traced batch {graph.batch_size} to the microbatch "
                 f"{samples}, and a CPU's time per sample changes with the batch; {redo}")

@@ -113,3 +113,38 @@ def slowdown_from_probes(probes: list[tuple[list[float], list[float]]]) -> float
 def rank_slowdowns(probes: list[tuple[list[float], list[float]]]) -> list[float]:
     """Each rank's own together / alone ratio (kept in the calibration record)."""
     return [sum(t) / sum(a) * len(a) / len(t) for a, t in probes]
+
+
+class DeviceLikeThreads:
+    """`with DeviceLikeThreads(n):` this process computes like one local device (one core, `n` threads), then
+    gets its cores and thread count back.
+
+    `analyze` re-times the chosen configuration's layers under it (cli/device_like.py): a trace on all
+    cores gives times no rank of `pipeplan run` sees, since each rank is pinned to one core with
+    `threads_per_device` threads (`become_local_device`). Inter-op threads cannot change once torch has
+    started work, and the tracer runs no inter-op work, so they are left alone.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._cores: set[int] | None = None
+        self._torch_threads = 0
+
+    def __enter__(self) -> DeviceLikeThreads:
+        import torch
+
+        self._torch_threads = torch.get_num_threads()
+        try:
+            self._cores = set(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {min(self._cores)})
+        except (AttributeError, OSError):  # not Linux: threads only
+            self._cores = None
+        torch.set_num_threads(self.threads)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        torch.set_num_threads(self._torch_threads)
+        if self._cores is not None:
+            os.sched_setaffinity(0, self._cores)

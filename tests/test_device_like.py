@@ -1,0 +1,69 @@
+"""`analyze` on a local profile re-times the chosen configuration like a device before it reports (issue 16)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from pipeplan.cli.main import cli
+from pipeplan.costmodels.compute import LOCAL_TIMES_NOTE_PREFIX
+from pipeplan.hardware_profiles import load_profile
+from pipeplan.hardware_profiles.loader import save_profile
+from pipeplan.hardware_profiles.local_device import DeviceLikeThreads
+from pipeplan.planner.plan import load_plan
+
+MLP = os.path.join(os.path.dirname(__file__), "..", "examples", "mlp.py")
+
+
+def run(args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def local_profile(tmp_path_factory):
+    """A catalogue profile marked local (this machine's calibration): a device is one core, one thread."""
+    p = dataclasses.replace(load_profile("a100-80gb-sxm"), name="test-local", local=True)
+    path = tmp_path_factory.mktemp("profiles") / "test-local.yaml"
+    save_profile(p, path)
+    return path
+
+
+def test_analyze_reports_times_taken_like_a_device(local_profile, tmp_path):
+    """The default trace (all cores, batch 1) is not what a rank sees; the reported plan's graph is the one
+    re-traced at the plan's microbatch size on one thread, and the plan carries no note saying otherwise."""
+    with DeviceLikeThreads(2):  # the first trace runs on two threads even on a one-core machine
+        code, out, err = run(["analyze", MLP, "--gpus", "2", "-b", "64", "--repeats", "1", "--profile", local_profile,
+                              "--json", "-o", tmp_path / "plan.json"])
+    assert code == 0, err
+    doc = json.loads(out)
+    plan = load_plan(str(tmp_path / "plan.json"))
+    assert doc["graph"]["source"]["threads"] == 1
+    assert plan.graph["trace_batch_size"] == plan.microbatch_size == doc["graph"]["trace_batch_size"]
+    assert plan.microbatch_size > 1  # so the first trace (batch 1) was indeed replaced
+    assert not any(n.startswith(LOCAL_TIMES_NOTE_PREFIX) for n in plan.notes)
+
+
+def test_a_saved_graph_is_not_retraced_and_keeps_its_note(local_profile, tmp_path):
+    with DeviceLikeThreads(2):
+        code, _, err = run(["trace", MLP, "-b", "1", "--repeats", "1", "-o", tmp_path / "graph.json"])
+    assert code == 0, err
+    code, out, err = run(["plan", tmp_path / "graph.json", "--gpus", "2", "-b", "64", "--profile", local_profile,
+                          "-o", tmp_path / "plan.json"])
+    assert code == 0, err
+    plan = load_plan(str(tmp_path / "plan.json"))
+    assert plan.graph["trace_batch_size"] == 1
+    assert any(n.startswith(LOCAL_TIMES_NOTE_PREFIX) for n in plan.notes)
+
+
+def test_device_like_threads_restores_threads_and_cores():
+    threads, cores = torch.get_num_threads(), os.sched_getaffinity(0)
+    with DeviceLikeThreads(1):
+        assert torch.get_num_threads() == 1
+        assert os.sched_getaffinity(0) == {min(cores)}
+    assert torch.get_num_threads() == threads and os.sched_getaffinity(0) == cores
