@@ -65,12 +65,15 @@ docs/cost-models.md).
 4. *Winograd and per-kernel time.* FP32 3x3 convolutions run 2.25x fewer multiplies (Lavin & Gray); every
    kernel costs at least 3 µs and eager PyTorch 8 µs of host time per op (the floor for small microbatches).
    ResNet-50 fp32 on V100: 0.76 -> 0.89.
+5. *The optimizer step.* Each device steps its stages' optimizer after the gradients are reduced, a
+   memory-bound pass of 28 bytes per parameter for a fused Adam (costmodels/optimizer_step.py). Small on these
+   rows (mpt-13b/h100x8: 1.43 -> 1.39), more where a device holds many parameters per sample.
 
 Still missing (the rows above 1.15 or below 0.85):
-- *H100 at small microbatches* (mpt-13b/h100x8, mb 2: 1.43; the worst row). ZeRO-3's per-layer all-gathers
+- *H100 at small microbatches* (mpt-13b/h100x8, mb 2: 1.39). ZeRO-3's per-layer all-gathers
   are priced as fully overlapped with compute (exposed 0%); on a GPU NCCL's kernels take SMs from the GEMMs they
   overlap, which pipeplan does not model. Needs a measured overlap slowdown (a GPU to calibrate on).
-- *TF32 convolutions* (resnet50-tf32/a100x1: 1.42): cuDNN's TF32 kernels reach less of the TF32 peak than its
+- *TF32 convolutions* (resnet50-tf32/a100x1: 1.42, the worst row): cuDNN's TF32 kernels reach less of the TF32 peak than its
   fp16 kernels of fp16's; no source per dtype for convolutions was found, so none is set.
 - *Fused frameworks.* Megatron (1.24), Zero Bubble's Megatron fork (1.10-1.27) and BERT at 128 tokens
   (1.13-1.22) run fused kernels and still lose time pipeplan does not see; BERT at 512 tokens is under-predicted

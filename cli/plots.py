@@ -26,11 +26,12 @@ KIND_COLOURS = {
     "bwd": "#55A868",  # green: backward
     "recompute": "#8172B2",  # purple: forward recomputed during backward
     "allreduce": "#C44E52",  # red: gradient all-reduce among replicas
+    "optimizer": "#CCB974",  # sand: the optimizer step after the gradients are reduced
     "send": "#8C8C8C",
     "recv": "#8C8C8C",
 }
 IDLE_COLOUR = "#F7E1E1"  # pale red row background: what shows through is the bubble
-COMPUTE_KINDS = ("fwd", "bwd", "recompute", "allreduce")
+COMPUTE_KINDS = ("fwd", "bwd", "recompute", "allreduce", "optimizer")
 
 
 def _shade(colour: str, chunk: int, chunks: int) -> tuple[float, float, float]:
@@ -89,7 +90,7 @@ def draw_gantt(ax, events: Sequence[Any], *, devices: int | None = None, chunks:
             continue
         colour = _shade(KIND_COLOURS.get(e.kind, "#999999"), getattr(e, "chunk", 0), chunks)
         bars.setdefault((i, colour, e.kind == "allreduce"), []).append((x, w))
-        if e.kind != "allreduce" and w >= min_label and e.microbatch is not None and e.microbatch >= 0:
+        if e.kind not in ("allreduce", "optimizer") and w >= min_label and e.microbatch is not None and e.microbatch >= 0:
             l = colorsys.rgb_to_hls(*colour)[1]
             ax.text(x + w / 2, i - 0.02, str(e.microbatch), ha="center", va="center", fontsize=7 if w >= width / 60 else 5.5,
                     color="white" if l < 0.6 else "black", zorder=3)
@@ -115,6 +116,8 @@ def draw_gantt(ax, events: Sequence[Any], *, devices: int | None = None, chunks:
         handles.append(Patch(facecolor=KIND_COLOURS["recompute"], label="recompute"))
     if "allreduce" in kinds:
         handles.append(Patch(facecolor=KIND_COLOURS["allreduce"], hatch="//", label="gradient all-reduce"))
+    if "optimizer" in kinds:
+        handles.append(Patch(facecolor=KIND_COLOURS["optimizer"], label="optimizer step"))
     if "send" in kinds:
         handles.append(Patch(facecolor=KIND_COLOURS["send"], label="send"))
     handles.append(Patch(facecolor=IDLE_COLOUR, label="idle (bubble)"))

@@ -3,17 +3,19 @@
 `planner/predict.py` turns a partition into these numbers, then simulates and
 reports them; the arithmetic lives here so each cost has one short function
 with its source (sends: `costmodels.comm.p2p_time_s`; all-reduce:
-`allreduce_time_s`, and for ZeRO `half_ring_time_s`; memory: `costmodels.memory.stage_memory`).
+`allreduce_time_s`, and for ZeRO `half_ring_time_s`; the optimizer step: `costmodels.optimizer_step`;
+memory: `costmodels.memory.stage_memory`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_ring_time_s, p2p_time_s
 from pipeplan.costmodels.graph import Graph, SharedParam
-from pipeplan.costmodels.memory import MemoryBreakdown, model_state_bytes, stage_memory
+from pipeplan.costmodels.memory import MemoryBreakdown, is_mixed_precision, model_state_bytes, stage_memory
+from pipeplan.costmodels.optimizer_step import optimizer_step_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.problem import Problem
@@ -40,6 +42,7 @@ class StageInputs:
     rbytes: list[int]
     memory: list[MemoryBreakdown]  # per pipeline device
     msg_bytes: list[int]  # per stage: what each of its ops sends and receives (activation out + in, or their gradients)
+    optimizer: list[float] = field(default_factory=list)  # each stage's optimizer step (PipeDream: folded into bwd)
 
 
 def contiguous(assignment: Sequence[int]) -> bool:
@@ -212,12 +215,13 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     send = _send_times(profile, config.schedule, out_bytes, reps, ranks)
     sync = _sync_times(profile, config, request, sums.own_params, reps, ranks, shared)
     allreduce = sync.step_end
+    opt = _optimizer_times(profile, config, request, sums.params, reps, slow)
     rc = config.recompute
     rec = [sums.f[s] if rc else 0.0 for s in range(S)]
     fwd, bwd = list(sums.f), list(sums.b)
     if not facts(config.schedule).replicates_whole_pipeline:  # a stage with r replicas takes every r-th microbatch
         fwd = [sums.f[s] / reps[s] for s in range(S)]
-        bwd = [(sums.b[s] + allreduce[s]) / reps[s] for s in range(S)]
+        bwd = [(sums.b[s] + allreduce[s] + opt[s]) / reps[s] for s in range(S)]  # PipeDream updates every microbatch
         rec = [rec[s] / reps[s] for s in range(S)]
     memory = _device_memory(config, request, sums, in_bytes, out_bytes, reps)
     # Simulator memory: the device's fixed part, and per microbatch what stays until its backward.
@@ -227,4 +231,14 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     # An op's messages: a forward receives its input and sends its output, a backward the gradients of both.
     msg = [(in_bytes[s] if s > 0 else 0) + (out_bytes[s] if s < S - 1 else 0) for s in range(S)]
     return StageInputs(fwd, bwd, rec, send, allreduce, sync.fwd, sync.bwd, out_bytes, static, act, rbytes, memory,
-                       msg)
+                       msg, opt)
+
+
+def _optimizer_times(profile: HardwareProfile, config: Config, request: PlanRequest, params: Sequence[int],
+                     reps: Sequence[int], slow: float) -> list[float]:
+    """Each stage's optimizer step (costmodels/optimizer_step.py). Under ZeRO a replica steps its shard only;
+    devices computing side by side on one machine share its memory as they share its cores (`slow`)."""
+    mixed = is_mixed_precision(request.training_dtype)
+    return [slow * optimizer_step_s(params[s] / (reps[s] if config.sharding != "none" else 1),
+                                    optimizer=request.optimizer, mixed_precision=mixed, profile=profile)
+            for s in range(len(params))]

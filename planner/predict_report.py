@@ -45,6 +45,7 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, chun
             predicted=StagePrediction(
                 fwd_s=f_s, bwd_s=b_s, compute_s=f_s + b_s + (f_s if recompute else 0.0),
                 send_s=float(x.send[s]), send_bytes=int(x.send_bytes[s]), allreduce_s=float(x.allreduce[s]),
+                optimizer_s=float(x.optimizer[s]),
                 memory_bytes=int(mem.total_bytes), weights_bytes=int(mem.weights_bytes),
                 optimizer_bytes=int(mem.optimizer_bytes), grad_bytes=int(mem.grad_bytes),
                 gathered_bytes=int(mem.gathered_bytes),

@@ -70,10 +70,10 @@ def simulate_from_plan(plan: Plan) -> SimResult:
     p = [s.predicted for s in stages]
     allreduce = [x.allreduce_s for x in p]
     per_stage = not rule.replicates_whole_pipeline
-    # PipeDream: a stage with r replicas takes every r-th microbatch and folds its weight all-reduce
+    # PipeDream: a stage with r replicas takes every r-th microbatch and folds its weight all-reduce and update
     # into the backward (PipeDream SOSP'19 §3.1), as planner/predict_inputs.py does; other schedules: r = 1.
     r = [max(1, s.replicas) if per_stage else 1 for s in stages]
-    folded = allreduce if per_stage else [0.0] * len(p)
+    folded = [a + x.optimizer_s for a, x in zip(allreduce, p, strict=True)] if per_stage else [0.0] * len(p)
     # every op also carries the runtime's time around it, as the search simulated it
     # a sharded stage's per-microbatch collectives overlap its compute (planner/predict._simulate)
     fwd = [max(x.fwd_s / k, x.fwd_comm_s) + x.op_overhead_s for x, k in zip(p, r, strict=True)]
@@ -88,4 +88,5 @@ def simulate_from_plan(plan: Plan) -> SimResult:
         chunks=plan.chunks if rule.interleaves else 1,
         allreduce_s=allreduce if any(allreduce) and not per_stage else None,
         recompute_s=recompute if any(recompute) else None,
+        optimizer_s=[x.optimizer_s for x in p] if rule.flushes else None,
     )

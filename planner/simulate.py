@@ -67,7 +67,7 @@ class Event:
     stage: int  # virtual stage (model order); equals the device except for interleaved
     chunk: int
     microbatch: int
-    kind: str  # "fwd", "bwd", "send", "recv", "allreduce", "recompute"
+    kind: str  # "fwd", "bwd", "send", "recv", "allreduce", "recompute", "optimizer"
     start_s: float
     end_s: float
     peer: int = -1  # for "send": the receiving device
@@ -165,6 +165,7 @@ class _SimInputs:
     recompute_bytes: tuple[int, ...]
     static_bytes: tuple[int, ...]  # per device
     allreduce: tuple[float, ...]  # all zero without a flush
+    optimizer: tuple[float, ...] = ()  # each stage's optimizer step after its all-reduce (flushing schedules)
 
 
 def _check_lengths(name: str, values: Iterable[_Num], n: int) -> tuple[_Num, ...]:
@@ -219,6 +220,13 @@ def _allreduce_times(schedule: ScheduleFacts, allreduce_s: Sequence[float] | Non
     return _optional("allreduce_s", allreduce_s, stages)
 
 
+def _optimizer_times(schedule: ScheduleFacts, optimizer_s: Sequence[float] | None, stages: int) -> tuple[float, ...]:
+    """Per-stage optimizer step times; a schedule without a flush updates after every backward (fold it in)."""
+    if not schedule.flushes and optimizer_s is not None and any(optimizer_s):
+        raise ValueError(f"{schedule.name}: fold the per-microbatch update into the stage times; optimizer_s is not used")
+    return _optional("optimizer_s", optimizer_s if schedule.flushes else None, stages)
+
+
 def _validate(
     schedule: str,
     fwd_s: Sequence[float],
@@ -231,6 +239,7 @@ def _validate(
     allreduce_s: Sequence[float] | None,
     recompute_s: Sequence[float] | None,
     recompute_bytes: Sequence[int] | None,
+    optimizer_s: Sequence[float] | None = None,
 ) -> _SimInputs:
     """Check and normalise `simulate`'s arguments (see its docstring), raising on the first problem."""
     S = len(fwd_s)
@@ -249,6 +258,7 @@ def _validate(
         recompute_bytes=_optional("recompute_bytes", recompute_bytes, S),
         static_bytes=_optional("static_bytes", static_bytes, K),
         allreduce=_allreduce_times(schedule_facts, allreduce_s, S),
+        optimizer=_optimizer_times(schedule_facts, optimizer_s, S),
     )
 
 
@@ -391,8 +401,9 @@ def _steady_state_s(inp: _SimInputs, b_end: list[list[float]], stream: int) -> f
 
 def _allreduce_end(inp: _SimInputs, b_end: list[list[float]], pipeline_s: float, events: list[Event] | None) -> float:
     """When the iteration ends: each stage's all-reduce starts after its last backward, one at a time per
-    device's comm channel (stages in the order they finish), overlapping with remaining compute.
-    Appends the all-reduce events to `events` unless it is None."""
+    device's comm channel (stages in the order they finish), overlapping with remaining compute; then each
+    device steps its stages' optimizers (they need the reduced gradients, and its compute is free by then).
+    Appends the all-reduce and optimizer events to `events` unless it is None."""
     K = inp.devices
     iteration_s = pipeline_s
     comm_free: list[float] = [0] * K
@@ -404,6 +415,15 @@ def _allreduce_end(inp: _SimInputs, b_end: list[list[float]], pipeline_s: float,
             iteration_s = max(iteration_s, comm_free[d])
             if events is not None:
                 events.append(Event(d, s, s // K, -1, "allreduce", start, start + inp.allreduce[s]))
+    for d in range(K):
+        mine = range(d, inp.stages, K)
+        t = max([comm_free[d], *(max(b_end[s]) for s in mine)])
+        for s in mine:
+            if inp.optimizer[s]:
+                if events is not None:
+                    events.append(Event(d, s, s // K, -1, "optimizer", t, t + inp.optimizer[s]))
+                t += inp.optimizer[s]
+        iteration_s = max(iteration_s, t)
     return iteration_s
 
 
@@ -463,6 +483,7 @@ def simulate(
     allreduce_s: Sequence[float] | None = None,
     recompute_s: Sequence[float] | None = None,
     recompute_bytes: Sequence[int] | None = None,
+    optimizer_s: Sequence[float] | None = None,
     keep_events: bool = True,
 ) -> SimResult:
     """Play a pipeline schedule out and measure time, bubbles and memory.
@@ -472,10 +493,12 @@ def simulate(
     tensors across boundary i (stage i to i+1; its gradient goes back in the
     same time); a list of K-1 entries is accepted too. Times may be any
     numbers supporting + and max (Fractions give exact results in tests).
+    `optimizer_s[i]` is stage i's optimizer step, run by its device after the
+    stage's all-reduce (flushing schedules; without a flush it belongs in bwd_s).
     `keep_events=False` skips building the Event list (the search's fast path).
     """
     inp = _validate(schedule, fwd_s, bwd_s, send_s, microbatches, chunks, static_bytes, activation_bytes_per_mb,
-                    allreduce_s, recompute_s, recompute_bytes)
+                    allreduce_s, recompute_s, recompute_bytes, optimizer_s)
     stream = _stream_length(inp)
     run = _Run.empty(inp.stages, inp.devices, stream)
     _play(inp, _orders(inp.schedule.name, inp.devices, inp.chunks, stream), run, keep_events)

@@ -18,8 +18,10 @@ from typing import Any, Iterable
 from pipeplan._io import atomic_write_json
 
 COMPUTE_TID, COMM_TID = 0, 1
-_LETTER = {"fwd": "F", "bwd": "B", "recompute": "R", "send": "send ", "recv": "recv ", "allreduce": "allreduce"}
-_COLOR = {"fwd": "thread_state_running", "bwd": "rail_response", "recompute": "rail_idle", "send": "good", "recv": "good", "allreduce": "bad"}
+_LETTER = {"fwd": "F", "bwd": "B", "recompute": "R", "send": "send ", "recv": "recv ", "allreduce": "allreduce",
+           "optimizer": "optimizer"}
+_COLOR = {"fwd": "thread_state_running", "bwd": "rail_response", "recompute": "rail_idle", "send": "good", "recv": "good", "allreduce": "bad",
+          "optimizer": "rail_load"}
 
 
 def _get(ev: Any, key: str, default: Any = None) -> Any:
@@ -31,8 +33,8 @@ def _get(ev: Any, key: str, default: Any = None) -> Any:
 
 def event_name(kind: str, microbatch: int, chunk: int = 0, chunks: int = 1) -> str:
     """"F3"/"B3"/"R3" (recompute) for compute, "send 3" for comm; ".c" chunk suffix when interleaved."""
-    if kind == "allreduce":
-        return "allreduce"
+    if kind in ("allreduce", "optimizer"):
+        return kind
     name = f"{_LETTER.get(kind, kind + ' ')}{microbatch}"
     if chunks > 1 and kind in ("fwd", "bwd", "recompute"):
         name += f".{chunk}"

@@ -1,0 +1,46 @@
+"""The optimizer step's time (costmodels/optimizer_step.py) and its place in the simulated iteration."""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+import pytest
+
+from pipeplan.costmodels.optimizer_step import optimizer_step_s
+from pipeplan.hardware_profiles import load_profile
+from pipeplan.planner.simulate import simulate
+
+
+def test_bytes_per_parameter_follow_the_kernels():
+    """torch's foreach Adam moves 72 B per fp32 parameter (7 passes, counted in the module docstring); a fused
+    kernel 28 (read p, g, m, v; write p, m, v); mixed precision also writes the 2-byte weight copy."""
+    h100 = load_profile("h100-sxm")
+    local = dataclasses.replace(h100, local=True)
+    n = 1_000_000  # parameters
+    bw = h100.mem_bw_bytes_per_s
+    assert optimizer_step_s(4 * n, optimizer="adam", mixed_precision=False, profile=h100) == pytest.approx(28 * n / bw)
+    assert optimizer_step_s(4 * n, optimizer="adam", mixed_precision=True, profile=h100) == pytest.approx(30 * n / bw)
+    assert optimizer_step_s(4 * n, optimizer="adam", mixed_precision=False, profile=local) == pytest.approx(72 * n / bw)
+    assert optimizer_step_s(4 * n, optimizer="sgd", mixed_precision=False, profile=local) == pytest.approx(12 * n / bw)
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        optimizer_step_s(4, optimizer="lamb", mixed_precision=False, profile=h100)
+
+
+def test_each_device_steps_after_its_last_backward_and_all_reduce():
+    """2 stages, GPipe, M = 2, F = 1, B = 2, no sends: stage 1 runs F at 1-3, B at 3-7; stage 0 F at 0-2 and
+    B at 5-7, 7-9 (each behind stage 1's). Stage 0 all-reduces 9 -> 10 and steps 10 -> 10.5; stage 1 steps
+    7 -> 10. The iteration ends when the later device has stepped."""
+    one, two = Fraction(1), Fraction(2)
+    base = simulate("gpipe", [one, one], [two, two], [0, 0], 2, allreduce_s=[one, 0])
+    assert base.iteration_s == 10
+    got = simulate("gpipe", [one, one], [two, two], [0, 0], 2, allreduce_s=[one, 0],
+                   optimizer_s=[Fraction(1, 2), Fraction(3)])
+    assert got.iteration_s == Fraction(21, 2)
+    steps = sorted((e.device, e.start_s, e.end_s) for e in got.events if e.kind == "optimizer")
+    assert steps == [(0, 10, Fraction(21, 2)), (1, 7, 10)]
+
+
+def test_an_asynchronous_schedule_folds_the_update_into_the_backward():
+    with pytest.raises(ValueError, match="fold the per-microbatch update"):
+        simulate("pipedream", [1.0, 1.0], [2.0, 2.0], [0.0, 0.0], 2, optimizer_s=[1.0, 1.0])
