@@ -18,8 +18,8 @@ benchmarks/RESULTS.md):
    fell on the pipeline, not on the baseline, at batch 4096. At 8192 one pass is
    slower (6.0 s: every layer's activations no longer stay in cache), 2 x 4096
    fastest (5.36 s), 8 x 1024 within ~5% of it.
-3. Prediction: measured vs predicted iteration time for GPipe and 1F1B on three
-   examples (target within 10%). Each example is traced once per round, on one thread (a
+3. Prediction: measured vs predicted iteration time for GPipe, 1F1B and interleaved
+   pipelines and data parallelism (CONFIGS) on three examples (target within 10%). Each example is traced once per round, on one thread (a
    local device), so the local profile's cost model uses the tracer's measured
    layer times for both schedules (docs/cost-models.md).
 Everything runs --rounds times (default 3); the table shows medians over rounds
@@ -44,7 +44,11 @@ SECTION = "## Runtime (`benchmarks/runtime_bench.py`)"
 # +-10-15% from one second to the next (other tenants), and a 0.5 s trace against a 2 s run
 # would compare two different machines.
 CASES = [("wide_mlp", 8192, 8, 8, 8), ("mlp", 2048, 8, 40, 20), ("gpt", 256, 8, 200, 50)]
-SCHEDULES = ("gpipe", "1f1b")
+# (label, schedule, pipeline stages, data-parallel replicas, chunks per device): what users run on 2 devices.
+# Data parallelism halves the microbatch count so the microbatch size, and so the trace, stays the same.
+# (Pipeline x data parallel needs 4 devices: 4 ranks on this machine's 2 cores cannot each have a core.)
+CONFIGS = [("gpipe", "gpipe", 2, 1, 1), ("1f1b", "1f1b", 2, 1, 1), ("interleaved", "interleaved", 2, 1, 2),
+           ("data parallel", "1f1b", 1, 2, 1)]
 BASELINE_CHUNKS = (1, 2, 4, 8)  # single-process: one pass, or gradient accumulation over this many slices
 BASELINE_STEPS = 4  # timed steps per baseline variant (~5-6 s each at batch 8192), after one warm-up
 
@@ -128,11 +132,15 @@ def trace_one_device(model_file: str, microbatch: int, repeats: int):
     return trace(model_file, microbatch, repeats=repeats)
 
 
-def make_plan(graph, profile, batch: int, m: int, schedule: str, out: Path):
+def make_plan(graph, profile, batch: int, m: int, config: tuple, out: Path):
     from pipeplan.planner.request import PlanRequest
     from pipeplan.planner.search import search
 
-    result = search(graph, profile, PlanRequest(devices=2, batch_size=batch, schedule=schedule, stages=2, microbatches=m, optimizer="sgd", recompute="off", times="model"))
+    _, schedule, stages, dp, chunks = config
+    request = PlanRequest(devices=2, batch_size=batch, schedule=schedule, stages=stages, data_parallel=dp,
+                          chunks=chunks, microbatches=m // dp, optimizer="sgd", recompute="off", sharding="none",
+                          times="model")
+    result = search(graph, profile, request)
     result.best.save(out)
     return result.best
 
@@ -154,15 +162,17 @@ def run_round(profile, args, console, tmp: Path, rnd: int) -> tuple[list[dict], 
         model_file = str(EXAMPLES / f"{name}.py")
         console.print(f"round {rnd}: {name}: tracing at the microbatch size {batch // m} (one thread, {repeats} repeats) ...")
         graph = trace_one_device(model_file, batch // m, repeats)
-        for schedule in SCHEDULES:
+        for config in CONFIGS:
+            schedule = config[0]
             console.print(f"round {rnd}: {name} {schedule}: planning and running {steps} steps ...")
-            plan_path = tmp / f"{name}-{schedule}.json"
-            plan = make_plan(graph, profile, batch, m, schedule, plan_path)
+            plan_path = tmp / f"{name}-{schedule.replace(' ', '-')}.json"
+            plan = make_plan(graph, profile, batch, m, config, plan_path)
             doc = run_plan(plan_path, steps, args.warmup)
             meas, pred = doc["measured"]["iteration_s"], plan.predicted.iteration_s
             compute_meas = sum(st["compute_s"] for st in doc["measured"]["stages"])
-            compute_pred = sum(st.predicted.compute_s for st in plan.stages) * m
-            rows.append({"example": name, "schedule": schedule, "batch": batch, "M": m, "steps": steps,
+            # every replica of a stage computes its M microbatches (the measured records are per rank)
+            compute_pred = sum(st.predicted.compute_s * st.replicas for st in plan.stages) * plan.microbatches
+            rows.append({"example": name, "schedule": schedule, "batch": batch, "M": plan.microbatches, "steps": steps,
                          "overhead_s": [st.predicted.op_overhead_s for st in plan.stages], "measured_s": meas, "predicted_s": pred,
                          "error": (meas - pred) / pred, "compute_ratio": compute_meas / compute_pred,
                          "samples_per_s": doc["measured"]["samples_per_s"]})
@@ -237,7 +247,7 @@ def main(argv=None) -> int:
             capacities.append(parallel_capacity())
             console.print(f"parallel capacity after round {rnd}: {capacities[-1]:.2f}")
     rows = combine(rounds)
-    table = Table(title=f"pipeplan run: measured vs predicted (2 stages, 2 processes x 1 thread; median of {args.rounds} rounds)")
+    table = Table(title=f"pipeplan run: measured vs predicted (2 processes x 1 thread; median of {args.rounds} rounds)")
     for col in ("example", "schedule", "batch", "M", "measured ms", "predicted ms", "error", "errors by round",
                 "compute meas/pred", "within 10%"):
         table.add_column(col, justify="right")
@@ -286,8 +296,9 @@ def write_results(rows, speedups, profiles, profile_desc, args, capacities) -> N
     command = "python benchmarks/runtime_bench.py" + (f" --profile {args.profile}" if args.profile else "") + " --write-results"
     lines = [f"Command: `{command}` ({args.rounds} rounds, warm-up {args.warmup} steps; profile: {profile_desc}).", "",
              f"Machine: {machine()}.", "",
-             "Each round traces every example on one thread, plans GPipe and 1F1B on 2 devices with the local "
-             "profile, runs both with `pipeplan run`, and times single-process training of wide_mlp. Trace repeats "
+             "Each round traces every example on one thread, plans GPipe, 1F1B and interleaved (2 chunks) "
+             "pipelines of 2 stages and 1-stage data parallelism over 2 replicas (CONFIGS) with the local profile, "
+             "runs each with `pipeplan run`, and times single-process training of wide_mlp. Trace repeats "
              "and run steps per example (CASES in the script) make each measurement last ~8-20 s, because this "
              "machine's speed drifts by +-10-15% from second to second (other tenants); the table shows medians "
              "over the rounds and every round's error.", "",

@@ -15,9 +15,9 @@ from pipeplan.cli.console import stdout_console
 from pipeplan.cli.options import (
     check_output_paths,
     check_split_flags,
+    optional_profile_option,
     output_options,
     planning_options,
-    profile_option,
     split_options,
     trace_options,
 )
@@ -44,6 +44,7 @@ def run_analysis(
     split: str | None = None,
     split_from: str | None = None,
     retrace: Callable[[Callable, int], Any] | None = None,
+    cluster: Any = None,
 ) -> None:
     """Shared by `analyze` and `plan`: `load(phases, profile)` returns the graph (tracing if it must).
 
@@ -56,6 +57,10 @@ def run_analysis(
 
     check_output_paths(output=output, plot=plot, chrome_trace=chrome_trace)
     check_split_flags(split, split_from)
+    if cluster is not None:
+        return run_cluster_analysis(load, cluster=cluster, request=request, output=output, as_json=as_json,
+                                    unsupported={"--plot": plot, "--chrome-trace": chrome_trace, "--split": split,
+                                                 "--split-from": split_from})
     profile = load_profile(profile_name)
     request = request.for_profile(profile)
     dtype = request.training_dtype
@@ -86,6 +91,42 @@ def run_analysis(
     for flag, path in (("plan", output), ("plot", plot), ("Chrome trace", chrome_trace)):
         if path:
             console.print(f"[dim]wrote {flag}: {path}[/dim]")
+
+
+def run_cluster_analysis(load: Callable[[Callable, Any], object], *, cluster, request: PlanRequest, output: str | None,
+                         as_json: bool, unsupported: dict[str, Any]) -> None:
+    """`analyze`/`plan --cluster`: the mixed-cluster search (planner/mixed_search.py), its plan file, report or JSON."""
+    from pipeplan.cli.progress import progress_display
+    from pipeplan.cli.summary import cluster_document, graph_summary
+    from pipeplan.cli.workflow import check_layer_times
+    from pipeplan.errors import UserError
+    from pipeplan.planner.mixed_search import cluster_request, mixed_search
+
+    used = [flag for flag, value in unsupported.items() if value is not None]
+    if used:
+        raise UserError(f"{' and '.join(used)} {'is' if len(used) == 1 else 'are'} not available with --cluster yet",
+                        f"drop {', '.join(used)}")
+    request = cluster_request(request, cluster)
+    for group in cluster.groups:
+        group.profile.flops_for(request.training_dtype)  # an unsupported precision fails before any work
+    with quiet_stdout(as_json), progress_display() as phases:
+        graph = load(phases, cluster.groups[0].profile)
+        for group in cluster.groups:
+            check_layer_times(graph, group.profile, request)
+        result = mixed_search(graph, cluster, request)
+    if output:
+        result.best.save(output)
+    if as_json:
+        click.echo(json.dumps(cluster_document(result, graph, cluster, request.training_dtype)))
+        return
+    from pipeplan.cli.report import plan_report
+
+    console = stdout_console()
+    capacity = {g.profile.name: int(g.profile.usable_memory_bytes) for g in cluster.groups}
+    console.print(plan_report(result.best, model_summary=graph_summary(graph), graph=graph, baseline=result.baseline,
+                              type_capacity=capacity))
+    if output:
+        console.print(f"[dim]wrote plan: {output}[/dim]")
 
 
 def read_split(graph, split: str | None, split_from: str | None):
@@ -121,13 +162,13 @@ def judge(graph, profile, request, best, user_split):
 
 @click.command("analyze")
 @click.argument("model", metavar="MODEL.py|GRAPH")
-@profile_option
-@planning_options()
+@optional_profile_option
+@planning_options(with_cluster=True)
 @trace_options
 @output_options
 @split_options
-def analyze(model, profile, request, entry, trace_batch_size, depth, repeats, seq_len, output, as_json, plot, chrome_trace,
-            split, split_from):
+def analyze(model, profile, request, cluster, entry, trace_batch_size, depth, repeats, seq_len, output, as_json, plot,
+            chrome_trace, split, split_from):
     """Trace MODEL.py (or read a saved graph.json / PipeDream graph.txt), find the best pipeline plan, report it.
 
     The model is traced once at a small batch (--trace-batch-size, default 1);
@@ -147,4 +188,4 @@ def analyze(model, profile, request, entry, trace_batch_size, depth, repeats, se
                                 seq_len=seq_len, progress=phases("re-time like a device: "), time_layers=True)
 
     run_analysis(load, profile_name=profile, request=request, output=output, as_json=as_json, plot=plot, chrome_trace=chrome_trace,
-                 split=split, split_from=split_from, retrace=retrace if is_model_file(model) else None)
+                 split=split, split_from=split_from, retrace=retrace if is_model_file(model) else None, cluster=cluster)

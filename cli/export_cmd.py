@@ -96,6 +96,10 @@ def export(plan_file, framework, nearest, graph_file, as_json):
         if not nearest:
             raise UserError(f"{plan_file}: {framework} cannot express this plan: {e}",
                             "pass --nearest for the nearest plan it can run, with its predicted cost") from None
+        if plan.mixed:
+            raise UserError(f"{plan_file}: {framework} cannot express this plan ({e}); --nearest re-plans on one "
+                            "device type and this plan is for a mixed cluster",
+                            "re-plan with --cluster and the options the message names") from None
         from pipeplan.planner.frameworks.nearest import nearest_plan
 
         try:
@@ -106,5 +110,8 @@ def export(plan_file, framework, nearest, graph_file, as_json):
             raise UserError(f"{plan_file}: {framework} cannot express this plan ({e}) and has no nearest plan: {e2}",
                             "re-plan with the options the message names") from None
         doc.update(exact=False, reason=str(e), nearest={**_summary(near), "changes": changes, "plan": near.to_dict()})
+    if plan.mixed:  # frameworks place pipeline rank s by launch order: the user puts it on its device type
+        exp.notes.append("mixed cluster: launch the ranks so that pipeline stage s runs on its device type ("
+                         + ", ".join(f"stage {st.index}: {st.device_type}" for st in plan.stages) + ")")
     doc.update(exp.to_dict())
     click.echo(json.dumps(doc) if as_json else _render(doc))

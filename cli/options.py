@@ -61,13 +61,18 @@ def _choice(values) -> click.Choice:
     return click.Choice(values, case_sensitive=False)
 
 
-def planning_options(*, with_profile: bool = True) -> Callable:
-    """Decorator adding the planning flags; the command receives them as one `request: PlanRequest`."""
+def planning_options(*, with_profile: bool = True, with_cluster: bool = False) -> Callable:
+    """Decorator adding the planning flags; the command receives them as one `request: PlanRequest`.
+
+    with_cluster: --cluster/--cluster-link too, which replace --profile and --gpus; the command then receives
+    `cluster` (a `planner.cluster.Cluster`, or None) and `profile` None with it."""
 
     def decorate(f):
         @functools.wraps(f)
         def wrapper(*args, gpus, batch_size, microbatches, schedule, stages, solver, dtype, optimizer, recompute,
                     times, sharding, mixed_precision, **kw):
+            if with_cluster:
+                gpus = _cluster_or_devices(kw, gpus)
             request = PlanRequest(devices=gpus, batch_size=batch_size, microbatches=microbatches,
                                   schedule=schedule.lower(), stages=stages, solver=solver.lower(),
                                   dtype=dtype.lower(), optimizer=optimizer.lower(), recompute=recompute.lower(),
@@ -75,7 +80,8 @@ def planning_options(*, with_profile: bool = True) -> Callable:
             return f(*args, request=request, **kw)
 
         decorators = [
-            click.option("--gpus", "--devices", "gpus", type=count(MAX_DEVICES), required=True, help="Number of accelerators available."),
+            click.option("--gpus", "--devices", "gpus", type=count(MAX_DEVICES), required=not with_cluster,
+                         help="Number of accelerators available" + (" (or --cluster)." if with_cluster else ".")),
             click.option("--batch-size", "-b", type=count(MAX_BATCH_SIZE), default=DEFAULT_BATCH_SIZE, show_default=True, help="Global batch size (samples per iteration)."),
             click.option("--microbatches", "-m", type=count(MAX_MICROBATCHES), default=None, help="Microbatches per iteration (default: searched)."),
             click.option("--schedule", type=_choice(SCHEDULE_CHOICES), default="auto", show_default=True, help="Pipeline schedule."),
@@ -94,6 +100,8 @@ def planning_options(*, with_profile: bool = True) -> Callable:
             click.option("--times", type=_choice(TIMES), default="model", show_default=True,
                          help="Layer times from the roofline cost model, or as measured while tracing."),
         ]
+        if with_cluster:
+            decorators += cluster_options
         for d in reversed(decorators):
             wrapper = d(wrapper)
         return wrapper
@@ -101,8 +109,53 @@ def planning_options(*, with_profile: bool = True) -> Callable:
     return decorate
 
 
+cluster_options = [
+    click.option("--cluster", default=None,
+                 help="A mixed cluster instead of --profile/--gpus: PROFILE:COUNT,PROFILE:COUNT (e.g. "
+                      "a100-80gb-sxm:8,v100-32gb-sxm2:8); each stage runs on one device type (docs/mixed-clusters.md)."),
+    click.option("--cluster-link", default=None,
+                 help="Link between the --cluster groups: GBPS[,LATENCY_US] [default: the slower of the groups' "
+                      "inter-node links]."),
+]
+
+
+def load_cluster(spec: str, link: str | None = None):
+    """A --cluster spec as a `Cluster` (profiles loaded, counts bounded like --gpus)."""
+    from pipeplan.hardware_profiles import load_profile
+    from pipeplan.planner.cluster import parse_cluster
+
+    return parse_cluster(spec, load_profile, max_count=MAX_DEVICES, link=link)
+
+
+def _cluster_or_devices(kw: dict, gpus: int | None) -> int:
+    """--cluster replaces --profile and --gpus: parse it into kw["cluster"]; the device count to plan for."""
+    spec, link = kw.pop("cluster"), kw.pop("cluster_link")
+    kw["cluster"] = None
+    if spec is None:
+        if link is not None:
+            raise UserError("--cluster-link needs --cluster", "drop --cluster-link, or give --cluster")
+        if kw.get("profile") is None:
+            raise UserError("missing --profile", "give --profile NAME and --gpus N, or --cluster PROFILE:N,PROFILE:N")
+        if gpus is None:
+            raise UserError("missing --gpus", "give --gpus N (the accelerators available), or --cluster")
+        return gpus
+    if kw.get("profile") is not None or gpus is not None:
+        used = " and ".join(f for f, v in (("--profile", kw.get("profile")), ("--gpus", gpus)) if v is not None)
+        raise UserError(f"--cluster replaces --profile and --gpus, but {used} is given too",
+                        f"drop {used}, or drop --cluster")
+    kw["cluster"] = load_cluster(spec, link)
+    return int(kw["cluster"].devices)
+
+
 def profile_option(f):
     return click.option("--profile", "-p", required=True, help="Hardware profile: catalogue name (see `pipeplan profiles list`) or a .yaml path.")(f)
+
+
+def optional_profile_option(f):
+    """--profile for commands that also take --cluster (then the one or the other is required)."""
+    return click.option("--profile", "-p", default=None,
+                        help="Hardware profile: catalogue name (see `pipeplan profiles list`) or a .yaml path "
+                             "(or --cluster).")(f)
 
 
 def trace_options(f):

@@ -8,19 +8,26 @@ from __future__ import annotations
 
 import click
 
-from pipeplan.cli.options import MAX_BATCH_SIZE, count, output_options, planning_options, profile_option, split_options
+from pipeplan.cli.options import (
+    MAX_BATCH_SIZE,
+    count,
+    optional_profile_option,
+    output_options,
+    planning_options,
+    split_options,
+)
 
 
 @click.command("plan")
 @click.argument("graph_file", metavar="GRAPH")
-@profile_option
-@planning_options()
+@optional_profile_option
+@planning_options(with_cluster=True)
 @output_options
 @click.option("--profiled-batch-size", type=count(MAX_BATCH_SIZE), default=None,
               help="For a PipeDream graph.txt: the minibatch size its times were measured at (the file does not "
                    "record it; PipeDream's image models used 64-256). Without it, times count as per sample.")
 @split_options
-def plan(graph_file, profile, request, output, as_json, plot, chrome_trace, profiled_batch_size, split, split_from):
+def plan(graph_file, profile, request, cluster, output, as_json, plot, chrome_trace, profiled_batch_size, split, split_from):
     """Find the best pipeline plan for a saved GRAPH (graph.json from `pipeplan trace`, or a PipeDream graph.txt)."""
     from pipeplan.cli.analyze_cmd import run_analysis
     from pipeplan.cli.workflow import load_saved_graph
@@ -36,4 +43,4 @@ def plan(graph_file, profile, request, output, as_json, plot, chrome_trace, prof
         return load_saved_graph(graph_file, profiled_batch_size=profiled_batch_size)
 
     run_analysis(load, profile_name=profile, request=request, output=output, as_json=as_json, plot=plot, chrome_trace=chrome_trace,
-                 split=split, split_from=split_from)
+                 split=split, split_from=split_from, cluster=cluster)

@@ -24,6 +24,7 @@ from pipeplan.units import GIB, MIB
 KIND_COLOURS = {
     "fwd": "#4C72B0",  # blue: forward
     "bwd": "#55A868",  # green: backward
+    "wgrad": "#2E8B57",  # darker green: zero bubble's weight-gradient pass W, split from the backward
     "recompute": "#8172B2",  # purple: forward recomputed during backward
     "allreduce": "#C44E52",  # red: gradient all-reduce among replicas
     "optimizer": "#CCB974",  # sand: the optimizer step after the gradients are reduced
@@ -31,7 +32,7 @@ KIND_COLOURS = {
     "recv": "#8C8C8C",
 }
 IDLE_COLOUR = "#F7E1E1"  # pale red row background: what shows through is the bubble
-COMPUTE_KINDS = ("fwd", "bwd", "recompute", "allreduce", "optimizer")
+COMPUTE_KINDS = ("fwd", "bwd", "wgrad", "recompute", "allreduce", "optimizer")
 
 
 def _shade(colour: str, chunk: int, chunks: int) -> tuple[float, float, float]:
@@ -112,6 +113,8 @@ def draw_gantt(ax, events: Sequence[Any], *, devices: int | None = None, chunks:
     handles = [Patch(facecolor=KIND_COLOURS["fwd"], label="forward (microbatch #)"), Patch(facecolor=KIND_COLOURS["bwd"], label="backward")]
     if chunks > 1:
         handles.append(Patch(facecolor=_shade(KIND_COLOURS["fwd"], chunks - 1, chunks), label=f"lighter: later chunks (of {chunks})"))
+    if "wgrad" in kinds:
+        handles.append(Patch(facecolor=KIND_COLOURS["wgrad"], label="weight gradient (W)"))
     if "recompute" in kinds:
         handles.append(Patch(facecolor=KIND_COLOURS["recompute"], label="recompute"))
     if "allreduce" in kinds:

@@ -79,7 +79,8 @@ def plan_header(plan, profile=None) -> Text:
     text = Text()
     available = (plan.solver or {}).get("search", {}).get("devices_available")
     of = f" (of {available} available)" if available and available != plan.devices else ""
-    text.append(f"{plan.devices} × {shown_path(plan.profile)}{device}{of}", style="bold")
+    text.append(f"{_mixed_devices(plan) if plan.mixed else f'{plan.devices} × {shown_path(plan.profile)}'}{device}{of}",
+                style="bold")
     text.append(
         f": {plan.schedule}, {shape}, {plan.microbatches} microbatch{'es' if plan.microbatches != 1 else ''} of "
         f"{plan.microbatch_size} (batch {plan.batch_size}), {plan.dtype}{_recipe(plan)}, {plan.optimizer}"
@@ -92,6 +93,25 @@ def plan_header(plan, profile=None) -> Text:
         took = f" in {fmt_seconds(solver['time_s'])}" if solver.get("time_s") is not None else ""
         text.append(f"\nsolver: {solver['name']} ({solver.get('status', '?')}{extra}){took}", style="dim")
     return text
+
+
+def _mixed_devices(plan) -> str:
+    """A mixed plan's devices per type, in pipeline order: "8 × a100-80gb-sxm + 8 × v100-32gb-sxm2"."""
+    counts: dict[str, int] = {}
+    for s in plan.stages:
+        counts[str(s.device_type)] = counts.get(str(s.device_type), 0) + s.replicas
+    return " + ".join(f"{n} × {name}" for name, n in counts.items())
+
+
+def _type_runs(types: list[str]) -> str:
+    """Stages per device type in pipeline order: "a100-80gb-sxm:3+v100-32gb-sxm2:1"."""
+    runs: list[list[Any]] = []
+    for t in types:
+        if runs and runs[-1][0] == t:
+            runs[-1][1] += 1
+        else:
+            runs.append([t, 1])
+    return "+".join(f"{t}:{n}" for t, n in runs)
 
 
 def _recipe(plan) -> str:
@@ -137,19 +157,27 @@ def _devices(devices: list[int]) -> str:
     return ",".join(str(d) for d in devices)
 
 
-def stage_table(plan, graph=None, capacity_bytes: int | None = None) -> Table:
+def stage_table(plan, graph=None, capacity_bytes: int | None = None,
+                type_capacity: dict[str, int] | None = None) -> Table:
     """Per-stage table: layers, parameters, per-microbatch times, sends, peak memory against capacity.
 
     Times share one unit (in the title) so the columns stay narrow enough for an
     ordinary terminal; the all-reduce column appears only when stages are replicated.
+    A mixed-cluster plan adds a "device type" column, and memory is against each type's own
+    capacity (`type_capacity`: profile name -> usable bytes).
     """
     scale, unit = table_time_unit([x for s in plan.stages for x in (s.predicted.fwd_s, s.predicted.bwd_s, s.predicted.send_s)])
     allreduce = any(s.predicted.allreduce_s for s in plan.stages)
     title = f"Stages ({unit} per microbatch" + ("; all-reduce once per iteration" if allreduce else "")
-    title += f"; memory peak per device, % of {fmt_bytes(capacity_bytes)} usable)" if capacity_bytes else ")"
+    if plan.mixed and type_capacity:
+        title += "; memory peak per device, % of its type's usable)"
+    else:
+        title += f"; memory peak per device, % of {fmt_bytes(capacity_bytes)} usable)" if capacity_bytes else ")"
     t = Table(title=title, title_justify="left", header_style="bold")
     t.add_column("stage", justify="right", no_wrap=True)
     t.add_column("devices", no_wrap=True)
+    if plan.mixed:
+        t.add_column("device type", no_wrap=True)
     t.add_column("layers (from → to)", ratio=1, min_width=12)  # the one column that wraps in a narrow terminal
     t.add_column("#", justify="right", no_wrap=True)
     params = stage_params(plan, graph)
@@ -165,7 +193,10 @@ def stage_table(plan, graph=None, capacity_bytes: int | None = None) -> Table:
     last = max((s.index for s in plan.stages), default=0)
     for s, p in zip(plan.stages, params, strict=True):
         pred = s.predicted
-        row = [str(s.index), _devices(s.devices), _layer_span(s.layers), str(len(s.layers))]
+        row = [str(s.index), _devices(s.devices), *([str(s.device_type)] if plan.mixed else []),
+               _layer_span(s.layers), str(len(s.layers))]
+        if plan.mixed:
+            capacity_bytes = (type_capacity or {}).get(str(s.device_type))
         if show_params:
             row.append(fmt_count(p))
         row += [fmt_in(pred.fwd_s, scale), fmt_in(pred.bwd_s, scale)]
@@ -219,7 +250,7 @@ def baseline_line(plan, baseline, capacity_bytes: int | None = None) -> Text:
     text = Text("vs equal-layers split ")
     text.append(f"({counts_txt} layers)", style="dim")
     text.append(f": {b.samples_per_s:,.1f} samples/s, peak {fmt_bytes(b.peak_memory_bytes)}")
-    if capacity_bytes and b.peak_memory_bytes > capacity_bytes:
+    if (capacity_bytes and b.peak_memory_bytes > capacity_bytes) or not b.fits:  # mixed: each type's own capacity
         text.append(" — does not fit in memory", style="red")
     if [len(s.layers) for s in plan.stages] == counts:
         text.append(" → the same split as this plan")
@@ -240,8 +271,10 @@ def alternatives_table(plan, limit: int = 5) -> Table | None:
     placements = len({best_layout} | {a.get("layout", "stage-major") for a in alts}) > 1
     t = Table(title="Runners-up", title_justify="left", header_style="bold",
               caption=f"the plan above places ranks {best_layout}" if placements else None, caption_justify="left")
-    for col in ("schedule", "K×d", "M", "recompute", "samples/s", "peak memory") + (("placement",) if placements else ()):
-        t.add_column(col, justify="left" if col in ("schedule", "placement") else "right")
+    mixed = any(a.get("device_types") for a in alts)  # a mixed cluster's runners-up: stages per device type
+    for col in ("schedule", "K×d", "M", "recompute", "samples/s", "peak memory") + (("placement",) if placements else ()) \
+            + (("stages per device type",) if mixed else ()):
+        t.add_column(col, justify="left" if col in ("schedule", "placement", "stages per device type") else "right")
     for a in alts:
         chunks = a.get("chunks") or 1
         sched = str(a.get("schedule")) + (f" (v={chunks})" if chunks > 1 else "")
@@ -254,15 +287,19 @@ def alternatives_table(plan, limit: int = 5) -> Table | None:
             sched += f", {SHARDING_NAMES[a['sharding']]}"
         t.add_row(sched, f"{a.get('stages')}×{d}", str(a.get("microbatches")), "on" if a.get("recompute") else "off",
                   f"{sps:,.1f}" if isinstance(sps, (int, float)) else "—", fmt_bytes(a.get("peak_memory_bytes")),
-                  *((a.get("layout", "stage-major"),) if placements else ()))
+                  *((a.get("layout", "stage-major"),) if placements else ()),
+                  *((_type_runs(a.get("device_types") or []),) if mixed else ()))
     return t
 
 
-def plan_report(plan, *, model_summary: dict[str, Any], graph=None, profile=None, baseline=None, with_baseline: bool = True) -> Group:
-    """Everything `analyze`, `plan` and `show` print, as one renderable."""
+def plan_report(plan, *, model_summary: dict[str, Any], graph=None, profile=None, baseline=None, with_baseline: bool = True,
+                type_capacity: dict[str, int] | None = None) -> Group:
+    """Everything `analyze`, `plan` and `show` print, as one renderable (a mixed plan: `type_capacity`, no profile)."""
     capacity = int(profile.usable_memory_bytes) if profile is not None else None
-    parts: list[Any] = [model_table(model_summary), Text(""), plan_header(plan, profile), stage_table(plan, graph, capacity),
-                        prediction_table(plan, capacity)]
+    if type_capacity and capacity is None:  # mixed: the capacity beside the peak (planner/mixed_predict.py)
+        capacity = plan.predicted.memory_capacity_bytes
+    parts: list[Any] = [model_table(model_summary), Text(""), plan_header(plan, profile),
+                        stage_table(plan, graph, capacity, type_capacity), prediction_table(plan, capacity)]
     if with_baseline:
         parts.append(baseline_line(plan, baseline, capacity))
     alts = alternatives_table(plan)

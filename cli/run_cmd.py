@@ -27,6 +27,8 @@ from pipeplan.choices import OPTIMIZERS
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None, help="Folder for per-stage checkpoints.")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True, help="Checkpoint every S steps (0: never).")
 @click.option("--resume", is_flag=True, help="Continue from the last complete checkpoint in --checkpoint-dir.")
+@click.option("--vertical-sync", is_flag=True,
+              help="Asynchronous PipeDream plans: every stage uses the weight version the input stage used.")
 @click.option("--log", "log_file", type=click.Path(dir_okay=False), default=None,
               help="Keep torchrun's and every rank's output in this file (also when the run fails).")
 @click.option("--dump-params", type=click.Path(file_okay=False), default=None, hidden=True,
@@ -34,7 +36,8 @@ from pipeplan.choices import OPTIMIZERS
 @click.option("--worker-script", type=click.Path(dir_okay=False, exists=True), default=None, hidden=True,
               help="Python script torchrun starts instead of pipeplan.runtime.worker (tests: fault injection).")
 def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr, master_port, nproc_per_node,
-        as_json, chrome_trace, checkpoint_dir, checkpoint_every, resume, log_file, dump_params, worker_script):
+        as_json, chrome_trace, checkpoint_dir, checkpoint_every, resume, vertical_sync, log_file, dump_params,
+        worker_script):
     """Train PLAN_FILE's pipeline on torch.distributed (one process per device) and report measured vs predicted."""
     from rich.console import Console
 
@@ -57,7 +60,8 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
     opts = LaunchOptions(steps=steps, warmup=warmup, lr=lr, optimizer=optimizer, nnodes=nnodes, node_rank=node_rank,
                          master_addr=master_addr, master_port=master_port, nproc_per_node=nproc_per_node,
                          checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
-                         dump_params=dump_params, worker_script=worker_script, log=log_file, keep_run_dir=debug)
+                         dump_params=dump_params, worker_script=worker_script, log=log_file, keep_run_dir=debug,
+                         vertical_sync=vertical_sync)
     err = Console(stderr=True)
 
     def notify(line: str) -> None:  # shown before training starts (the checkpoint resumed from)

@@ -35,6 +35,19 @@ def _plan_profile(recorded: str, plan_file: str, load):
         raise
 
 
+def _type_capacities(plan, plan_file: str, load, notes: list[str]) -> dict[str, int]:
+    """Usable bytes per device type of a mixed plan's stages; a type whose profile is gone gets a note."""
+    from pipeplan.errors import UserError
+
+    capacity = {}
+    for name in dict.fromkeys(str(s.device_type) for s in plan.stages):
+        try:
+            capacity[name] = int(_plan_profile(name, plan_file, load).usable_memory_bytes)
+        except UserError as e:
+            notes.append(f"profile {name!r} not found ({e}); its stages' memory capacity not shown")
+    return capacity
+
+
 @click.command("show")
 @click.argument("plan_file", metavar="PLAN.json")
 @click.option("--graph", "graph_file", default=None, help="The plan's graph.json, for the model summary and parameter counts.")
@@ -59,12 +72,16 @@ def show(plan_file, graph_file, as_json, plot, chrome_trace):
                 f"{graph_file} is not the graph {plan_file} was planned from (fingerprint {graph.fingerprint()} != {want})",
                 "pass the graph.json the plan was made from, or drop --graph",
             )
-    notes = []
-    try:
-        profile = _plan_profile(plan.profile, plan_file, load_profile)
-    except UserError as e:  # a user profile that moved: the report just loses the capacity column
-        profile = None
-        notes.append(f"profile {plan.profile!r} not found ({e}); memory capacity not shown")
+    notes: list[str] = []
+    type_capacity = None
+    if plan.mixed:  # a mixed cluster's plan: one profile per device type, each stage's own capacity
+        profile, type_capacity = None, _type_capacities(plan, plan_file, load_profile, notes)
+    else:
+        try:
+            profile = _plan_profile(plan.profile, plan_file, load_profile)
+        except UserError as e:  # a user profile that moved: the report just loses the capacity column
+            profile = None
+            notes.append(f"profile {plan.profile!r} not found ({e}); memory capacity not shown")
     write_outputs(plan, graph if profile is not None else None, profile, output=None, plot=plot, chrome_trace=chrome_trace)
     summary = graph_summary(graph) if graph is not None else plan_graph_summary(plan)
     if as_json:
@@ -79,7 +96,8 @@ def show(plan_file, graph_file, as_json, plot, chrome_trace):
     from pipeplan.cli.report import plan_report
 
     console = stdout_console()
-    console.print(plan_report(plan, model_summary=summary, graph=graph, profile=profile, with_baseline=False))
+    console.print(plan_report(plan, model_summary=summary, graph=graph, profile=profile, with_baseline=False,
+                              type_capacity=type_capacity))
     for note in notes:
         console.print(f"[yellow]note: {note}[/yellow]")
     for flag, path in (("plot", plot), ("Chrome trace", chrome_trace)):

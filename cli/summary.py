@@ -164,3 +164,36 @@ def compare_row(profile, plan, dtype: str, error: str | None = None) -> dict[str
         achieved_flops_fraction=plan.predicted.achieved_flops_fraction,
     )
     return row
+
+
+def cluster_document(result, graph, cluster, dtype: str) -> dict[str, Any]:
+    """`analyze --cluster --json` / `plan --cluster --json`: {"plan", "baseline", "graph", "cluster", "evaluated"}
+    (docs/cli.md); the plan's stages name their `device_type`."""
+    doc = {
+        "plan": result.best.to_dict(),
+        "baseline": baseline_summary(result.best, result.baseline, None),
+        "graph": graph_summary(graph),
+        "cluster": {
+            "spec": cluster.spec,
+            "groups": [{**profile_summary(g.profile, dtype), "count": g.count} for g in cluster.groups],
+            "link": {"bandwidth_bytes_per_s": cluster.link.bandwidth_bytes_per_s, "latency_s": cluster.link.latency_s},
+        },
+        "evaluated": int(getattr(result, "evaluated", 0)),
+    }
+    if doc["baseline"] is not None:  # each device against its own type's capacity (planner/mixed_predict.py)
+        doc["baseline"]["fits_memory"] = bool(result.baseline.predicted.fits)
+    return doc
+
+
+def cluster_row(cluster, plan, dtype: str, error: str | None = None) -> dict[str, Any]:
+    """One `compare --cluster` row: `compare_row`'s fields for a mixed cluster, plus `device_types` (per stage) and
+    `devices_available`; capacity and headroom are those of the device with the largest peak."""
+    row = compare_row(None, plan, dtype, error)
+    capacity = int(plan.predicted.memory_capacity_bytes) if plan is not None else None
+    peak = row["peak_memory_bytes"]
+    row.update(profile=cluster.spec, device=" + ".join(f"{g.count} × {g.profile.device}" for g in cluster.groups),
+               usable_memory_bytes=capacity, devices_available=cluster.devices,
+               device_types=[s.device_type for s in plan.stages] if plan is not None else None)
+    if plan is not None and capacity:
+        row.update(memory_headroom_bytes=capacity - peak, memory_headroom_fraction=(capacity - peak) / capacity)
+    return row

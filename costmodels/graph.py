@@ -67,6 +67,20 @@ class Layer:
     params: list[str] = field(default_factory=list)  # fully qualified parameter names this layer uses
     nodes: list[str] = field(default_factory=list)  # exported-program node names that make up the layer
     parts: list[CostPart] = field(default_factory=list)  # per op kind; empty: priced as one op of `kind`
+    bwd_weight_flops: int | None = None  # of bwd_flops, the weight-gradient part (zero bubble's W); None: not split
+
+
+def weight_grad_share(layer: Layer) -> float:
+    """The share of a layer's backward that is its weight gradient W (the rest is the input gradient B).
+
+    Traced graphs count it (`bwd_weight_flops`, docs/graph-format.md); for graphs without it the rule is
+    half for a layer with parameters, none without: a Linear's (or a convolution's) input gradient and
+    weight gradient are each 2*m*n*k FLOPs (Qi et al. 2024, "Zero Bubble Pipeline Parallelism" §2), and a
+    layer without weights has no W. Used for a layer's time as well as its FLOPs (zero-bubble schedules).
+    """
+    if layer.bwd_weight_flops is not None:
+        return min(1.0, layer.bwd_weight_flops / layer.bwd_flops) if layer.bwd_flops > 0 else 0.0
+    return 0.5 if layer.param_bytes > 0 else 0.0
 
 
 @dataclass

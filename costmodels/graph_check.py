@@ -69,7 +69,18 @@ def _check_layer(f: Fields, layer: Any, i: int, layer_kinds: tuple[str, ...]) ->
         f.integer(size, f"{field}.outputs[{tensor[:40]!r}]")
     f.strings(layer.get("params", []), f"{field}.params")
     f.strings(layer.get("nodes", []), f"{field}.nodes")
+    _check_weight_grad(f, layer, field)
     return name
+
+
+def _check_weight_grad(f: Fields, layer: Any, field: str) -> None:
+    """Optional `bwd_weight_flops` (null or absent: not split): an integer within the layer's bwd_flops."""
+    w = layer.get("bwd_weight_flops")
+    if w is None:
+        return
+    f.integer(w, f"{field}.bwd_weight_flops")
+    if w > layer.get("bwd_flops", 0):
+        raise f.fail(f"{field}.bwd_weight_flops", w, "at most the layer's bwd_flops (W is part of the backward)")
 
 
 def _check_parts(f: Fields, layer: Any, field: str, part_kinds: tuple[str, ...]) -> None:

@@ -119,11 +119,14 @@ class _BackwardAttribution:
         self.owner: dict[Any, int] = {}
         self.acc = [0.0] * nlayers
         self.clock = clock
+        self.start_layer = start_layer
         self.current = start_layer
         self.last = 0.0
         self.handles: list[RemovableHandle] = []
+        self.activations: list[torch.Tensor] = []  # every layer output autograd differentiates
 
     def claim(self, value: Any, layer: int) -> None:
+        self.activations += [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         stack = [t.grad_fn for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         while stack:
             fn = stack.pop()
@@ -140,6 +143,21 @@ class _BackwardAttribution:
             self.last = now
             self.current = layer
         return hook
+
+    def input_grad(self, loss: torch.Tensor) -> list[float]:
+        """Per layer, what the backward w.r.t. the layers' outputs only costs: the input-gradient part B.
+
+        Zero bubble (Qi et al. 2024 §2) splits a backward into B and the weight gradient W. Asking
+        autograd for the activations' gradients alone runs every node but skips the weight-gradient
+        outputs (AddmmBackward computes mat1's gradient only), so the clock charged here is B, and the
+        full backward after it minus B is W. Leaves `acc` zeroed for that full backward.
+        """
+        if self.activations and loss.requires_grad:
+            self.last = self.clock()
+            torch.autograd.grad(loss, self.activations, retain_graph=True, allow_unused=True)
+            self.acc[self.current] += self.clock() - self.last
+        out, self.acc, self.current = self.acc, [0.0] * len(self.acc), self.start_layer
+        return out
 
     def backward(self, loss: torch.Tensor, spec: ModelSpec) -> None:
         if not loss.requires_grad:
@@ -158,6 +176,7 @@ class Counts:
     peak_saved_bytes: int
     node_flops: dict[str, int] = field(default_factory=dict)
     total_fwd_flops: int = 0  # whole program, as one FlopCounterMode sees it
+    bwd_input_flops: list[int] = field(default_factory=list)  # of bwd_flops, the input-gradient part B
 
 
 def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: tuple[Any, ...],
@@ -226,6 +245,7 @@ def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
         total_fwd = counter.get_total_flops()
         cur["layer"] = last_layer
         loss = spec.loss(user_output(ep, out), fake_target)
+        bwd_input = attribution.input_grad(loss)
         attribution.backward(loss, spec)
     for h in attribution.handles:
         h.remove()
@@ -233,7 +253,8 @@ def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
         for p in model.parameters():
             p.grad = None
     return Counts(fwd_flops=fwd, bwd_flops=[int(x) for x in attribution.acc], saved_bytes=saved,
-                  peak_saved_bytes=sum(saved), node_flops=node_flops, total_fwd_flops=total_fwd)
+                  peak_saved_bytes=sum(saved), node_flops=node_flops, total_fwd_flops=total_fwd,
+                  bwd_input_flops=[int(x) for x in bwd_input])
 
 
 def _is_user(t: Any, inputs: tuple[Any, ...]) -> bool:

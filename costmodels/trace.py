@@ -218,6 +218,8 @@ def _measure(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth: in
         layer.bwd_s = bwd_s[i]
         layer.fwd_flops = int(counts.fwd_flops[i])
         layer.bwd_flops = int(counts.bwd_flops[i])
+        if counts.bwd_input_flops:  # W = the full backward minus its input-gradient part (measure.input_grad)
+            layer.bwd_weight_flops = max(0, min(layer.bwd_flops, layer.bwd_flops - counts.bwd_input_flops[i]))
         layer.saved_bytes = int(counts.saved_bytes[i])
         layer.kind = _refine_kind(layer, counts.node_flops, family)
         layer.parts = with_loss(cost_parts([nodes[x] for x in layer.nodes if x in nodes], counts.node_flops,

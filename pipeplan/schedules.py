@@ -31,8 +31,8 @@ __all__ = [
     "stashed_weight_versions",
 ]
 
-ScheduleName = Literal["gpipe", "1f1b", "pipedream", "interleaved"]
-ScheduleRequest = Literal["auto", "all", "gpipe", "1f1b", "pipedream", "interleaved"]
+ScheduleName = Literal["gpipe", "1f1b", "pipedream", "interleaved", "zb-h1"]
+ScheduleRequest = Literal["auto", "all", "gpipe", "1f1b", "pipedream", "interleaved", "zb-h1"]
 """What a user may ask the search for: one schedule, the synchronous ones ("auto") or every one ("all")."""
 
 
@@ -51,7 +51,9 @@ def _one_f_one_b_inflight(stages: int, stage: int, microbatches: int, chunks: in
 
 def _pipedream_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> int:
     """K - s whatever M is: async PipeDream (SOSP'19 §3.2) has the 1F1B steady state
-    ("NOAM" = K minibatches admitted for K stages) but no flush, so M does not cap it."""
+    ("NOAM" = K minibatches admitted for K stages) but no flush, so M does not cap it. The runtime
+    (runtime/pipedream.admitted) admits ceil((r_s + ... + r_{K-1}) / r_s) per replica of a stage with r_s
+    replicas: K - s without replication, NOAM for the input stage."""
     return stages - stage
 
 
@@ -73,6 +75,15 @@ def _interleaved_inflight(stages: int, stage: int, microbatches: int, chunks: in
     return min(min(2 * (p - d - 1) + (v - 1) * p, m * v) + 1, m * v)
 
 
+def _zb_h1_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> int:
+    """min(K, M) on every stage: ZB-H1 (Qi et al., ICLR 2024, §3.1) keeps 1F1B's warm-up of K - s - 1
+    forwards but defers stage s's weight-gradient passes W by s microbatches (torch's
+    ScheduleInterleavedZeroBubble: `num_1f1b_microbatches = rank`), and a microbatch's activations stay
+    until its W has run. Stage s then holds (K - s - 1) + (s + 1) = K in the steady state, the paper's
+    "peak memory p*M_B, the same as 1F1B" (1F1B's stage 0), now on every stage. M caps it."""
+    return min(stages, microbatches)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScheduleFacts:
     """What is true of a schedule whatever the model: the single source for every layer."""
@@ -87,11 +98,15 @@ class ScheduleFacts:
     interleaves: bool
     """A device holds several model chunks (Megatron-LM §2.2.2): the search tries chunks > 1."""
     torch_class: str | None
-    """The `torch.distributed.pipelining` class that runs it, or None when the runtime cannot."""
+    """The `torch.distributed.pipelining` class that runs it, or None for a schedule without a flush, which
+    runtime/pipedream.py's own loop runs (torch has no asynchronous schedule)."""
     inflight: Callable[[int, int, int, int], int]
     """(stages, stage, microbatches, chunks) -> microbatches whose activations the stage holds at its peak."""
     microbatch_rule: Callable[[int, int], str | None] = lambda stages, microbatches: None
     """(devices in the pipeline, microbatches) -> why the runtime refuses that count, or None when it runs."""
+    splits_backward: bool = False
+    """Runs each backward as an input-gradient pass B and a later weight-gradient pass W (zero bubble, Qi et
+    al. 2024): the simulator plays W ops, and activations are held until W ends, not B."""
 
 
 def _one_f_one_b_microbatches(stages: int, microbatches: int) -> str | None:
@@ -107,6 +122,15 @@ def _interleaved_microbatches(stages: int, microbatches: int) -> str | None:
     return None if microbatches % stages == 0 else f"needs a microbatch count that is a multiple of the stages ({stages})"
 
 
+def _zero_bubble_microbatches(stages: int, microbatches: int) -> str | None:
+    """torch's ScheduleInterleavedZeroBubble refuses a count that is not a multiple of its rounds,
+    max(1, M // devices) (schedules.py: "Zero bubble requires the number of microbatches to be a multiple
+    of the number of rounds")."""
+    rounds = max(1, microbatches // stages)
+    return None if microbatches % rounds == 0 else (
+        f"needs a microbatch count that is a multiple of max(1, microbatches // {stages}) = {rounds}")
+
+
 SCHEDULES: Final[dict[ScheduleName, ScheduleFacts]] = {
     "gpipe": ScheduleFacts(name="gpipe", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
                            interleaves=False, torch_class="ScheduleGPipe", inflight=_gpipe_inflight),
@@ -119,9 +143,15 @@ SCHEDULES: Final[dict[ScheduleName, ScheduleFacts]] = {
     "interleaved": ScheduleFacts(name="interleaved", flushes=True, replicates_whole_pipeline=True,
                                  stashes_weights=False, interleaves=True, torch_class="ScheduleInterleaved1F1B",
                                  inflight=_interleaved_inflight, microbatch_rule=_interleaved_microbatches),
+    "zb-h1": ScheduleFacts(name="zb-h1", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
+                           interleaves=False, torch_class="ScheduleInterleavedZeroBubble", inflight=_zb_h1_inflight,
+                           microbatch_rule=_zero_bubble_microbatches, splits_backward=True),
 }
 SCHEDULE_NAMES: Final[tuple[ScheduleName, ...]] = get_args(ScheduleName)
 # "auto" plans the synchronous schedules only: async PipeDream changes the training semantics (stale weights).
+# ZB-H1 is synchronous and runs, but stays out of "auto" for now: its predicted gain rests on the split of each
+# backward into B and W, which the search takes from a rule (planner/simulate.py) unless the trace measured it;
+# ask for it with --schedule zb-h1 or "all".
 AUTO_SCHEDULES: Final[tuple[ScheduleName, ...]] = ("1f1b", "gpipe", "interleaved")
 SEARCH_SCHEDULE_CHOICES: Final[tuple[ScheduleRequest, ...]] = get_args(ScheduleRequest)
 assert set(SCHEDULES) == set(SCHEDULE_NAMES)

@@ -59,6 +59,7 @@ class Stage:
     devices: list[int]  # global device ranks, one per replica (per chunk for interleaved: see docs)
     replicas: int = 1
     predicted: StagePrediction = field(default_factory=StagePrediction)
+    device_type: str | None = None  # profile name of the stage's devices in a mixed cluster (None: plan.profile)
 
 
 @dataclass
@@ -112,12 +113,20 @@ class Plan:
             )
 
     @property
+    def mixed(self) -> bool:
+        """Whether the stages run on more than one device type (a mixed cluster)."""
+        return len({s.device_type for s in self.stages}) > 1
+
+    @property
     def microbatch_size(self) -> int:
         """Samples in one microbatch on one pipeline replica: batch / (data_parallel * microbatches)."""
         return self.batch_size // (self.microbatches * self.data_parallel)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        for stage in d["stages"]:  # optional: written only for mixed-cluster plans, so other plans read as before
+            if stage["device_type"] is None:
+                del stage["device_type"]
         return {"format": PLAN_FORMAT, "microbatch_size": self.microbatch_size, **d}
 
     @classmethod
@@ -136,6 +145,7 @@ class Plan:
                     devices=list(s["devices"]),
                     replicas=int(s.get("replicas", 1)),
                     predicted=StagePrediction(**{k: v for k, v in s.get("predicted", {}).items() if k in stage_pred}),
+                    device_type=s.get("device_type"),
                 )
                 for s in doc["stages"]
             ]

@@ -85,6 +85,8 @@ def _check_stage(f: Fields, stage: Any, i: int, devices: int) -> None:
     for j, rank in enumerate(ranks):
         f.integer(rank, f"{field}.devices[{j}]", high=devices - 1 if devices else None)
     f.integer(stage.get("replicas", 1), f"{field}.replicas", low=1)
+    if stage.get("device_type") is not None:  # optional (mixed clusters): a profile name
+        f.string(stage["device_type"], f"{field}.device_type")
     for key, value in f.mapping(stage.get("predicted", {}), f"{field}.predicted").items():
         if key in STAGE_PREDICTED or key.endswith("_bytes"):
             f.number(value, f"{field}.predicted.{key}", low=-ROUNDING)

@@ -141,7 +141,8 @@ def _simulate(config: Config, x: StageInputs, overhead_s: Sequence[float], keep_
                     static_bytes=x.static, activation_bytes_per_mb=x.act,
                     allreduce_s=x.allreduce if rule.replicates_whole_pipeline else None,
                     recompute_s=x.rec if rc else None, recompute_bytes=x.rbytes if rc else None,
-                    optimizer_s=x.optimizer if rule.flushes else None, keep_events=keep_events)
+                    optimizer_s=x.optimizer if rule.flushes else None,
+                    wgrad_s=x.wgrad if rule.splits_backward and x.wgrad else None, keep_events=keep_events)
 
 
 def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], config: Config, request: PlanRequest,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_ring_time_s, p2p_time_s
-from pipeplan.costmodels.graph import Graph, SharedParam
+from pipeplan.costmodels.graph import Graph, SharedParam, weight_grad_share
 from pipeplan.costmodels.memory import MemoryBreakdown, is_mixed_precision, model_state_bytes, stage_memory
 from pipeplan.costmodels.optimizer_step import optimizer_step_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
@@ -43,6 +43,7 @@ class StageInputs:
     memory: list[MemoryBreakdown]  # per pipeline device
     msg_bytes: list[int]  # per stage: what each of its ops sends and receives (activation out + in, or their gradients)
     optimizer: list[float] = field(default_factory=list)  # each stage's optimizer step (PipeDream: folded into bwd)
+    wgrad: list[float] = field(default_factory=list)  # of bwd, the weight-gradient part W (zero bubble: _wgrad)
 
 
 def contiguous(assignment: Sequence[int]) -> bool:
@@ -180,6 +181,16 @@ def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, 
     return _Sync(step_end, fwd, bwd)
 
 
+def _wgrad(problem: Problem, graph: Graph, assignment: Sequence[int], S: int, slow: float) -> list[float]:
+    """Each stage's weight-gradient time W: every layer's backward time times its W share
+    (costmodels.graph.weight_grad_share: the traced FLOP split, else the documented rule)."""
+    share = {layer.name: weight_grad_share(layer) for layer in graph.layers}
+    w = [0.0] * S
+    for i in range(problem.n):
+        w[assignment[i]] += slow * problem.bwd_s[i] * share.get(problem.names[i], 0.0)
+    return w
+
+
 def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: Sequence[int],
                    out_bytes: Sequence[int], reps: Sequence[int]) -> list[MemoryBreakdown]:
     """Peak memory of each pipeline device (all its chunks), from `stage_memory`."""
@@ -230,8 +241,9 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     rbytes = [sums.saved[s] if rc else 0 for s in range(S)]
     # An op's messages: a forward receives its input and sends its output, a backward the gradients of both.
     msg = [(in_bytes[s] if s > 0 else 0) + (out_bytes[s] if s < S - 1 else 0) for s in range(S)]
+    wgrad = _wgrad(problem, graph, assignment, S, slow) if facts(config.schedule).splits_backward else []
     return StageInputs(fwd, bwd, rec, send, allreduce, sync.fwd, sync.bwd, out_bytes, static, act, rbytes, memory,
-                       msg, opt)
+                       msg, opt, wgrad)
 
 
 def _optimizer_times(profile: HardwareProfile, config: Config, request: PlanRequest, params: Sequence[int],

@@ -1,4 +1,4 @@
-"""Event-driven simulation of pipeline schedules (GPipe, 1F1B, PipeDream, interleaved 1F1B).
+"""Event-driven simulation of pipeline schedules (GPipe, 1F1B, PipeDream, interleaved 1F1B, ZB-H1).
 
 Closed forms such as (M+K-1)(t_f+t_b) only hold for uniform stages and free
 communication; real partitions are neither, so the planner predicts iteration
@@ -41,6 +41,11 @@ PipeDream SOSP'19):
 - "interleaved": Megatron's interleaved 1F1B. The stage lists have K*v entries
   (virtual stages in model order); virtual stage s runs on device s % K as its
   chunk s // K. M must be a multiple of K.
+- "zb-h1": zero bubble (Qi et al., ICLR 2024, §3.1), as torch's ScheduleInterleavedZeroBubble orders it
+  with one stage per device: each backward is an input-gradient op "B" (bwd_s - wgrad_s; it alone is
+  on the critical path to the previous stage) and a weight-gradient op "W" (wgrad_s) run later; stage s
+  has 1F1B's warm-up and defers its W's by s microbatches, which fill the cool-down bubble. A
+  microbatch's activations (and its gradient all-reduce's readiness) last until its W ends.
 """
 
 from __future__ import annotations
@@ -53,10 +58,10 @@ from typing import TypeVar, cast
 from pipeplan.errors import UserError
 from pipeplan.schedules import ScheduleFacts, facts
 
-COMPUTE_KINDS = ("fwd", "bwd", "recompute")
+COMPUTE_KINDS = ("fwd", "bwd", "recompute", "wgrad")
 
 Order = list[tuple[str, int, int]]
-"""One device's ops in the order it runs them: (kind "F" or "B", virtual stage, microbatch)."""
+"""One device's ops in the order it runs them: (kind "F", "B" or "W", virtual stage, microbatch)."""
 MemDelta = tuple[float, int, int]
 """(time, 0 for a free / 1 for an allocation, bytes): frees sort before allocations at the same instant."""
 
@@ -67,7 +72,7 @@ class Event:
     stage: int  # virtual stage (model order); equals the device except for interleaved
     chunk: int
     microbatch: int
-    kind: str  # "fwd", "bwd", "send", "recv", "allreduce", "recompute", "optimizer"
+    kind: str  # "fwd", "bwd", "wgrad" (zero bubble's W), "send", "recv", "allreduce", "recompute", "optimizer"
     start_s: float
     end_s: float
     peer: int = -1  # for "send": the receiving device
@@ -101,6 +106,26 @@ def _order_1f1b(stage: int, stages: int, microbatches: int, first: int = 0) -> l
     return order
 
 
+def _order_zb_h1(stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
+    """One stage's ZB-H1 order as (kind, microbatch): torch's `_get_1f1b_rank_ops` with one local stage,
+    `enable_zero_bubble=True` and `num_1f1b_microbatches = rank` (ScheduleInterleavedZeroBubble):
+    warm-up min(K - s - 1, M) forwards, then F B pairs, each followed by the W of the oldest pending
+    backward once s backwards are pending; the cool-down's B's likewise, then the remaining W's."""
+    warm = min(stages - stage - 1, microbatches)
+    order = [("F", m) for m in range(warm)]
+    done_b = done_w = 0
+    for op in range(warm, microbatches + warm):  # torch: op < M is an F B pair, then the cool-down's B's
+        if op < microbatches:
+            order.append(("F", op))
+        order.append(("B", done_b))
+        done_b += 1
+        if op - warm >= stage:
+            order.append(("W", done_w))
+            done_w += 1
+    order += [("W", m) for m in range(done_w, microbatches)]
+    return order
+
+
 def _interleaved_op(kind: str, k: int, device: int, devices: int, chunks: int) -> tuple[str, int, int]:
     """The k-th forward (or backward) of `device` in Megatron's interleaved order, as (kind, virtual stage, mb).
 
@@ -121,6 +146,8 @@ def _orders(schedule: str, devices: int, chunks: int, microbatches: int) -> list
     K, v, M = devices, chunks, microbatches
     if schedule == "gpipe":
         return [[("F", d, m) for m in range(M)] + [("B", d, m) for m in range(M)] for d in range(K)]
+    if facts(schedule).splits_backward:
+        return [[(k, d, m) for k, m in _order_zb_h1(d, K, M)] for d in range(K)]
     if not facts(schedule).interleaves or v == 1:  # interleaved with one chunk is plain 1F1B
         return [[(k, d, m) for k, m in _order_1f1b(d, K, M)] for d in range(K)]
     # Interleaved: Megatron-LM forward_backward_pipelining_with_interleaving.
@@ -166,6 +193,7 @@ class _SimInputs:
     static_bytes: tuple[int, ...]  # per device
     allreduce: tuple[float, ...]  # all zero without a flush
     optimizer: tuple[float, ...] = ()  # each stage's optimizer step after its all-reduce (flushing schedules)
+    wgrad: tuple[float, ...] = ()  # the weight-gradient part W of each bwd (zero bubble; empty otherwise)
 
 
 def _check_lengths(name: str, values: Iterable[_Num], n: int) -> tuple[_Num, ...]:
@@ -227,6 +255,25 @@ def _optimizer_times(schedule: ScheduleFacts, optimizer_s: Sequence[float] | Non
     return _optional("optimizer_s", optimizer_s if schedule.flushes else None, stages)
 
 
+def _wgrad_times(schedule: ScheduleFacts, wgrad_s: Sequence[float] | None, bwd: tuple[float, ...]) -> tuple[float, ...]:
+    """Each stage's weight-gradient time W, part of its bwd_s (zero bubble only).
+
+    Without measured times, half the backward: a Linear's (and a convolution's) input gradient and weight
+    gradient are each 2*m*n*k FLOPs (Qi et al. 2024 §2 take T_B = T_W), the rule docs/graph-format.md
+    states for graphs without the split. A schedule that runs whole backwards takes no W.
+    """
+    if not schedule.splits_backward:
+        if wgrad_s is not None and any(wgrad_s):
+            raise ValueError(f"{schedule.name} runs whole backwards; wgrad_s is not used")
+        return ()
+    if wgrad_s is None:
+        return tuple(b / 2 for b in bwd)
+    w = _check_lengths("wgrad_s", wgrad_s, len(bwd))
+    if any(x > b for x, b in zip(w, bwd, strict=True)):
+        raise ValueError("wgrad_s has an entry larger than its stage's bwd_s (W is part of the backward)")
+    return w
+
+
 def _validate(
     schedule: str,
     fwd_s: Sequence[float],
@@ -240,6 +287,7 @@ def _validate(
     recompute_s: Sequence[float] | None,
     recompute_bytes: Sequence[int] | None,
     optimizer_s: Sequence[float] | None = None,
+    wgrad_s: Sequence[float] | None = None,
 ) -> _SimInputs:
     """Check and normalise `simulate`'s arguments (see its docstring), raising on the first problem."""
     S = len(fwd_s)
@@ -259,6 +307,7 @@ def _validate(
         static_bytes=_optional("static_bytes", static_bytes, K),
         allreduce=_allreduce_times(schedule_facts, allreduce_s, S),
         optimizer=_optimizer_times(schedule_facts, optimizer_s, S),
+        wgrad=_wgrad_times(schedule_facts, wgrad_s, bwd),
     )
 
 
@@ -284,6 +333,7 @@ class _Run:
     f_arrive: list[list[float | None]]  # forward output available at the next stage's device
     b_end: list[list[float | None]]
     b_arrive: list[list[float | None]]  # input gradient available at the previous stage's device
+    w_end: list[list[float | None]]  # zero bubble: the W op's end (else the backward's end)
     free: list[float]  # per device: when its last op ended
     mem_deltas: list[list[MemDelta]]  # per device
     events: list[Event]
@@ -294,7 +344,7 @@ class _Run:
         def slots() -> list[list[float | None]]:
             return [[None] * stream for _ in range(stages)]
 
-        return cls(f_start=slots(), f_end=slots(), f_arrive=slots(), b_end=slots(), b_arrive=slots(),
+        return cls(f_start=slots(), f_end=slots(), f_arrive=slots(), b_end=slots(), b_arrive=slots(), w_end=slots(),
                    free=[0] * devices, mem_deltas=[[] for _ in range(devices)], events=[])
 
 
@@ -330,7 +380,8 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
     fwd, bwd, sends, rec, act, rbytes = inp.fwd, inp.bwd, inp.send, inp.recompute, inp.activation_bytes, \
         inp.recompute_bytes
     f_start, f_end, f_arrive, b_end, b_arrive = run.f_start, run.f_end, run.f_arrive, run.b_end, run.b_arrive
-    free, mem_deltas = run.free, run.mem_deltas
+    free, mem_deltas, w_end = run.free, run.mem_deltas, run.w_end
+    split, wgrad = inp.schedule.splits_backward, inp.wgrad or (0,) * S
     events = run.events if keep_events else None
     send = _Links(K, events).send
     dev = [s % K for s in range(S)]
@@ -342,7 +393,17 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
             order = orders[d]
             while ptr[d] < len(order):
                 kind, s, m = order[ptr[d]]
-                if kind == "F":
+                if kind == "W":  # zero bubble: after this stage's B of m, frees m's activations
+                    b_done = b_end[s][m]
+                    if b_done is None:
+                        break
+                    start = max(free[d], b_done)
+                    end = start + wgrad[s]
+                    w_end[s][m] = end
+                    mem_deltas[d].append((end, 0, -(act[s] + rbytes[s])))
+                    if events is not None:
+                        events.append(Event(d, s, s // K, m, "wgrad", start, end))
+                elif kind == "F":
                     ready = 0 if s == 0 else f_arrive[s - 1][m]
                     if ready is None:
                         break
@@ -365,10 +426,12 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
                         if events is not None and rec[s]:
                             events.append(Event(d, s, s // K, m, "recompute", start, start + rec[s]))
                         start = start + rec[s]
-                    end = start + bwd[s]
+                    end = start + bwd[s] - wgrad[s]
                     b_end[s][m] = end
                     b_arrive[s][m] = send(d, dev[s - 1], end, sends[s - 1], s, m) if s > 0 else end
-                    mem_deltas[d].append((end, 0, -(act[s] + rbytes[s])))
+                    if not split:
+                        w_end[s][m] = end
+                        mem_deltas[d].append((end, 0, -(act[s] + rbytes[s])))
                     if events is not None:
                         events.append(Event(d, s, s // K, m, "bwd", start, end))
                 free[d] = end
@@ -484,6 +547,7 @@ def simulate(
     recompute_s: Sequence[float] | None = None,
     recompute_bytes: Sequence[int] | None = None,
     optimizer_s: Sequence[float] | None = None,
+    wgrad_s: Sequence[float] | None = None,
     keep_events: bool = True,
 ) -> SimResult:
     """Play a pipeline schedule out and measure time, bubbles and memory.
@@ -495,16 +559,18 @@ def simulate(
     numbers supporting + and max (Fractions give exact results in tests).
     `optimizer_s[i]` is stage i's optimizer step, run by its device after the
     stage's all-reduce (flushing schedules; without a flush it belongs in bwd_s).
+    `wgrad_s[i]` is the weight-gradient part of bwd_s[i], for a schedule that splits backwards (zero
+    bubble; default half of bwd_s, see _wgrad_times).
     `keep_events=False` skips building the Event list (the search's fast path).
     """
     inp = _validate(schedule, fwd_s, bwd_s, send_s, microbatches, chunks, static_bytes, activation_bytes_per_mb,
-                    allreduce_s, recompute_s, recompute_bytes, optimizer_s)
+                    allreduce_s, recompute_s, recompute_bytes, optimizer_s, wgrad_s)
     stream = _stream_length(inp)
     run = _Run.empty(inp.stages, inp.devices, stream)
     _play(inp, _orders(inp.schedule.name, inp.devices, inp.chunks, stream), run, keep_events)
     # every op has run, so every slot is filled
     f_start = cast(list[list[float]], run.f_start)
-    b_end = cast(list[list[float]], run.b_end)
+    b_end = cast(list[list[float]], run.w_end)  # a stage's backward (and its gradients) end with its W
     events = run.events
 
     if inp.schedule.flushes:

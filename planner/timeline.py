@@ -19,9 +19,9 @@ from pipeplan._io import atomic_write_json
 
 COMPUTE_TID, COMM_TID = 0, 1
 _LETTER = {"fwd": "F", "bwd": "B", "recompute": "R", "send": "send ", "recv": "recv ", "allreduce": "allreduce",
-           "optimizer": "optimizer"}
+           "optimizer": "optimizer", "wgrad": "W"}
 _COLOR = {"fwd": "thread_state_running", "bwd": "rail_response", "recompute": "rail_idle", "send": "good", "recv": "good", "allreduce": "bad",
-          "optimizer": "rail_load"}
+          "optimizer": "rail_load", "wgrad": "rail_animation"}
 
 
 def _get(ev: Any, key: str, default: Any = None) -> Any:
@@ -36,7 +36,7 @@ def event_name(kind: str, microbatch: int, chunk: int = 0, chunks: int = 1) -> s
     if kind in ("allreduce", "optimizer"):
         return kind
     name = f"{_LETTER.get(kind, kind + ' ')}{microbatch}"
-    if chunks > 1 and kind in ("fwd", "bwd", "recompute"):
+    if chunks > 1 and kind in ("fwd", "bwd", "recompute", "wgrad"):
         name += f".{chunk}"
     return name
 
@@ -66,7 +66,7 @@ def chrome_trace(events: Iterable[Any], *, title: str = "pipeplan") -> dict[str,
             "cat": kind,
             "ph": "X",
             "pid": int(_get(e, "device")),
-            "tid": COMPUTE_TID if kind in ("fwd", "bwd", "recompute") else COMM_TID,
+            "tid": COMPUTE_TID if kind in ("fwd", "bwd", "recompute", "wgrad") else COMM_TID,
             "ts": start * 1e6,
             "dur": max(0.0, end - start) * 1e6,
             "args": args,

@@ -50,6 +50,8 @@ class LaunchOptions:
     keep_run_dir: bool = False
     """Keep the temp run folder (torchrun.log, per-rank status and results) for debugging (`--debug`)."""
     env: dict[str, str] = field(default_factory=dict)
+    vertical_sync: bool = False
+    """Asynchronous PipeDream plans: every stage uses the input stage's weight version (runtime/pipedream.py)."""
     worker_script: str | None = None
     """A script torchrun starts instead of `-m pipeplan.runtime.worker`, with the same arguments. Tests only:
     tests/runtime_fault_worker.py wraps the real worker's main with a step hook that kills a rank."""
@@ -62,9 +64,26 @@ def devices_used(plan) -> int:
 def check_plan(plan, opts: LaunchOptions) -> int:
     """Everything checkable before starting processes; returns processes per node."""
     from pipeplan.runtime.worker import stage_ranks, torch_schedule_class
+    from pipeplan.schedules import facts
 
-    torch_schedule_class(plan.schedule)  # async PipeDream: refused before any process starts
-    stage_ranks(plan)  # replicas / placement checks
+    types = sorted({s.device_type for s in plan.stages if s.device_type is not None})
+    if len(types) > 1:  # the plan's stages on different device types (--cluster)
+        raise UserError(f"this plan runs on a mixed cluster ({', '.join(types)}); `pipeplan run` runs every stage "
+                        "as a CPU process on this machine and cannot emulate different device types",
+                        "run a plan made with --profile and --gpus, or run this one on the cluster itself")
+    if facts(plan.schedule).flushes:  # asynchronous PipeDream runs runtime/pipedream.py's loop, no torch class
+        torch_schedule_class(plan.schedule)
+        if opts.vertical_sync:
+            raise UserError(f"--vertical-sync applies to asynchronous PipeDream plans; this plan's {plan.schedule} "
+                            "flushes, so every microbatch already sees one weight version", "drop --vertical-sync")
+    stage_ranks(plan)  # replicas / placement checks (asynchronous plans: runtime/pipedream.check_async_plan)
+    if not facts(plan.schedule).flushes:
+        from pipeplan.runtime.pipedream import check_async_steps
+
+        check_async_steps(plan, opts.steps)
+        if (opts.checkpoint_dir and opts.checkpoint_every) or opts.resume:
+            raise UserError("checkpoints of an asynchronous PipeDream run are not written yet (each stage holds "
+                            "stashed weight versions)", "run without --checkpoint-dir / --resume")
     if plan.graph.get("model_file") is None:
         raise UserError("this plan was made from an imported graph (no model file), so there is nothing to run",
                         "plan from `pipeplan trace model.py` to run it")
@@ -182,6 +201,8 @@ def torchrun_command(plan_path: str, per_node: int, opts: LaunchOptions, run_dir
         cmd += ["--resume"] + (["--resume-step", str(resume_step)] if resume_step is not None else [])
     if opts.dump_params:
         cmd += ["--dump-params", os.path.abspath(opts.dump_params)]
+    if opts.vertical_sync:
+        cmd += ["--vertical-sync"]
     return cmd
 
 

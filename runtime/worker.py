@@ -69,6 +69,8 @@ class Options:
     dump_params: str | None
     resume_step: int | None = None
     """The checkpoint the launcher checked and announced (launch.check_resume); None: the newest intact one."""
+    vertical_sync: bool = False
+    """Asynchronous PipeDream: every stage uses the input stage's weight version (runtime/pipedream.py)."""
 
 
 def parse(argv: list[str]) -> Options:
@@ -86,9 +88,10 @@ def parse(argv: list[str]) -> Options:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--dump-params", default=None)
     p.add_argument("--resume-step", type=int, default=None)
+    p.add_argument("--vertical-sync", action="store_true")
     a = p.parse_args(argv)
     return Options(a.plan, a.steps, a.warmup, a.lr, a.optimizer, a.run_dir, a.checkpoint_dir, a.checkpoint_every,
-                   a.resume, a.dump_params, a.resume_step)
+                   a.resume, a.dump_params, a.resume_step, a.vertical_sync)
 
 
 # ---------------------------------------------------------------- placement
@@ -99,6 +102,10 @@ def stage_ranks(plan) -> dict[int, list[int]]:
     whose ranks are in increasing order, so each replica's pipeline devices must
     increase with the stage index (both of planner.predict.place's layouts do).
     """
+    if not facts(plan.schedule).flushes:  # asynchronous PipeDream: stages replicated one by one
+        from pipeplan.runtime.pipedream import check_async_plan
+
+        return check_async_plan(plan)
     if not facts(plan.schedule).replicates_whole_pipeline or any(len(s.devices) != s.replicas for s in plan.stages):
         raise UserError(
             "this plan replicates stages individually (PipeDream); the runtime runs only whole-pipeline replicas",
@@ -155,9 +162,10 @@ def torch_schedule_class(schedule: str) -> str:
     One place for the message: the launcher checks before starting processes, the worker again.
     """
     name = facts(schedule).torch_class
-    if name is None:
+    if name is None:  # asynchronous schedules run in runtime/pipedream.py, not under a torch class
         raise UserError(
-            "asynchronous PipeDream (weight stashing, no flush) is not supported by the runtime yet",
+            f"asynchronous PipeDream ({schedule}: weight stashing, no flush) is not supported by "
+            "torch.distributed.pipelining's classes; the runtime runs it in runtime/pipedream.py's own loop",
             "plan with --schedule 1f1b (PipeDream-Flush), which runs with the same partition",
         )
     return name
@@ -172,6 +180,13 @@ def build_schedule(plan, stages: list, loss_fn, *, scale_grads: bool = True):
 
     cls = getattr(pipelining, torch_schedule_class(plan.schedule))
     m = plan.microbatches
+    if facts(plan.schedule).splits_backward and len(stages) == 1:
+        # zero bubble (ZB-H1): torch's ScheduleInterleavedZeroBubble is a multi-stage class; with one stage
+        # per rank its order is ZB-H1 (Qi et al. 2024 §3.1: warm-up K - r - 1, W deferred by r microbatches)
+        try:
+            return cls(stages, m, loss_fn=loss_fn, scale_grads=scale_grads)
+        except ValueError as e:
+            raise UserError(f"zero-bubble schedule: {e}", "pick a microbatch count the schedule accepts") from None
     if facts(plan.schedule).interleaves:
         try:
             return cls(stages, m, loss_fn=loss_fn, scale_grads=scale_grads)
@@ -281,8 +296,16 @@ def run(opts: Options, plan_path: str, out_dir: Path, dump_dir: Path | None,
         after_step: StepHook = no_step_hook) -> None:
     """One plan on this rank: setup, the training steps, then the results gathered on rank 0.
 
-    Three parts so that each reads on its own; RunState carries what setup built.
+    Three parts so that each reads on its own; RunState carries what setup built. A schedule without
+    a flush (asynchronous PipeDream) runs runtime/pipedream.py's own loop instead of a torch schedule.
     """
+    from pipeplan.planner.plan import load_plan
+
+    if not facts(load_plan(plan_path).schedule).flushes:
+        from pipeplan.runtime.pipedream import run_async
+
+        run_async(opts, plan_path, out_dir, dump_dir, after_step)
+        return
     st = setup(opts, plan_path)
     log = train(opts, st, after_step)
     teardown(st, log, out_dir, dump_dir)
@@ -473,7 +496,9 @@ def build_pipeline(plan, spec, gm, modules: dict[int, torch.nn.Module], group, d
     mean_loss = callable(getattr(spec.module, "loss_fn", None)) and callable(getattr(spec.module, "example_target", None))
 
     def loss_fn(output, target):
-        return spec.loss(unflatten_output(output, gm), target if mean_loss else None)
+        loss = spec.loss(unflatten_output(output, gm), target if mean_loss else None)
+        # zero bubble's stage_backward_input detaches the loss in place (torch _backward.py), which a view refuses
+        return loss.clone() if isinstance(loss, torch.Tensor) and loss._is_view() else loss
 
     return build_schedule(plan, pipe_stages, loss_fn, scale_grads=mean_loss), mean_loss
 

@@ -69,7 +69,7 @@ def test_destinations_are_checked_before_the_work(tmp_path, monkeypatch, command
     (["--microbatches", "0"], ["--microbatches"]),
     (["--stages", "3", "--microbatches", "2", "--schedule", "1f1b", "--batch-size", "8"], ["1f1b", "--microbatches 2"]),
     (["--stages", "4", "--microbatches", "6", "--schedule", "interleaved", "--batch-size", "12"], ["interleaved"]),
-    (["--schedule", "zb-h1"], ["--schedule"]),
+    (["--schedule", "chimera"], ["--schedule"]),
     (["--sharding", "zero4"], ["--sharding"]),
     (["--no-such-flag"], ["--no-such-flag"]),
     (["--profile", "no-such-gpu"], ["no-such-gpu"]),

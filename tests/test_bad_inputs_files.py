@@ -146,7 +146,7 @@ PLAN_SHAPES = {
     "layer name not a string": (lambda d: d["stages"][0]["layers"].__setitem__(0, 3), ["stages[0].layers[0]"]),
     "stages not a list": (lambda d: d.__setitem__("stages", {"0": 1}), ["stages"]),
     "bool for microbatches": (lambda d: d.__setitem__("microbatches", True), ["microbatches"]),
-    "unknown schedule": (lambda d: d.__setitem__("schedule", "zb-h1"), ["schedule"]),
+    "unknown schedule": (lambda d: d.__setitem__("schedule", "chimera"), ["schedule"]),
     "huge value string": (lambda d: d.__setitem__("schedule", "x" * 10**6), ["schedule"]),
 }
 

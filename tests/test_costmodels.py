@@ -137,7 +137,7 @@ def test_bad_names_are_user_errors():
     with pytest.raises(UserError, match="dtype"):
         memory.model_state_bytes(4, optimizer="adam", dtype="fp8")
     with pytest.raises(UserError, match="schedule"):
-        memory.inflight_microbatches("zb-h1", 4, 0, 8)
+        memory.inflight_microbatches("chimera", 4, 0, 8)
 
 
 # ---------------------------------------------------------------- in-flight microbatches

@@ -25,7 +25,7 @@ def test_request_is_frozen_and_keyword_only():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(devices=0), "--devices must be at least 1"),
     (dict(batch_size=0), "--batch-size must be at least 1"),
-    (dict(schedule="zb-h1"), "unknown schedule 'zb-h1'"),
+    (dict(schedule="chimera"), "unknown schedule 'chimera'"),
     (dict(dtype="int8"), "unknown dtype 'int8'"),
     (dict(optimizer="lion"), "unknown optimizer 'lion'"),
     (dict(solver="cp-sat"), "unknown solver 'cp-sat'"),
@@ -106,7 +106,8 @@ def test_schedule_facts_agree_with_the_published_rules(name):
     expected = {"gpipe": [M] * K,  # GPipe §2.3: every forward before any backward
                 "1f1b": [K - s for s in range(K)],  # Megatron-LM §2.2.1: stage s holds K - s
                 "pipedream": [K - s for s in range(K)],  # PipeDream §3.2: NOAM, no flush
-                "interleaved": [K - s for s in range(K)]}[name]  # one chunk per device is 1F1B
+                "interleaved": [K - s for s in range(K)],  # one chunk per device is 1F1B
+                "zb-h1": [min(K, M)] * K}[name]  # Qi et al. 2024 §3.1: every stage up to p microbatches
     assert held == expected
     assert rule.flushes == (name != "pipedream") and rule.stashes_weights == (name == "pipedream")
     assert SCHEDULES[name] is rule

@@ -93,12 +93,14 @@ def test_too_many_devices_exits_2(tmp_path):
     assert r.stderr.startswith("error: the plan uses 2 devices") and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_async_pipedream_is_refused_plainly(tmp_path):
+def test_async_pipedream_checkpoints_are_refused_plainly(tmp_path):
     plan = hand_plan(str(MODEL), stages=2, devices=2, schedule="pipedream", microbatches=2, batch_size=4)
     plan.save(tmp_path / "p.json")
-    r = run_cli("run", str(tmp_path / "p.json"), "--steps", "2")
-    assert r.returncode == 2
-    assert "asynchronous PipeDream" in r.stderr and "not supported" in r.stderr
+    r = run_cli("run", str(tmp_path / "p.json"), "--steps", "2", "--checkpoint-dir", str(tmp_path / "ck"),
+                "--checkpoint-every", "1")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "checkpoints of an asynchronous PipeDream run" in lines[0]
 
 
 @pytest.mark.slow

@@ -118,8 +118,10 @@ def test_stage_placement():
     assert rank_stages(stage_ranks(dp), 3) == (1, [1])
     with pytest.raises(UserError, match="round-robin"):
         stage_ranks(_plan([[1], [0]]))
-    with pytest.raises(UserError, match="PipeDream"):
-        stage_ranks(_plan([[0], [1]], schedule="pipedream"))
+    assert stage_ranks(_plan([[0], [1]], schedule="pipedream")) == {0: [0], 1: [1]}
+    assert stage_ranks(_plan([[0, 1], [2]], schedule="pipedream")) == {0: [0, 1], 1: [2]}
+    with pytest.raises(UserError, match="one stage per device"):
+        stage_ranks(_plan([[0], [0]], schedule="pipedream"))
     with pytest.raises(UserError, match="data_parallel"):
         stage_ranks(_plan([[0, 1], [2]]))
 

@@ -332,7 +332,7 @@ def test_fixed_options_restrict_the_enumeration():
 def test_bad_options_are_user_errors():
     g = gpt_like(blocks=2, hidden=64, seq=16, vocab=50, batch=2)
     with pytest.raises(UserError, match="schedule"):
-        search(g, profile(), PlanRequest(devices=2, batch_size=8, schedule="zb-h1"))
+        search(g, profile(), PlanRequest(devices=2, batch_size=8, schedule="chimera"))
     with pytest.raises(UserError, match="does not divide"):
         search(g, profile(), PlanRequest(devices=2, batch_size=8, microbatches=3))
     with pytest.raises(UserError, match="layers"):

@@ -1,0 +1,89 @@
+"""Issue 19 point 3: a zero-bubble (ZB-H1) pipelined step equals single-process training.
+
+torch's ScheduleInterleavedZeroBubble with one stage per rank runs ZB-H1: every backward is split into
+an input-gradient pass and a deferred weight-gradient pass (stage.backward_one_chunk /
+backward_weight_one_chunk), over the fx modules runtime/split.py cuts. The cases cover a skip
+connection forwarded through stages (U-Net) and a tied embedding / LM head (GPT), with 2 and 4
+stages. One torchrun for all cases, like tests/test_runtime_equivalence.py, whose helpers it reuses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_steps
+
+TESTS = REPO / "tests"
+CASES = {  # name -> (model file, batch size, microbatches, stages = devices)
+    "mlp": (EXAMPLES / "mlp.py", 8, 4, 2),
+    "mlp-4": (EXAMPLES / "mlp.py", 8, 4, 4),
+    "t-unet": (TESTS / "runtime_model_unet.py", 8, 4, 2),  # skip connections across the cut
+    "t-gpt-tied": (TESTS / "runtime_model_gpt.py", 8, 4, 2),  # tied weights summed across stages
+    "t-unet-4": (TESTS / "runtime_model_unet.py", 8, 2, 4),  # fewer microbatches than stages (torch adds bubbles)
+}
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def pipelined(tmp_path_factory):
+    """Every case in one torchrun per world size (the worker runs several plans in turn; with two or more
+    plans it writes each plan's results under run_dir/<index>, which the test reads)."""
+    tmp = tmp_path_factory.mktemp("zero-bubble")
+    out = {}
+    for world in sorted({c[3] for c in CASES.values()}):
+        names = [n for n, c in CASES.items() if c[3] == world]
+        plans = []
+        for name in names:
+            model_file, batch, m, stages = CASES[name]
+            path = tmp / f"{name}.json"
+            hand_plan(str(model_file), stages=stages, devices=stages, schedule="zb-h1", microbatches=m,
+                      batch_size=batch).save(path)
+            plans.append(str(path))
+        run_dir, dump = tmp / f"run{world}", tmp / f"params{world}"
+        run_dir.mkdir()
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
+               "--max-restarts", "0", "-m", "pipeplan.runtime.worker", *plans, "--steps", str(STEPS), "--warmup", "0",
+               "--optimizer", "sgd", "--lr", "0.01", "--run-dir", str(run_dir), "--dump-params", str(dump)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        Path(os.environ.get("ZB_LOG_DIR", str(tmp)), f"torchrun{world}.log").write_text(r.stdout + r.stderr)  # the whole log: rank errors come early
+        assert r.returncode == 0, f"see {tmp}/torchrun{world}.log\n" + r.stdout[-3000:] + r.stderr[-3000:]
+        for i, name in enumerate(names):
+            out[name] = (run_dir / str(i), dump / str(i))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_zb_h1_steps_equal_single_process(case, pipelined):
+    run_dir, dump = pipelined[case]
+    model_file, batch, m, stages = CASES[case]
+    result = json.loads((run_dir / "result.json").read_text())
+    losses = next(r["losses"] for r in result["ranks"] if r["losses"] is not None)
+    ref_losses, ref_state, aliases = reference_steps(str(model_file), batch, STEPS, microbatches=m)
+    assert len(losses) == STEPS
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-6)
+    dumped = load_dumped(dump)
+    assert len(list(dump.glob("stage-*.pt"))) == stages
+    for fqn, copies in dumped.items():
+        for t in copies:
+            torch.testing.assert_close(t, ref_state[fqn], rtol=1e-4, atol=1e-6, msg=lambda s, fqn=fqn: f"{fqn}: {s}")
+    for names in aliases:
+        assert any(n in dumped for n in names), f"no stage holds {names}"
+    _, initial, _ = reference_steps(str(model_file), batch, 0)
+    assert max(float((v[0] - initial[k]).abs().max()) for k, v in dumped.items() if v[0].is_floating_point()) > 1e-5
+
+
+def test_zb_h1_refuses_a_microbatch_count_torch_refuses():
+    """The shared rule matches torch's own check (M a multiple of max(1, M // devices))."""
+    from pipeplan.schedules import microbatch_problem
+
+    assert microbatch_problem("zb-h1", 2, 4) is None and microbatch_problem("zb-h1", 4, 3) is None
+    assert microbatch_problem("zb-h1", 2, 5) is not None  # rounds = 2, 5 % 2 != 0
+    assert microbatch_problem("zb-h1", 4, 9) is not None  # rounds = 2
