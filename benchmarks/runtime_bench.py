@@ -47,8 +47,10 @@ CASES = [("wide_mlp", 8192, 8, 8, 8), ("mlp", 2048, 8, 40, 20), ("gpt", 256, 8, 
 # (label, schedule, pipeline stages, data-parallel replicas, chunks per device): what users run on 2 devices.
 # Data parallelism halves the microbatch count so the microbatch size, and so the trace, stays the same.
 # (Pipeline x data parallel needs 4 devices: 4 ranks on this machine's 2 cores cannot each have a core.)
+# Issue 19's schedules too: zero bubble's ZB-H1 and asynchronous PipeDream (whose iteration is M microbatches
+# in the steady state, without a flush; its training semantics differ: stale weights).
 CONFIGS = [("gpipe", "gpipe", 2, 1, 1), ("1f1b", "1f1b", 2, 1, 1), ("interleaved", "interleaved", 2, 1, 2),
-           ("data parallel", "1f1b", 1, 2, 1)]
+           ("zb-h1", "zb-h1", 2, 1, 1), ("pipedream", "pipedream", 2, 1, 1), ("data parallel", "1f1b", 1, 2, 1)]
 BASELINE_CHUNKS = (1, 2, 4, 8)  # single-process: one pass, or gradient accumulation over this many slices
 BASELINE_STEPS = 4  # timed steps per baseline variant (~5-6 s each at batch 8192), after one warm-up
 
@@ -288,6 +290,25 @@ def _errors(r: dict) -> str:
     return " ".join(f"{e * 100:+.1f}%" for e in r["errors"])
 
 
+def _order(rows: list[dict], key: str) -> str:
+    return " > ".join(r["schedule"] for r in sorted(rows, key=lambda r: r[key]))
+
+
+def _wins(rows: list[dict]) -> list[str]:
+    """Per example: the configurations from fastest to slowest, measured and predicted (medians of rounds)."""
+    lines = ["", "Where each schedule wins: per example, the configurations above from fastest to slowest (same batch, "
+             "2 devices; medians of rounds; PipeDream trains with stale weights, so it wins on speed alone):", "",
+             "| example | fastest measured (samples/s) | fastest predicted (samples/s) | same winner | "
+             "measured order | predicted order |", "|---|---|---|---|---|---|"]
+    for example in dict.fromkeys(r["example"] for r in rows):
+        mine = [r for r in rows if r["example"] == example]
+        m, p = min(mine, key=lambda r: r["measured_s"]), min(mine, key=lambda r: r["predicted_s"])
+        lines.append(f"| {example} | {m['schedule']} ({m['batch'] / m['measured_s']:.0f}) | {p['schedule']} "
+                     f"({p['batch'] / p['predicted_s']:.0f}) | {'yes' if m is p else 'no'} | "
+                     f"{_order(mine, 'measured_s')} | {_order(mine, 'predicted_s')} |")
+    return lines
+
+
 def write_results(rows, speedups, profiles, profile_desc, args, capacities) -> None:
     ratio = statistics.median(s["ratio"] for s in speedups)
     overhead = "; ".join(", ".join(f"{k} {v * 1e6:.0f} µs + {p.op_overhead_s_per_byte.get(k, 0) * 2**20 * 1e6:.0f} µs/MiB"
@@ -296,8 +317,9 @@ def write_results(rows, speedups, profiles, profile_desc, args, capacities) -> N
     command = "python benchmarks/runtime_bench.py" + (f" --profile {args.profile}" if args.profile else "") + " --write-results"
     lines = [f"Command: `{command}` ({args.rounds} rounds, warm-up {args.warmup} steps; profile: {profile_desc}).", "",
              f"Machine: {machine()}.", "",
-             "Each round traces every example on one thread, plans GPipe, 1F1B and interleaved (2 chunks) "
-             "pipelines of 2 stages and 1-stage data parallelism over 2 replicas (CONFIGS) with the local profile, "
+             "Each round traces every example on one thread, plans GPipe, 1F1B, interleaved (2 chunks), ZB-H1 and "
+             "asynchronous PipeDream pipelines of 2 stages and 1-stage data parallelism over 2 replicas (CONFIGS; "
+             "pipeline x data parallel needs 4 devices, and this machine has 2 cores) with the local profile, "
              "runs each with `pipeplan run`, and times single-process training of wide_mlp. Trace repeats "
              "and run steps per example (CASES in the script) make each measurement last ~8-20 s, because this "
              "machine's speed drifts by +-10-15% from second to second (other tenants); the table shows medians "
@@ -322,6 +344,7 @@ def write_results(rows, speedups, profiles, profile_desc, args, capacities) -> N
                      f"{r['compute_ratio']:.3f} | {'yes' if abs(r['error']) <= 0.10 else 'no'} |")
     lines += ["", "`compute meas/pred`: the stages' measured forward+backward time per step / the traced layer times "
               "the prediction used; it separates the machine's speed (or the cost model) from the schedule model."]
+    lines += _wins(rows)
     from results import write_section
 
     write_section(SECTION, "\n".join(lines))

@@ -174,6 +174,14 @@ def trace_options(f):
     return f
 
 
+def device_option(f):
+    """--device for commands that time layers: where the trace runs (costmodels.trace.resolve_device)."""
+    return click.option("--device", "device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+                        show_default=True,
+                        help="Where layers are timed: cuda (CUDA events) or cpu; auto picks cuda when a GPU is "
+                             "visible (not for a calibrated CPU profile).")(f)
+
+
 def output_options(f):
     """Where results go: plan file, --json, PNG plot, Chrome trace."""
     decorators = [

@@ -121,9 +121,13 @@ def show_cmd(name: str, as_json: bool) -> None:
               help="Rough wall-time budget for all measurements.")
 @click.option("--json", "as_json", is_flag=True, help="Also print the measured profile as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
-def calibrate_cmd(output: Path, name: str, budget_s: float, as_json: bool, quiet: bool) -> None:
+@click.option("--device", "device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="What to measure: cuda (GPU 0: efficiency curves, bandwidth, overheads, NCCL with 2+ GPUs) or "
+                   "cpu (one core per device); auto picks cuda when a GPU is visible.")
+def calibrate_cmd(output: Path, name: str, budget_s: float, as_json: bool, quiet: bool, device: str) -> None:
     """Measure this machine (matmul/conv FLOP/s, memory and process-to-process bandwidth) into a profile."""
     from pipeplan.cli.progress import progress_display
+    from pipeplan.costmodels.trace import resolve_device
     from pipeplan.hardware_profiles.calibrate import calibrate
 
     if not math.isfinite(budget_s):  # click's range lets "nan" through (every comparison with NaN is false)
@@ -131,6 +135,9 @@ def calibrate_cmd(output: Path, name: str, budget_s: float, as_json: bool, quiet
     if not NAME_RE.match(name):
         raise UserError(f"--name {name!r}: use lower-case letters, digits, '.', '_' or '-'", "e.g. --name my-workstation")
     check_destination(output, "-o")
+    if resolve_device(device) == "cuda":  # --device cuda without a GPU: exit 2 here
+        _calibrate_cuda(output, name, as_json, quiet)
+        return
     with progress_display(enabled=not quiet) as phases:
         prof = calibrate(budget_s=budget_s, progress=phases("calibrate: "), name=name)
     save_profile(prof, output)
@@ -142,3 +149,22 @@ def calibrate_cmd(output: Path, name: str, budget_s: float, as_json: bool, quiet
         c.print(f"wrote {output}: fp32 {_tf(prof.peak_flops['fp32'])} TFLOP/s per core, bf16 {_tf(prof.peak_flops['bf16'])}, "
                 f"memory {prof.mem_bw_bytes_per_s / 1e9:.3g} GB/s, link {_link(prof.intra_node)}")
         c.print(f"use it with --profile {output}")
+
+
+def _calibrate_cuda(output: Path, name: str, as_json: bool, quiet: bool) -> None:
+    """`profiles calibrate` on GPU 0 (hardware_profiles/calibrate_cuda.py); --budget-s does not apply (~1 min)."""
+    from pipeplan.cli.progress import progress_display
+    from pipeplan.hardware_profiles.calibrate_cuda import calibrate_cuda
+
+    with progress_display(enabled=not quiet) as phases:
+        prof = calibrate_cuda(name=name, progress=phases("calibrate (cuda): "))
+    save_profile(prof, output)
+    prof = dataclasses.replace(prof, path=str(output))
+    if as_json:
+        _print_json(_as_json(prof))
+        return
+    best = prof.calibration.get("best_gemm_tflops", {})
+    c = Console(stderr=True)
+    c.print(f"wrote {output}: {prof.device}; best GEMM TFLOP/s {best}; copy {prof.calibration.get('copy_gbps')} GB/s; "
+            f"kernel {(prof.kernel_overhead_s or 0) * 1e6:.2f} µs, dispatch {(prof.dispatch_s or 0) * 1e6:.2f} µs")
+    c.print(f"use it with --profile {output}")

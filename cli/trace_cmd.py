@@ -18,7 +18,7 @@ from rich.table import Table
 from pipeplan._io import check_destination
 from pipeplan.cli.console import stdout_console
 from pipeplan.cli.fmt import fmt_bytes, fmt_count, fmt_flops, fmt_ms, fmt_seconds, shorten
-from pipeplan.cli.options import MAX_DEPTH, MAX_REPEATS, MAX_SEQ_LEN, MAX_TRACE_BATCH_SIZE, count
+from pipeplan.cli.options import MAX_DEPTH, MAX_REPEATS, MAX_SEQ_LEN, MAX_TRACE_BATCH_SIZE, count, device_option
 from pipeplan.cli.progress import progress_display
 from pipeplan.errors import UserError
 
@@ -41,13 +41,17 @@ from pipeplan.errors import UserError
               help="Do not time layers: trace without weights (no parameter memory) for planning on catalogue "
                    "profiles, whose roofline needs FLOPs and bytes only.")
 @click.option("--no-fvcore-check", is_flag=True, help="Skip the fvcore FLOP cross-check.")
+@device_option
 @click.option("--json", "as_json", is_flag=True, help="Print the graph document to stdout instead of the summary.")
 @click.option("--debug", is_flag=True, hidden=True)
-def trace(model_file, batch_size, output, entry, depth, repeats, seq_len, no_times, no_fvcore_check, as_json, debug):
+def trace(model_file, batch_size, output, entry, depth, repeats, seq_len, no_times, no_fvcore_check, device,
+          as_json, debug):
     """Trace MODEL_FILE (defines build_model and example_inputs, or is a Hugging Face config.json) into a measured layer graph."""
+    from pipeplan.costmodels.trace import resolve_device
     from pipeplan.costmodels.trace import trace as run_trace
 
     check_destination(output, "-o")
+    device = resolve_device(device) if not no_times else "cpu"  # --device cuda without a GPU: exit 2 before tracing
     if no_times and repeats is not None:
         raise UserError("--repeats counts timed steps, but --no-times times nothing", "drop one of them")
     # With --json, stdout carries the document only: whatever the user's code prints goes to stderr.
@@ -55,7 +59,7 @@ def trace(model_file, batch_size, output, entry, depth, repeats, seq_len, no_tim
     with quiet, progress_display(enabled=True) as phases:
         graph = run_trace(model_file, batch_size, entry=entry, depth=depth, repeats=repeats,
                           progress=phases("trace: "), fvcore_check=not no_fvcore_check, seq_len=seq_len,
-                          time_layers=not no_times)
+                          time_layers=not no_times, device=device)
     graph.save(output)
     if as_json:
         click.echo(json.dumps(graph.to_dict(), indent=1))

@@ -18,6 +18,7 @@ from pipeplan.choices import DTYPES
 from pipeplan.costmodels.graph import LAYER_KINDS, Graph, Layer
 from pipeplan.costmodels.memory import activation_bytes_scale
 from pipeplan.errors import UserError
+from pipeplan.hardware_profiles.curve import Curve, curve_keys, interpolate
 from pipeplan.hardware_profiles.profile import HardwareProfile
 
 # Achieved / peak compute per op kind on a datacenter accelerator (see docs/cost-models.md).
@@ -91,22 +92,35 @@ def roofline_time_s(flops: float, bytes_moved: float, peak_flops: float, mem_bw_
     return max(compute_s, memory_s)
 
 
-def efficiency_for(profile: HardwareProfile, kind: str, dtype: str | None = None) -> tuple[float, float]:
+def efficiency_for(profile: HardwareProfile, kind: str, dtype: str | None = None,
+                   flops_per_kernel: float | None = None) -> tuple[float, float]:
     """(compute, memory) efficiency of an op kind on a profile in a dtype.
 
     Looked up as the profile's "kind@dtype" (tensor-core and CUDA-core paths differ:
     a GEMM in bf16 is not a GEMM in fp32), then its "kind", then, for the part kinds
     graph.PART_KINDS adds, the kind they refine (conv3x3 -> conv, dropout ->
-    elementwise), then the defaults above.
+    elementwise), then the defaults above. With `flops_per_kernel`, a measured
+    `efficiency_curve` found in the same order comes first: its efficiency at that size
+    (hardware_profiles/curve.py: log-linear between points, clamped at the ends).
     """
     eff = profile.efficiency or {}
     base = PART_BASE_KIND.get(kind, kind)
     default_c = LOCAL_DEFAULT_EFFICIENCY if profile.local else DEFAULT_EFFICIENCY.get(base, DEFAULT_EFFICIENCY["other"])
     default_m = LOCAL_DEFAULT_EFFICIENCY if profile.local else DEFAULT_MEMORY_EFFICIENCY
-    keys = [f"{k}@{dtype}" for k in (kind, base) if dtype] + [kind, base]
+    keys = curve_keys(kind, base, dtype)
     compute = next((eff[k] for k in keys if k in eff), default_c)
+    curve = efficiency_curve_for(profile, kind, dtype) if flops_per_kernel is not None else None
+    if curve is not None and flops_per_kernel is not None and flops_per_kernel > 0:
+        compute = interpolate(curve, flops_per_kernel)
     memory = next((eff[k] for k in ([f"memory@{dtype}"] if dtype else []) + ["memory"] if k in eff), default_m)
     return float(compute), float(memory)
+
+
+def efficiency_curve_for(profile: HardwareProfile, kind: str, dtype: str | None) -> Curve | None:
+    """The profile's efficiency curve for a part kind in a dtype (same lookup order as `efficiency_for`), or None."""
+    curves = getattr(profile, "efficiency_curve", None) or {}
+    base = PART_BASE_KIND.get(kind, kind)
+    return next((curves[k] for k in curve_keys(kind, base, dtype) if k in curves), None)
 
 
 def peak_flops_for_kind(profile: HardwareProfile, kind: str, dtype: str) -> float:

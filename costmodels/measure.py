@@ -112,16 +112,87 @@ class _LayerInterpreter(torch.fx.Interpreter):
         return out
 
 
-class _BackwardAttribution:
-    """Maps autograd nodes to layers and charges `clock()` deltas to the layer being differentiated."""
+class Marks:
+    """A clock read as marks, resolved later: `perf_counter` (or a FLOP counter) as plain numbers.
 
-    def __init__(self, nlayers: int, clock: Callable[[], float], start_layer: int):
+    A mark is what `read()` returns and the time between two marks is b - a, so a CPU
+    step's totals are the same sums of the same deltas as reading the clock inline.
+    `wait()` is where a deferred clock (CUDA events) waits for the device; here nothing.
+    """
+
+    def __init__(self, read: Callable[[], float]):
+        self.read = read
+
+    def mark(self) -> Any:
+        return self.read()
+
+    def elapsed_s(self, a: Any, b: Any) -> float:
+        return float(b - a)
+
+    def wait(self) -> None:
+        return None
+
+
+class CudaEventMarks(Marks):
+    """Marks on a CUDA stream: one `torch.cuda.Event(enable_timing=True)` recorded per boundary.
+
+    Why events: CUDA kernels run asynchronously, so a host clock read between two
+    layers measures how fast Python launches them, not how long the GPU runs them.
+    Events are recorded in stream order and read after one synchronize at the end of
+    the step (`wait`), so timing adds no synchronization inside the step. Resolution
+    is about 0.5 µs (CUDA Runtime API, cudaEventElapsedTime).
+    """
+
+    def __init__(self, device: torch.device):
+        super().__init__(time.perf_counter)
+        self.device = device
+
+    def mark(self) -> Any:
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        event.record()
+        return event
+
+    def elapsed_s(self, a: Any, b: Any) -> float:
+        return float(a.elapsed_time(b)) / 1e3  # elapsed_time is in milliseconds
+
+    def wait(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+
+def marks_for(device: torch.device) -> Marks:
+    """CUDA events on a CUDA device, `time.perf_counter` elsewhere."""
+    return CudaEventMarks(device) if device.type == "cuda" else Marks(time.perf_counter)
+
+
+class Ledger:
+    """Intervals charged to layers as (layer, start mark, end mark), summed only when asked (after `wait`)."""
+
+    def __init__(self, marks: Marks, nlayers: int):
+        self.marks = marks
+        self.nlayers = nlayers
+        self.entries: list[tuple[int, Any, Any]] = []
+
+    def charge(self, layer: int, a: Any, b: Any) -> None:
+        self.entries.append((layer, a, b))
+
+    def totals(self) -> list[float]:
+        self.marks.wait()
+        acc = [0.0] * self.nlayers
+        for layer, a, b in self.entries:
+            acc[layer] += self.marks.elapsed_s(a, b)
+        return acc
+
+
+class _BackwardAttribution:
+    """Maps autograd nodes to layers and charges the marks between hooks to the layer being differentiated."""
+
+    def __init__(self, nlayers: int, marks: Marks, start_layer: int):
         self.owner: dict[Any, int] = {}
-        self.acc = [0.0] * nlayers
-        self.clock = clock
+        self.marks = marks
+        self.ledger = Ledger(marks, nlayers)
         self.start_layer = start_layer
         self.current = start_layer
-        self.last = 0.0
+        self.last: Any = 0.0
         self.handles: list[RemovableHandle] = []
         self.activations: list[torch.Tensor] = []  # every layer output autograd differentiates
 
@@ -138,11 +209,15 @@ class _BackwardAttribution:
 
     def _hook(self, layer: int) -> Callable[[tuple[torch.Tensor | None, ...]], None]:
         def hook(grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
-            now = self.clock()
-            self.acc[self.current] += now - self.last
+            now = self.marks.mark()
+            self.ledger.charge(self.current, self.last, now)
             self.last = now
             self.current = layer
         return hook
+
+    def totals(self) -> list[float]:
+        """Per layer, the backward time (or FLOPs) charged so far."""
+        return self.ledger.totals()
 
     def input_grad(self, loss: torch.Tensor) -> list[float]:
         """Per layer, what the backward w.r.t. the layers' outputs only costs: the input-gradient part B.
@@ -150,22 +225,23 @@ class _BackwardAttribution:
         Zero bubble (Qi et al. 2024 §2) splits a backward into B and the weight gradient W. Asking
         autograd for the activations' gradients alone runs every node but skips the weight-gradient
         outputs (AddmmBackward computes mat1's gradient only), so the clock charged here is B, and the
-        full backward after it minus B is W. Leaves `acc` zeroed for that full backward.
+        full backward after it minus B is W. Leaves the ledger empty for that full backward.
         """
         if self.activations and loss.requires_grad:
-            self.last = self.clock()
+            self.last = self.marks.mark()
             torch.autograd.grad(loss, self.activations, retain_graph=True, allow_unused=True)
-            self.acc[self.current] += self.clock() - self.last
-        out, self.acc, self.current = self.acc, [0.0] * len(self.acc), self.start_layer
+            self.ledger.charge(self.current, self.last, self.marks.mark())
+        out = self.ledger.totals()
+        self.ledger, self.current = Ledger(self.marks, len(out)), self.start_layer
         return out
 
     def backward(self, loss: torch.Tensor, spec: ModelSpec) -> None:
         if not loss.requires_grad:
             raise UserError(f"{spec.path}: the loss does not depend on any parameter that requires a gradient",
                             "pipeplan plans training: unfreeze parameters or check loss_fn")
-        self.last = self.clock()
+        self.last = self.marks.mark()
         loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward has no annotations
-        self.acc[self.current] += self.clock() - self.last
+        self.ledger.charge(self.current, self.last, self.marks.mark())
 
 
 @dataclass
@@ -220,7 +296,7 @@ def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
         cur["layer"] = layer
         cur["start"] = counter.get_total_flops()
 
-    attribution = _BackwardAttribution(nlayers, counter.get_total_flops, last_layer)
+    attribution = _BackwardAttribution(nlayers, Marks(counter.get_total_flops), last_layer)
 
     def after(layer: int, node: torch.fx.Node, out: Any) -> None:
         f = counter.get_total_flops() - cur["start"]
@@ -252,7 +328,7 @@ def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
     if not fake_tensors:
         for p in model.parameters():
             p.grad = None
-    return Counts(fwd_flops=fwd, bwd_flops=[int(x) for x in attribution.acc], saved_bytes=saved,
+    return Counts(fwd_flops=fwd, bwd_flops=[int(x) for x in attribution.totals()], saved_bytes=saved,
                   peak_saved_bytes=sum(saved), node_flops=node_flops, total_fwd_flops=total_fwd,
                   bwd_input_flops=[int(x) for x in bwd_input])
 
@@ -271,18 +347,24 @@ class Timing:
 
 
 def _one_step(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, args: list[Any], target: Any,
-              layer_of: dict[str, int], nlayers: int) -> tuple[list[float], list[float], float]:
-    clock = time.perf_counter
-    fwd = [0.0] * nlayers
+              layer_of: dict[str, int], nlayers: int, marks: Marks | None = None,
+              ) -> tuple[list[float], list[float], float]:
+    """One timed training step: per-layer forward and backward seconds and the whole step's.
+
+    Every boundary is a mark (`marks`, default perf_counter); the intervals are resolved
+    after the step, so CUDA events need one synchronize per step, not one per layer.
+    """
+    marks = marks or Marks(time.perf_counter)
     last_layer = nlayers - 1
-    cur = {"start": 0.0}
-    attribution = _BackwardAttribution(nlayers, clock, last_layer)
+    forward = Ledger(marks, nlayers)
+    cur: dict[str, Any] = {"start": 0.0}
+    attribution = _BackwardAttribution(nlayers, marks, last_layer)
 
     def before(layer: int) -> None:
-        cur["start"] = clock()
+        cur["start"] = marks.mark()
 
     def after(layer: int, node: torch.fx.Node, out: Any) -> None:
-        fwd[layer] += clock() - cur["start"]
+        forward.charge(layer, cur["start"], marks.mark())
         attribution.claim(out, layer)
 
     # Gradients are kept from the step before: a pipeline's microbatches 2..M accumulate into them,
@@ -291,28 +373,29 @@ def _one_step(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
     gc.collect()  # a garbage collection inside a timed step lands on whichever layer is running
     gc.disable()
     try:
-        return _timed_step(ep, spec, args, target, layer_of, nlayers, fwd, attribution, before, after)
+        step = _timed_step(ep, spec, args, target, layer_of, forward, attribution, before, after)
+        return forward.totals(), attribution.totals(), marks.elapsed_s(*step)
     finally:
         gc.enable()
 
 
 def _timed_step(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[Any], target: Any,
-                layer_of: dict[str, int], nlayers: int, fwd: list[float], attribution: _BackwardAttribution,
+                layer_of: dict[str, int], forward: Ledger, attribution: _BackwardAttribution,
                 before: Callable[[int], None], after: Callable[[int, torch.fx.Node, Any], None],
-                ) -> tuple[list[float], list[float], float]:
-    clock = time.perf_counter
-    last_layer = nlayers - 1
-    t0 = clock()
+                ) -> tuple[Any, Any]:
+    """Runs the step, charging the loss to the last layer; returns the step's (start, end) marks."""
+    marks = forward.marks
+    t0 = marks.mark()
     out = _LayerInterpreter(ep.graph_module, layer_of, before, after).run(*args)
-    t1 = clock()
+    t1 = marks.mark()
     loss = spec.loss(user_output(ep, out), target)
-    fwd[last_layer] += clock() - t1  # the loss runs on the last stage
+    forward.charge(forward.nlayers - 1, t1, marks.mark())  # the loss runs on the last stage
     del out
     attribution.backward(loss, spec)
-    step = clock() - t0
+    end = marks.mark()
     for h in attribution.handles:
         h.remove()
-    return fwd, attribution.acc, step
+    return t0, end
 
 
 def _forward_only(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[Any], target: Any) -> None:
@@ -321,21 +404,33 @@ def _forward_only(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[
     del loss, out
 
 
+def _device_of(args: list[Any]) -> torch.device:
+    """The device the program's tensors are on (the first tensor's; the tracer puts them all on one)."""
+    return next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+
+
 def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: tuple[Any, ...],
               target: Any, layer_of: dict[str, int], nlayers: int, *, repeats: int | None, budget_s: float = 10.0,
               progress: Callable[[str, int, int], None] | None = None) -> Timing:
-    """Warm-up, then `repeats` timed steps (default: as many as fit in budget_s, 1 to 10); medians per layer."""
+    """Warm-up, then `repeats` timed steps (default: as many as fit in budget_s, 1 to 10); medians per layer.
+
+    On a CUDA device the layers are timed with CUDA events (`CudaEventMarks`), elsewhere with perf_counter.
+    """
     args = program_args(ep, model, [t for t in pytree.tree_leaves(inputs)])
+    marks = marks_for(_device_of(args))
     if progress:
         progress("timing (warm-up step)", 0, 1)
     # Warm up the forward first; a model whose forward alone takes a second or more has
     # negligible one-time costs relative to its step, so its backward is not warmed up
     # separately (that saves a whole backward, ~2/3 of a step, on GPT-2-sized models).
+    # A GPU's first step loads kernels and picks cuBLAS/cuDNN algorithms, so it always warms a whole step.
+    cuda = isinstance(marks, CudaEventMarks)
     t0 = time.perf_counter()
     _forward_only(ep, spec, args, target)
+    marks.wait()
     warm = time.perf_counter() - t0
-    if warm < 1.0:
-        _, _, warm = _one_step(ep, model, spec, args, target, layer_of, nlayers)
+    if warm < 1.0 or cuda:
+        _, _, warm = _one_step(ep, model, spec, args, target, layer_of, nlayers, marks)
     else:
         warm *= 3.0  # a step is roughly forward + 2x backward
     if progress:
@@ -346,7 +441,7 @@ def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
     for r in range(repeats):
         if progress:
             progress("timing layers", r, repeats)
-        runs.append(_one_step(ep, model, spec, args, target, layer_of, nlayers))
+        runs.append(_one_step(ep, model, spec, args, target, layer_of, nlayers, marks))
     if progress:
         progress("timing layers", repeats, repeats)
     for p in model.parameters():

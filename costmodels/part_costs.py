@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pipeplan.costmodels.compute import (
     BACKWARD_BYTES_FACTOR,
     PART_BASE_KIND,
+    efficiency_curve_for,
     efficiency_for,
     peak_flops_for_kind,
     roofline_time_s,
@@ -112,8 +113,13 @@ def part_bytes(part: CostPart, ratio: float) -> tuple[float, float]:
 
 
 def effective_flops(part: CostPart, profile: HardwareProfile, dtype: str) -> tuple[float, float]:
-    """(forward, backward) FLOPs the hardware really executes for a part (Winograd: fewer)."""
-    if part.kind == "conv3x3" and dtype == "fp32" and not profile.local:
+    """(forward, backward) FLOPs the hardware really executes for a part (Winograd: fewer).
+
+    A measured efficiency curve for the part's kind already holds whatever algorithm the
+    library picked (its points are direct FLOPs over measured time), so it gets the direct FLOPs.
+    """
+    if (part.kind == "conv3x3" and dtype == "fp32" and not profile.local
+            and efficiency_curve_for(profile, part.kind, dtype) is None):
         return part.fwd_flops / WINOGRAD_SPEEDUP, part.bwd_flops / WINOGRAD_SPEEDUP
     return float(part.fwd_flops), float(part.bwd_flops)
 
@@ -123,7 +129,11 @@ def parts_roofline_s(parts: Sequence[CostPart], profile: HardwareProfile, *, dty
     """(fwd_s, bwd_s) of a layer's parts at `ratio` x the traced batch: summed rooflines plus kernel time.
 
     Per pass: sum over parts of max(FLOPs / (peak * eff), bytes / (bandwidth * eff))
-    + kernels x per-kernel time, and no less than ops x host dispatch time.
+    + kernels x per-kernel time, and no less than ops x host dispatch time. A profile
+    with an `efficiency_curve` for a part's kind gives eff at the part's FLOPs per kernel
+    (forward: FLOPs / ops; backward: FLOPs / (ops x BACKWARD_KERNELS_FACTOR)); the curve
+    is defined net of the per-kernel time (hardware_profiles/curve.py), so adding it here
+    does not count it twice.
     """
     kernel_s, dispatch_s = kernel_overheads_s(profile)
     scale = activation_bytes_scale(dtype)
@@ -132,10 +142,12 @@ def parts_roofline_s(parts: Sequence[CostPart], profile: HardwareProfile, *, dty
     for part in parts:
         base = PART_BASE_KIND.get(part.kind, part.kind)
         peak = peak_flops_for_kind(profile, base, dtype)
-        ce, me = efficiency_for(profile, part.kind, dtype)
         f_flops, b_flops = effective_flops(part, profile, dtype)
         f_bytes, b_bytes = part_bytes(part, ratio)
+        kernels = max(part.ops, 1)
+        ce, me = efficiency_for(profile, part.kind, dtype, f_flops * ratio / kernels)
         fwd += roofline_time_s(f_flops * ratio, f_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce, me)
+        ce, me = efficiency_for(profile, part.kind, dtype, b_flops * ratio / (kernels * BACKWARD_KERNELS_FACTOR))
         bwd += roofline_time_s(b_flops * ratio, b_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce, me)
         ops += part.ops
     fwd = max(fwd + ops * kernel_s, ops * dispatch_s)

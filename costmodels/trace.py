@@ -38,6 +38,7 @@ from pipeplan.costmodels.model_file import (
 )
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.allocator import keep_freed_memory
+from pipeplan.hardware_profiles.profile import HardwareProfile
 
 Progress = Callable[[str, int, int], None]
 
@@ -49,6 +50,37 @@ def _input_bytes(inputs: Any) -> int:
 def _check_batch(batch_size: int) -> None:
     if not isinstance(batch_size, int) or batch_size < 1:
         raise UserError(f"batch size {batch_size!r} must be a positive integer", "pass --batch-size N with N >= 1")
+
+
+TRACE_DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(requested: str, profile: HardwareProfile | None = None) -> str:
+    """The device layers are timed on: "cpu" or "cuda".
+
+    auto: "cuda" when a GPU is visible, unless the profile is a CPU calibration (a local
+    profile not measured on CUDA), whose device is one core; "cpu" otherwise. A catalogue
+    GPU profile with a GPU visible also times on CUDA: measured times are only used with
+    --times measured, and then the GPU's own times are the ones that mean anything.
+    "cuda" without a visible GPU is the user's error.
+    """
+    if requested not in TRACE_DEVICES:
+        raise UserError(f"--device {requested!r}: unknown device", f"use one of {', '.join(TRACE_DEVICES)}")
+    visible = torch.cuda.is_available()
+    if requested == "cuda" and not visible:
+        raise UserError("--device cuda: no CUDA GPU is visible (torch.cuda.is_available() is false)",
+                        "run on a machine with a GPU and a CUDA build of torch, or pass --device cpu")
+    if requested != "auto":
+        return requested
+    cpu_profile = profile is not None and profile.local and profile.calibration.get("device_type") != "cuda"
+    return "cuda" if visible and not cpu_profile else "cpu"
+
+
+def _device_source(device: torch.device) -> dict[str, Any]:
+    """What graph.json's source says about the timing device: "cpu", or "cuda" and the GPU's name."""
+    if device.type != "cuda":
+        return {"device": "cpu"}
+    return {"device": "cuda", "device_name": torch.cuda.get_device_name(device)}
 
 
 def export_structure(spec: ModelSpec, batch_size: int, *, depth: int | None = None,
@@ -91,8 +123,13 @@ def export_structure(spec: ModelSpec, batch_size: int, *, depth: int | None = No
 
 def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth: int | None = None,
           repeats: int | None = None, progress: Progress | None = None, fvcore_check: bool = True,
-          seq_len: int | None = None, repeated_blocks: bool = True, time_layers: bool = True) -> Graph:
+          seq_len: int | None = None, repeated_blocks: bool = True, time_layers: bool = True,
+          device: str = "cpu") -> Graph:
     """The full measured graph: structure, FLOPs, saved bytes, times; fvcore cross-check notes.
+
+    `device` ("cpu", "cuda" or "auto", see `resolve_device`) is where the layers are exported,
+    counted and timed (CUDA: with CUDA events, measure.CudaEventMarks); the model goes back to
+    the CPU afterwards. It only matters when layers are timed.
 
     `time_layers=False` is for a graph whose layer times nobody will use (a catalogue profile
     prices layers by roofline): the model is built without weights (export.weight_free_model),
@@ -113,6 +150,7 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
     _check_batch(batch_size)
     if repeats is not None and repeats < 1:
         raise UserError(f"--repeats {repeats}: must be 1 or more", "omit --repeats for an automatic count")
+    timing_device = torch.device(resolve_device(device)) if time_layers else torch.device("cpu")
     report("loading model file", 0, 1)
     spec = load_model_file(model_file, entry, seq_len=seq_len)
 
@@ -124,7 +162,7 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
         # Identical blocks (decoder layers) are traced a few times and cloned: costmodels/blocks.py, docs/tracing.md.
         measured = blocks.measure_once_per_block(
             model, lambda m: _measure(spec, m, batch_size, at_depth, repeats, report, fake_mode=mode,
-                                      time_layers=time_layers), enabled=repeated_blocks)
+                                      time_layers=time_layers, device=timing_device), enabled=repeated_blocks)
         if coarse:
             measured.graph.notes.append(coarse[1])
         return measured
@@ -166,20 +204,43 @@ def _weight_free_failed_too(e: OutOfMemory, failure: str | None) -> OutOfMemory:
 
 def _measure(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth: int | None, repeats: int | None,
              report: Progress, *, fake_mode: FakeTensorMode | None = None, time_layers: bool = True,
-             ) -> blocks.Measured:
+             device: torch.device | None = None) -> blocks.Measured:
     """Export, count and time `model` as it is (all its blocks, or the few blocks.shortened leaves).
 
     `fake_mode`: the model is export.weight_free_model's, so the inputs are made fake tensors of it.
+    `device` (CUDA): model and inputs are moved there before the export, so the program's ops, its
+    FLOP count and its timed kernels are the GPU's; the model is moved back to the CPU afterwards.
     """
-    from pipeplan.costmodels import measure
-
     inputs = spec.example_inputs(batch_size)
     target = spec.example_target(batch_size)
     if fake_mode is not None:
         inputs, target = fake_leaves(fake_mode, inputs), fake_leaves(fake_mode, target)
+    if device is None or device.type == "cpu":
+        return _measure_on(spec, model, batch_size, depth, repeats, report, inputs, target, fake_mode, time_layers)
+
+    def to_device(t: Any) -> Any:
+        return t.to(device) if isinstance(t, torch.Tensor) else t
+
+    try:
+        return _measure_on(spec, model.to(device), batch_size, depth, repeats, report,
+                           pytree.tree_map(to_device, inputs), pytree.tree_map(to_device, target), fake_mode,
+                           time_layers, device=device)
+    finally:
+        model.to("cpu")
+        torch.cuda.empty_cache()
+
+
+def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth: int | None, repeats: int | None,
+                report: Progress, inputs: Any, target: Any, fake_mode: FakeTensorMode | None, time_layers: bool,
+                device: torch.device | None = None) -> blocks.Measured:
+    """`_measure` once the model and inputs are where they are measured."""
+    from pipeplan.costmodels import measure
+
     report("exporting (torch.export)", 0, 1)
     ep, graph = export_structure(spec, batch_size, depth=depth, model=model, inputs=inputs)
     report("exporting (torch.export)", 1, 1)
+    if device is not None:
+        graph.source.update(_device_source(device))
     layer_of = {n: i for i, layer in enumerate(graph.layers) for n in layer.nodes}
     n = len(graph.layers)
     family = {node.name: node_kind(node) for node in ep.graph.nodes if node.op == "call_function"}

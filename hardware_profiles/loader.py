@@ -31,6 +31,7 @@ from pipeplan._io import MAX_NESTING, atomic_write_text, check_format, read_text
 from pipeplan.choices import DTYPES
 from pipeplan.errors import UserError
 from pipeplan.fields import quote
+from pipeplan.hardware_profiles.curve import MAX_CURVE_POINTS, MIN_CURVE_POINTS
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.schedules import SCHEDULE_NAMES
 from pipeplan.units import GIB, MIB
@@ -42,6 +43,11 @@ CATALOG_DIR = Path(__file__).resolve().parent / "catalog"
 # costmodels.graph.PART_KINDS plus "memory" (bandwidth); each may also be given per dtype as "kind@dtype".
 EFFICIENCY_KINDS = ("matmul", "conv", "attention", "embedding", "norm", "elementwise", "other", "conv3x3", "dropout",
                     "memory")
+
+# A curve point's achieved/peak bound. Above 1 is real: PyTorch runs fp32 convolutions on TF32 tensor
+# cores by default (torch.backends.cudnn.allow_tf32 = True), up to 494.7/66.9 = 7.4x the H100's fp32 peak
+# (catalog/h100-sxm.yaml); 16 leaves room for that and catches percentages (80 for 0.80).
+MAX_CURVE_EFFICIENCY = 16.0
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")  # 64 characters at most: names go in tables and messages
 _UNIT_RE = re.compile(r"^\s*[-+]?[0-9.]+(e[-+]?[0-9]+)?\s*[a-zA-Zµ/%]+")
@@ -76,6 +82,7 @@ _TOP_KEYS = {
     "intra_node": True,
     "inter_node": True,
     "efficiency": False,
+    "efficiency_curve": False,
     "op_overhead_us": False,
     "kernel_overhead_us": False,
     "dispatch_us": False,
@@ -181,6 +188,37 @@ class _Checker:
             raise self.fail(field, f"must be a mapping (key: value lines), got {quote(value)}")
         return value
 
+    def efficiency_keys(self, doc: dict[Any, Any], field: str) -> None:
+        """Keys are op kinds (EFFICIENCY_KINDS), each optionally "@dtype"."""
+        self.keys({str(k).split("@")[0]: v for k, v in doc.items()}, {k: False for k in EFFICIENCY_KINDS},
+                  prefix=f"{field}.")
+        for k in doc:
+            if "@" in k and k.split("@", 1)[1] not in DTYPES:
+                raise self.fail(f"{field}.{quote(k, 40, bare=True)}", f"names no dtype; write kind@dtype with one of "
+                                f"{', '.join(DTYPES)}")
+
+    def curve(self, value: Any, field: str) -> tuple[tuple[float, float], ...]:
+        """A list of [flops_per_kernel, efficiency] pairs: MIN..MAX_CURVE_POINTS, FLOPs strictly increasing."""
+        if not isinstance(value, list) or not MIN_CURVE_POINTS <= len(value) <= MAX_CURVE_POINTS:
+            raise self.fail(field, f"must be a list of {MIN_CURVE_POINTS} to {MAX_CURVE_POINTS} "
+                            f"[flops_per_kernel, efficiency] pairs, got {quote(value)}")
+        points: list[tuple[float, float]] = []
+        for i, pair in enumerate(value):
+            where = f"{field}[{i}]"
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise self.fail(where, f"must be a pair [flops_per_kernel, efficiency], got {quote(pair)}")
+            flops, eff = self.number(pair[0], where), self.number(pair[1], where)
+            if flops > 1e18:
+                raise self.fail(where, f"has {quote(pair[0])} FLOPs per kernel, which is implausible (at most 1e18)")
+            if eff > MAX_CURVE_EFFICIENCY:
+                raise self.fail(where, f"has efficiency {quote(pair[1])}; an achieved/peak fraction must be in "
+                                f"(0, {MAX_CURVE_EFFICIENCY:g}]")
+            if points and flops <= points[-1][0]:
+                raise self.fail(where, f"FLOPs per kernel {quote(pair[0])} must be larger than the point before's "
+                                f"({points[-1][0]:g}): sort the points by size")
+            points.append((flops, eff))
+        return tuple(points)
+
     def link(self, value: Any, field: str) -> Link:
         doc = self.mapping(value, field)
         self.keys(doc, _LINK_KEYS, prefix=f"{field}.")
@@ -231,12 +269,10 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     inter = c.link(doc["inter_node"], "inter_node")
 
     eff_doc = c.mapping(doc.get("efficiency") or {}, "efficiency")
-    c.keys({str(k).split("@")[0]: v for k, v in eff_doc.items()}, {k: False for k in EFFICIENCY_KINDS},
-           prefix="efficiency.")
-    for k in eff_doc:
-        if "@" in k and k.split("@", 1)[1] not in DTYPES:
-            raise c.fail(f"efficiency.{quote(k, 40, bare=True)}", f"names no dtype; write kind@dtype with one of "
-                         f"{', '.join(DTYPES)}")
+    c.efficiency_keys(eff_doc, "efficiency")
+    curve_doc = c.mapping(doc.get("efficiency_curve") or {}, "efficiency_curve")
+    c.efficiency_keys(curve_doc, "efficiency_curve")
+    curves = {str(k): c.curve(v, f"efficiency_curve.{k}") for k, v in curve_doc.items()}
     efficiency = {}
     for k, v in eff_doc.items():
         e = c.number(v, f"efficiency.{k}")
@@ -293,6 +329,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         collectives={k: c.link(v, f"collectives.{k}") for k, v in collectives.items()},
         kernel_overhead_s=kernel_s,
         dispatch_s=dispatch_s,
+        efficiency_curve=curves,
     )
 
 
@@ -323,6 +360,8 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
     )
     if profile.efficiency:
         doc["efficiency"] = {k: _num(v) for k, v in profile.efficiency.items()}
+    if profile.efficiency_curve:
+        doc["efficiency_curve"] = {k: [[_num(f), _num(e)] for f, e in pts] for k, pts in profile.efficiency_curve.items()}
     if profile.kernel_overhead_s is not None:
         doc["kernel_overhead_us"] = _num(profile.kernel_overhead_s * 1e6)
     if profile.dispatch_s is not None:

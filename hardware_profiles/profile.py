@@ -61,6 +61,9 @@ class HardwareProfile:
     # (costmodels/part_costs.py). None: that module's defaults (0 on a local profile).
     kernel_overhead_s: float | None = None
     dispatch_s: float | None = None
+    # Achieved/peak by kernel size, "kind" or "kind@dtype" -> ((FLOPs per kernel, efficiency), ...) with FLOPs
+    # increasing (hardware_profiles/curve.py says how it is defined and read). Empty: `efficiency` alone.
+    efficiency_curve: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
     def overhead_for(self, schedule: str, nbytes: int = 0) -> float:
         """Runtime seconds for one op of `schedule` that sends and receives `nbytes` in all: the schedule's

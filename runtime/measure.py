@@ -47,6 +47,13 @@ def instrument(stage, stats: StageStats, clock: StepClock, meter: "SavedTensorMe
     model's step), so the worker enables the meter only on steps it does not time.
     """
     fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+    # On a GPU the calls return before their kernels finish: synchronize around each timed one so the
+    # host clock reads the stage's compute, not its launch time (only on recorded steps).
+    cuda = getattr(getattr(stage, "device", None), "type", "cpu") == "cuda"
+
+    def sync() -> None:
+        if cuda and clock.recording:
+            torch.cuda.synchronize(stage.device)
 
     def record(kind: str, durations: list, chunk_id, t0: float, t1: float) -> None:
         if clock.recording:
@@ -54,18 +61,22 @@ def instrument(stage, stats: StageStats, clock: StepClock, meter: "SavedTensorMe
             stats.events.append((kind, int(chunk_id), t0 - clock.origin, t1 - clock.origin))
 
     def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
+        sync()
         t0 = time.perf_counter()
         if meter is not None and meter.enabled:
             with meter.hooks():
                 out = fwd(fwd_chunk_id, *args, **kwargs)
         else:
             out = fwd(fwd_chunk_id, *args, **kwargs)
+        sync()
         record("fwd", stats.fwd_s, fwd_chunk_id, t0, time.perf_counter())
         return out
 
     def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
+        sync()
         t0 = time.perf_counter()
         out = bwd(bwd_chunk_id, *args, **kwargs)
+        sync()
         record("bwd", stats.bwd_s, bwd_chunk_id, t0, time.perf_counter())
         return out
 

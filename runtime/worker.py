@@ -329,7 +329,7 @@ def setup(opts: Options, plan_path: str) -> RunState:
     spec, gm, split = load_split_model(plan)
     replica, mine = rank_stages(ranks, rank)
     pp_groups, dp_groups = data_parallel_groups(ranks, dp)
-    modules = {s: split.module(s).to(device) for s in mine}
+    modules = {s: on_device(split.module(s), device) for s in mine}
     shared = split.shared_attrs()
     sharded = shard_stages(opts, plan, modules, shared, dp_groups, dp)
     optimizers = make_optimizers(opts, plan, modules, sharded)
@@ -359,6 +359,27 @@ def check_launch(plan, ranks: dict[int, list[int]], world: int) -> None:
     if plan.graph.get("model_file") is None:
         raise UserError("this plan was made from an imported graph (no model file), so there is nothing to run",
                         "plan from `pipeplan trace model.py` to run it")
+
+
+def on_device(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """`module` moved to `device`, with the ops that create tensors creating them there too.
+
+    The program is exported on the CPU, so an op that makes a tensor (torch.arange(..., device=x.device)
+    in examples/gpt.py) is recorded with device=cpu; on a GPU rank it must make it on the GPU.
+    """
+    module = module.to(device)
+    if device.type == "cpu":
+        return module
+    for sub in module.modules():
+        if not isinstance(sub, torch.fx.GraphModule):
+            continue
+        nodes = [n for n in sub.graph.nodes if isinstance(n.kwargs.get("device"), torch.device)
+                 and n.kwargs["device"].type == "cpu"]
+        for n in nodes:
+            n.kwargs = {**n.kwargs, "device": device}
+        if nodes:
+            sub.recompile()
+    return module
 
 
 def load_split_model(plan) -> tuple[Any, Any, Split]:

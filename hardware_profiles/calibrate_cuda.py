@@ -1,0 +1,295 @@
+"""Measure THIS machine's GPU into a hardware profile (`pipeplan profiles calibrate` on CUDA).
+
+What is measured, and how each number is defined (every one is written with its source):
+- Efficiency curves (hardware_profiles/curve.py): GEMMs (square n x n x n, fp32, tf32, bf16),
+  3x3 convolutions (fp32 and bf16, 128 channels at 28x28, batch varied) and causal
+  scaled-dot-product attention (fp32 and bf16, 12 heads of 64, sequence varied), each
+  point (FLOPs per kernel, F / (peak * (t - t_kernel))) with FLOPs counted as torch's
+  FlopCounterMode counts them (2 per multiply-add; attention 4*B*H*S^2*D whether
+  causal or not, as the tracer counts it) and peak the datasheet's.
+- Times per kernel come from CUDA-graph replays of many back-to-back kernels timed with
+  CUDA events (median of the replays): a graph removes the host from the loop, so small
+  kernels are timed as the GPU runs them, not as fast as Python launches them.
+- kernel_overhead_us: GPU time per 1-element kernel in the same graph replays.
+- dispatch_us: host time per eager op that autograd records (x * 1.0 with x requiring
+  grad), back-to-back without synchronizing: eager PyTorch's floor per op.
+- memory bandwidth: a 1 GiB device-to-device copy, bytes read + written over time;
+  `efficiency.memory` = measured / datasheet.
+- peak_tflops: the datasheet's (the catalogue profile matching the device name); the
+  best measured GEMM rate per dtype is recorded beside it under `calibration`. Without
+  a matching catalogue profile, the measured best is the peak.
+- Links: NCCL send/recv ping-pong and all-reduce between GPUs 0 and 1 when two or more
+  are visible (calibrate_nccl.py). With one GPU nothing can be measured (NCCL refuses two
+  ranks on one GPU), so the links are the catalogue profile's, with that written beside them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pipeplan.errors import UserError
+from pipeplan.hardware_profiles.curve import point_efficiency
+from pipeplan.hardware_profiles.gpu_catalog import catalog_match
+from pipeplan.hardware_profiles.profile import HardwareProfile, Link
+from pipeplan.units import GIB
+
+Progress = Callable[[str, int, int], None]
+
+MATMUL_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)  # n of an n x n x n GEMM
+CONV_BATCHES = (1, 4, 16, 64, 256)  # N of a 3x3 convolution, C_in = C_out = 128, 28 x 28, padding 1
+CONV_SHAPE = (128, 28)
+ATTENTION_SEQS = (128, 256, 512, 1024, 2048, 4096)  # S of causal SDPA, batch 8, 12 heads of 64
+ATTENTION_SHAPE = (8, 12, 64)
+COPY_BYTES = GIB  # far beyond the H100's 50 MB L2, so this is HBM bandwidth
+TARGET_REPLAY_FLOPS = 2e12  # kernels per graph: about 2 TFLOP per replay (~3-30 ms)
+MAX_KERNELS_PER_GRAPH = 200
+REPLAYS = 7
+DTYPE_NAMES = ("fp32", "tf32", "bf16")
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def time_per_call_s(fn: Callable[[], object], calls: int) -> float:
+    """Median GPU seconds per `fn()` over REPLAYS replays of a CUDA graph of `calls` back-to-back calls.
+
+    Falls back to timing `calls` eager calls between two events when `fn` cannot be
+    captured (that then includes launch gaps if the host is slower than the GPU).
+    """
+    torch = _torch()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as graph capture requires
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        run: Callable[[], object] = graph.replay
+    except Exception:  # not capturable: time eagerly
+        torch.cuda.synchronize()
+
+        def run() -> None:
+            for _ in range(calls):
+                fn()
+    run()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / calls)
+    return float(statistics.median(times))
+
+
+def _calls(flops: float) -> int:
+    return max(1, min(MAX_KERNELS_PER_GRAPH, int(TARGET_REPLAY_FLOPS / flops)))
+
+
+def _dtype(name: str) -> Any:
+    torch = _torch()
+    return torch.bfloat16 if name == "bf16" else torch.float32
+
+
+def measure_matmul(dtype_name: str) -> list[tuple[float, float]]:
+    """(FLOPs, seconds) per GEMM for each size; tf32 is fp32 with torch.backends.cuda.matmul.allow_tf32."""
+    torch = _torch()
+    out = []
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype_name == "tf32"
+    try:
+        for n in MATMUL_SIZES:
+            a, b = (torch.randn(n, n, device="cuda", dtype=_dtype(dtype_name)) for _ in range(2))
+            c = torch.empty_like(a)
+            flops = 2.0 * n ** 3
+            out.append((flops, time_per_call_s(functools.partial(torch.mm, a, b, out=c), _calls(flops))))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    return out
+
+
+def measure_conv(dtype_name: str) -> list[tuple[float, float]]:
+    """(FLOPs, seconds) per 3x3 convolution (2*N*H*W*C_out*C_in*9, torch's conv_flop_count) for each batch."""
+    torch = _torch()
+    c, hw = CONV_SHAPE
+    out = []
+    for n in CONV_BATCHES:
+        x = torch.randn(n, c, hw, hw, device="cuda", dtype=_dtype(dtype_name))
+        w = torch.randn(c, c, 3, 3, device="cuda", dtype=_dtype(dtype_name))
+        flops = 2.0 * n * hw * hw * c * c * 9
+        conv = functools.partial(torch.nn.functional.conv2d, x, w, padding=1)
+        out.append((flops, time_per_call_s(conv, _calls(flops))))
+    return out
+
+
+def measure_attention(dtype_name: str) -> list[tuple[float, float]]:
+    """(FLOPs, seconds) per causal SDPA forward, FLOPs 4*B*H*S^2*D (torch's sdpa_flop_count) for each S."""
+    torch = _torch()
+    b, h, d = ATTENTION_SHAPE
+    out = []
+    for s in ATTENTION_SEQS:
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=_dtype(dtype_name)) for _ in range(3))
+        flops = 4.0 * b * h * s * s * d
+        fn = functools.partial(torch.nn.functional.scaled_dot_product_attention, q, k, v, is_causal=True)
+        out.append((flops, time_per_call_s(fn, _calls(flops))))
+    return out
+
+
+def measure_copy_bytes_per_s() -> float:
+    """Device-to-device copy of COPY_BYTES: (read + written bytes) / median time."""
+    torch = _torch()
+    x = torch.empty(COPY_BYTES // 4, device="cuda")
+    y = torch.empty_like(x)
+    t = time_per_call_s(lambda: y.copy_(x), 5)
+    return 2.0 * COPY_BYTES / t
+
+
+def measure_kernel_overhead_s() -> float:
+    """GPU seconds per 1-element kernel, back to back in a CUDA graph (launch + tail, no work)."""
+    torch = _torch()
+    x = torch.zeros(1, device="cuda")
+    return time_per_call_s(lambda: x.add_(1.0), 1000)
+
+
+def measure_dispatch_s(ops: int = 2000) -> dict[str, float]:
+    """Host seconds per eager op issued back to back: a plain in-place add and an op autograd records."""
+    torch = _torch()
+    x = torch.zeros(1, device="cuda")
+    g = torch.zeros(1, device="cuda", requires_grad=True)
+    out = {}
+    ops_by_label: dict[str, Callable[[], object]] = {"plain": lambda: x.add_(1.0), "autograd": lambda: g * 1.0}
+    for label, fn in ops_by_label.items():
+        for _ in range(100):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            fn()
+        out[label] = (time.perf_counter() - t0) / ops
+        torch.cuda.synchronize()
+    return out
+
+
+def curve(points: list[tuple[float, float]], peak_flops: float, kernel_s: float) -> list[tuple[float, float]]:
+    """The measured (FLOPs, seconds) as (FLOPs, efficiency) points (curve.point_efficiency), FLOPs increasing."""
+    return [(f, point_efficiency(f, t, peak_flops, kernel_s)) for f, t in sorted(points)]
+
+
+def calibrate_cuda(*, name: str = "local-gpu", progress: Progress | None = None) -> HardwareProfile:
+    """Measure GPU 0 into a profile (see the module docstring for every definition)."""
+    torch = _torch()
+    if not torch.cuda.is_available():
+        raise UserError("profiles calibrate --device cuda: no CUDA GPU is visible",
+                        "run on a machine with a GPU, or calibrate the CPU with --device cpu")
+
+    def step(phase: str, i: int, n: int) -> None:
+        if progress is not None:
+            progress(phase, i, n)
+
+    torch.cuda.set_device(0)
+    device = torch.cuda.get_device_name(0)
+    stamp = f"measured by pipeplan profiles calibrate on {device}, {datetime.date.today().isoformat()}"
+    sheet = catalog_match(device)
+    step("kernel overhead and dispatch", 0, 5)
+    kernel_s = measure_kernel_overhead_s()
+    dispatch = measure_dispatch_s()
+    step("memory bandwidth", 1, 5)
+    copy_bw = measure_copy_bytes_per_s()
+    raw: dict[str, list[tuple[float, float]]] = {}
+    step("GEMMs", 2, 5)
+    for d in DTYPE_NAMES:
+        raw[f"matmul@{d}"] = measure_matmul(d)
+    step("3x3 convolutions", 3, 5)
+    for d in ("fp32", "bf16"):
+        raw[f"conv3x3@{d}"] = measure_conv(d)
+    step("attention", 4, 5)
+    for d in ("fp32", "bf16"):
+        raw[f"attention@{d}"] = measure_attention(d)
+    step("attention", 5, 5)
+    facts = {"total_memory": int(torch.cuda.get_device_properties(0).total_memory),
+             "torch": str(torch.__version__), "cuda": str(torch.version.cuda)}
+    return build_profile(name=name, device=device, stamp=stamp, sheet=sheet, raw=raw, kernel_s=kernel_s,
+                         dispatch=dispatch, copy_bw=copy_bw, links=_links(stamp, sheet), facts=facts)
+
+
+def _links(stamp: str, sheet: HardwareProfile | None) -> dict[str, Any]:
+    """NCCL links measured between GPUs 0 and 1, or (one GPU) the catalogue's, and what was done."""
+    torch = _torch()
+    count = torch.cuda.device_count()
+    if count >= 2:
+        from pipeplan.hardware_profiles.calibrate_nccl import measure_nccl
+
+        return measure_nccl(stamp)
+    why = f"NCCL not measured: {count} GPU visible and NCCL refuses two ranks on one GPU"
+    if sheet is None:
+        return {"note": why + "; no catalogue profile matches this device, so the links are placeholders",
+                "intra_node": Link("nvlink", 450e9, 3e-6), "inter_node": Link("infiniband", 50e9, 5e-6),
+                "collectives": {}, "devices_per_node": count}
+    return {"note": f"{why}; intra_node and inter_node are catalogue {sheet.name}'s (hardware_profiles/catalog/{sheet.name}.yaml)",
+            "intra_node": sheet.intra_node, "inter_node": sheet.inter_node, "collectives": {},
+            "devices_per_node": count}
+
+
+def _peaks(sheet: HardwareProfile | None, raw: dict[str, list[tuple[float, float]]]) -> tuple[dict[str, float | None],
+                                                                                                 dict[str, float]]:
+    """(peak FLOP/s per dtype written to the profile, best measured GEMM FLOP/s per dtype)."""
+    best = {d: max(f / t for f, t in raw[f"matmul@{d}"]) for d in DTYPE_NAMES}
+    if sheet is not None:
+        return dict(sheet.peak_flops), best
+    return {"fp32": best["fp32"], "tf32": best["tf32"], "bf16": best["bf16"], "fp16": best["bf16"]}, best
+
+
+def build_profile(*, name: str, device: str, stamp: str, sheet: HardwareProfile | None,
+                  raw: dict[str, list[tuple[float, float]]], kernel_s: float, dispatch: dict[str, float],
+                  copy_bw: float, links: dict[str, Any], facts: dict[str, Any]) -> HardwareProfile:
+    """The profile from the measurements (pure: tests build one from made-up numbers).
+
+    `facts`: the device's total_memory (bytes) and the torch and CUDA versions.
+    """
+    peaks, best = _peaks(sheet, raw)
+    curves = {}
+    for key, points in raw.items():
+        peak = peaks.get(key.split("@")[1]) or best["fp32"]
+        curves[key] = tuple(curve(points, float(peak), kernel_s))
+    total = int(facts["total_memory"])
+    datasheet_bw = sheet.mem_bw_bytes_per_s if sheet is not None else copy_bw
+    sources = [
+        f"efficiency_curve: {stamp}, CUDA-graph replays timed with CUDA events; efficiency = F / (peak * (t - "
+        "kernel_overhead)), peak = peak_tflops",
+        f"kernel_overhead_us: {stamp}, 1-element add_ kernels back to back in a CUDA graph",
+        f"dispatch_us: {stamp}, host time per eager autograd-recorded op (x * 1.0), no synchronize",
+        f"memory_bandwidth_gbps / efficiency.memory: {stamp}, {COPY_BYTES // GIB} GiB device-to-device copy "
+        f"{copy_bw / 1e9:.0f} GB/s (read + written) against the datasheet's {datasheet_bw / 1e9:.0f} GB/s",
+        f"memory_gib: {stamp}, torch.cuda.get_device_properties total_memory; usable = total - 1 GiB "
+        "(CUDA context and NCCL buffers, as the catalogue)",
+        "peak_tflops: " + (f"datasheet, catalogue {sheet.name} (hardware_profiles/catalog/{sheet.name}.yaml)" if sheet is not None
+                           else f"{stamp}, best GEMM rate per dtype (no catalogue profile matches)"),
+        "links: " + links["note"],
+    ]
+    return HardwareProfile(
+        name=name, device=device, memory_bytes=total, usable_memory_bytes=max(total - GIB, GIB),
+        mem_bw_bytes_per_s=datasheet_bw, peak_flops=peaks, devices_per_node=max(1, int(links["devices_per_node"])),
+        intra_node=links["intra_node"], inter_node=links["inter_node"],
+        efficiency={"memory": min(2.0, copy_bw / datasheet_bw)}, sources=tuple(sources),
+        collectives=links["collectives"], kernel_overhead_s=kernel_s, dispatch_s=dispatch["autograd"],
+        efficiency_curve=curves, notes=links["note"],
+        calibration={"device_type": "cuda", "device_name": device, "torch": facts["torch"],
+                     "cuda": facts["cuda"], "date": datetime.date.today().isoformat(),
+                     "best_gemm_tflops": {d: round(v / 1e12, 2) for d, v in best.items()},
+                     "copy_gbps": round(copy_bw / 1e9, 1), "dispatch_plain_us": round(dispatch["plain"] * 1e6, 3),
+                     "catalogue_match": sheet.name if sheet is not None else None},
+    )
