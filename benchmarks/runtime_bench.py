@@ -39,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 SECTION = "## Runtime (`benchmarks/runtime_bench.py`)"
+# a run without wide_mlp (no speed-up to report) keeps the full run's section and writes this one
+SUBSET_SECTION = "## Runtime, every schedule on the smaller examples (`benchmarks/runtime_bench.py --examples`)"
 # (example, batch size, microbatches, trace repeats, run steps); each a 2-stage plan on 2 devices.
 # Repeats and steps make the trace and each run last ~8-20 s: this machine's speed drifts by
 # +-10-15% from one second to the next (other tenants), and a 0.5 s trace against a 2 s run
@@ -47,10 +49,11 @@ CASES = [("wide_mlp", 8192, 8, 8, 8), ("mlp", 2048, 8, 40, 20), ("gpt", 256, 8, 
 # (label, schedule, pipeline stages, data-parallel replicas, chunks per device): what users run on 2 devices.
 # Data parallelism halves the microbatch count so the microbatch size, and so the trace, stays the same.
 # (Pipeline x data parallel needs 4 devices: 4 ranks on this machine's 2 cores cannot each have a core.)
-# Issue 19's schedules too: zero bubble's ZB-H1 and asynchronous PipeDream (whose iteration is M microbatches
-# in the steady state, without a flush; its training semantics differ: stale weights).
+# Issue 19's schedules too: zero bubble's ZB-H1, asynchronous PipeDream (whose iteration is M microbatches in the
+# steady state, without a flush; its training semantics differ: stale weights) and PipeDream-2BW (one window of M).
 CONFIGS = [("gpipe", "gpipe", 2, 1, 1), ("1f1b", "1f1b", 2, 1, 1), ("interleaved", "interleaved", 2, 1, 2),
-           ("zb-h1", "zb-h1", 2, 1, 1), ("pipedream", "pipedream", 2, 1, 1), ("data parallel", "1f1b", 1, 2, 1)]
+           ("zb-h1", "zb-h1", 2, 1, 1), ("pipedream", "pipedream", 2, 1, 1), ("pipedream-2bw", "pipedream-2bw", 2, 1, 1),
+           ("data parallel", "1f1b", 1, 2, 1)]
 BASELINE_CHUNKS = (1, 2, 4, 8)  # single-process: one pass, or gradient accumulation over this many slices
 BASELINE_STEPS = 4  # timed steps per baseline variant (~5-6 s each at batch 8192), after one warm-up
 
@@ -160,6 +163,8 @@ def run_round(profile, args, console, tmp: Path, rnd: int) -> tuple[list[dict], 
     """Every case once: trace, plan and run GPipe and 1F1B; then the single-process baseline."""
     rows, speedup = [], {}
     for name, batch, m, repeats, steps in CASES:
+        if name not in args.examples:
+            continue
         steps = args.steps or steps
         model_file = str(EXAMPLES / f"{name}.py")
         console.print(f"round {rnd}: {name}: tracing at the microbatch size {batch // m} (one thread, {repeats} repeats) ...")
@@ -208,7 +213,14 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="repeat everything; the table shows medians over rounds")
     ap.add_argument("--write-results", action="store_true", help="rewrite the Runtime section of benchmarks/RESULTS.md")
+    ap.add_argument("--examples", default=",".join(c[0] for c in CASES),
+                    help="comma-separated examples of CASES to run (default: all); without wide_mlp there is no "
+                         "speed-up, and --write-results writes the separate section SUBSET_SECTION")
     args = ap.parse_args(argv)
+    args.examples = [e for e in args.examples.split(",") if e]
+    unknown = set(args.examples) - {c[0] for c in CASES}
+    if unknown or not args.examples:
+        ap.error(f"--examples: unknown {sorted(unknown)}; choose from {[c[0] for c in CASES]}")
 
     from rich.console import Console
     from rich.table import Table
@@ -258,9 +270,10 @@ def main(argv=None) -> int:
                       f"{r['predicted_s'] * 1e3:.1f}", f"{r['error'] * 100:+.1f}%", _errors(r), f"{r['compute_ratio']:.3f}",
                       "yes" if abs(r["error"]) <= 0.10 else "NO")
     console.print(table)
-    ratio = statistics.median(s["ratio"] for s in speedups)
+    speedups = [s for s in speedups if s]
+    ratio = statistics.median(s["ratio"] for s in speedups) if speedups else float("nan")
     console.print(f"wide_mlp speed-up (1F1B, M=8, 2 processes vs 1 process, 1 thread each), median of rounds: {ratio:.2f}x "
-                  f"({_ratios(speedups)}; target >= 1.6x, ideal 1.78x)")
+                  f"({_ratios(speedups) or 'not run'}; target >= 1.6x, ideal 1.78x)")
     console.print(f"parallel capacity before / after each round: {', '.join(f'{c:.2f}' for c in capacities)}")
     if args.write_results:
         write_results(rows, speedups, profiles, profile_desc, args, capacities)
@@ -309,18 +322,38 @@ def _wins(rows: list[dict]) -> list[str]:
     return lines
 
 
-def write_results(rows, speedups, profiles, profile_desc, args, capacities) -> None:
+def _speedup(speedups: list[dict]) -> list[str]:
+    """The wide_mlp paragraph: 2-process 1F1B against the best single-process variant."""
     ratio = statistics.median(s["ratio"] for s in speedups)
+    return [f"Speed-up, examples/wide_mlp.py (16 x Linear(1024)) batch {speedups[0]['batch']}, 1F1B M=8 on 2 "
+            f"processes x 1 thread vs single-process single-thread (the fastest of one pass over the batch and "
+            f"gradient accumulation over 2, 4 or 8 slices; seconds per step by number of slices, by round: "
+            f"{_baselines(speedups)}), median of rounds: "
+            f"**{ratio:.2f}x** (rounds: {_ratios(speedups)}; "
+            f"{'meets' if ratio >= 1.6 else 'MISSES'} the >= 1.6x target; ideal 1.78x).", ""]
+
+
+def _configs() -> str:
+    """CONFIGS in words, for the section's description."""
+    def one(label, schedule, stages, dp, chunks):
+        what = f"{stages} stage{'s' if stages > 1 else ''}" + (f" x {dp} replicas" if dp > 1 else "")
+        return f"{label} ({what}{f', {chunks} chunks per device' if chunks > 1 else ''})"
+    return ", ".join(one(*c) for c in CONFIGS)
+
+
+def write_results(rows, speedups, profiles, profile_desc, args, capacities) -> None:
     overhead = "; ".join(", ".join(f"{k} {v * 1e6:.0f} µs + {p.op_overhead_s_per_byte.get(k, 0) * 2**20 * 1e6:.0f} µs/MiB"
                                    for k, v in p.op_overhead_s.items()) or "none" for p in profiles)
     slowdowns = ", ".join(f"{p.concurrency_slowdown:.3f}" for p in profiles)
-    command = "python benchmarks/runtime_bench.py" + (f" --profile {args.profile}" if args.profile else "") + " --write-results"
+    subset = "wide_mlp" not in args.examples
+    command = ("python benchmarks/runtime_bench.py" + (f" --profile {args.profile}" if args.profile else "")
+               + (f" --examples {','.join(args.examples)}" if subset else "") + f" --rounds {args.rounds} --write-results")
     lines = [f"Command: `{command}` ({args.rounds} rounds, warm-up {args.warmup} steps; profile: {profile_desc}).", "",
              f"Machine: {machine()}.", "",
-             "Each round traces every example on one thread, plans GPipe, 1F1B, interleaved (2 chunks), ZB-H1 and "
-             "asynchronous PipeDream pipelines of 2 stages and 1-stage data parallelism over 2 replicas (CONFIGS; "
-             "pipeline x data parallel needs 4 devices, and this machine has 2 cores) with the local profile, "
-             "runs each with `pipeplan run`, and times single-process training of wide_mlp. Trace repeats "
+             f"Each round traces every example ({', '.join(args.examples)}) on one thread, plans on 2 devices with the "
+             f"local profile {_configs()} (CONFIGS; pipeline x data parallel needs 4 devices, and this machine has 2 "
+             "cores), runs each with `pipeplan run`"
+             + ("" if subset else ", and times single-process training of wide_mlp") + ". Trace repeats "
              "and run steps per example (CASES in the script) make each measurement last ~8-20 s, because this "
              "machine's speed drifts by +-10-15% from second to second (other tenants); the table shows medians "
              "over the rounds and every round's error.", "",
@@ -328,14 +361,9 @@ def write_results(rows, speedups, profiles, profile_desc, args, capacities) -> N
              f"receives) by round: {overhead}. Its "
              f"`concurrency_slowdown` (compute time with both cores busy / one core alone) by round: {slowdowns}.", "",
              "Parallel capacity before the first and after each round (two single-thread matmul processes at "
-             f"once vs one; 2.00 = two free cores): {', '.join(f'{c:.2f}' for c in capacities)}.", "",
-             f"Speed-up, examples/wide_mlp.py (16 x Linear(1024)) batch {speedups[0]['batch']}, 1F1B M=8 on 2 "
-             f"processes x 1 thread vs single-process single-thread (the fastest of one pass over the batch and "
-             f"gradient accumulation over 2, 4 or 8 slices; seconds per step by number of slices, by round: "
-             f"{_baselines(speedups)}), median of rounds: "
-             f"**{ratio:.2f}x** (rounds: {_ratios(speedups)}; "
-             f"{'meets' if ratio >= 1.6 else 'MISSES'} the >= 1.6x target; ideal 1.78x).", "",
-             "| example | schedule | batch | M | steps | measured ms/iter | predicted ms/iter | error | errors by round | "
+             f"once vs one; 2.00 = two free cores): {', '.join(f'{c:.2f}' for c in capacities)}.", ""]
+    lines += [] if subset else _speedup(speedups)
+    lines += ["| example | schedule | batch | M | steps | measured ms/iter | predicted ms/iter | error | errors by round | "
              "compute meas/pred | within 10% |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -347,7 +375,7 @@ def write_results(rows, speedups, profiles, profile_desc, args, capacities) -> N
     lines += _wins(rows)
     from results import write_section
 
-    write_section(SECTION, "\n".join(lines))
+    write_section(SUBSET_SECTION if subset else SECTION, "\n".join(lines))
 
 
 if __name__ == "__main__":

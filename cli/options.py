@@ -92,8 +92,9 @@ def planning_options(*, with_profile: bool = True, with_cluster: bool = False) -
             click.option("--optimizer", type=_choice(OPTIMIZERS), default="adam", show_default=True, help="Optimizer (sets its state memory)."),
             click.option("--recompute", type=_choice(RECOMPUTE_CHOICES), default="auto", show_default=True, help="Activation recomputation."),
             click.option("--sharding", type=_choice(SHARDING_CHOICES), default="auto", show_default=True,
-                         help="Sharded data parallelism over each stage's replicas: auto = ZeRO-1 wherever there are "
-                              "replicas (Megatron's distributed optimizer), ZeRO-2/3 only where needed to fit."),
+                         help="Sharded data parallelism over each stage's replicas: auto = the fastest ZeRO level that "
+                              "fits wherever there are replicas (ZeRO-1 moves no more than an all-reduce); on a local "
+                              "profile unsharded too (gloo's collectives run in series there)."),
             click.option("--mixed-precision", type=_choice(MIXED_PRECISIONS), default="deepspeed", show_default=True,
                          help="bf16/fp16 memory recipe: 16-bit gradients (deepspeed, 16 B/param with Adam) or fp32 "
                               "gradients (megatron: bf16 18 B/param, fp16 20)."),

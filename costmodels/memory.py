@@ -193,7 +193,8 @@ def _held_activations(saved: int, inb: int, inflight: int, recompute: bool, chun
 def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_mb: int, output_bytes_per_mb: int,
                  schedule: str, stages: int, stage: int, microbatches: int, optimizer: str, dtype: str,
                  recompute: bool, chunks: int = 1, mixed_precision: str = "deepspeed", sharding: str = "none",
-                 shards: int = 1, largest_layer_param_bytes: int = 0) -> MemoryBreakdown:
+                 shards: int = 1, largest_layer_param_bytes: int = 0,
+                 stage_replicas: Sequence[int] | None = None) -> MemoryBreakdown:
     """Predicted peak memory of one pipeline stage (one device).
 
     param_bytes: fp32 bytes of the stage's parameters (all its chunks when interleaved).
@@ -202,6 +203,8 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     stage saves for backward, the tensors it receives, the tensors it sends.
     sharding / shards: the ZeRO level and the replicas the stage's state is split
     over; largest_layer_param_bytes: fp32 bytes of its largest layer (`gathered_bytes`).
+    stage_replicas: every stage's replica count where the schedule replicates stages one by one (async
+    PipeDream): the in-flight count is then the runtime's per replica (`replicated_inflight`), not K - s.
 
     Terms (each documented in docs/cost-models.md):
     weights + stashed versions (pipedream), grads + optimizer state + master copy
@@ -222,7 +225,7 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
                               sharding=sharding, shards=shards)
     gathered = gathered_bytes(largest_layer_param_bytes, optimizer=optimizer, dtype=dtype,
                               mixed_precision=mixed_precision, sharding=sharding) if shards > 1 else 0
-    inflight = inflight_microbatches(schedule, stages, stage, microbatches, chunks)
+    inflight = inflight_microbatches(schedule, stages, stage, microbatches, chunks, replicas=stage_replicas)
     versions = stashed_weight_versions(schedule, inflight)
     weights = state.weights_bytes * versions
     optimizer_bytes = state.grad_bytes + state.optimizer_bytes

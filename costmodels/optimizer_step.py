@@ -1,13 +1,16 @@
-"""The optimizer step's time: one memory-bound pass over each parameter's training state (issue 16).
+"""The optimizer step's time: a memory-bound pass over each parameter's training state, plus host time per tensor.
 
 The update runs once per iteration after the gradients are reduced (every
 microbatch for PipeDream, which updates after each backward), so it adds to the
 iteration rather than hiding behind compute. Adam does ~10 FLOPs per parameter
 against 28-80 bytes moved: memory-bound on every device in the catalogue, so the
-time is bytes / memory bandwidth.
+time is bytes / memory bandwidth; on a CPU, where torch.optim loops over the
+parameter tensors one eager op at a time, plus the profile's measured host time
+per tensor (`optimizer_us_per_tensor`, hardware_profiles/optimizer_overhead.py).
 
 Bytes per parameter, by implementation (fp32 state):
-- torch.optim's default foreach kernels, what `pipeplan run` steps with (a local profile):
+- torch.optim's defaults, what `pipeplan run` steps with (a local profile): on a CPU the per-tensor
+  loop `_single_tensor_adam` (foreach kernels only on CUDA-like devices), the same passes as
   torch/optim/adam.py `_multi_tensor_adam`: lerp_(m, g) 12, mul_(v) 8, addcmul_(v, g, g) 12,
   sqrt(v) 8, div_ 8, add_(eps) 8, addcdiv_(p, m, denom) 16 = 72; AdamW's decoupled decay adds
   mul_(p) 8 = 80; SGD add_(p, g) 12; momentum mul_(buf) 8 + add_(buf, g) 12 + add_(p, buf) 12 = 32.
@@ -34,13 +37,17 @@ FP32_BYTES: Final[int] = 4
 
 
 def optimizer_step_s(param_bytes_fp32: float, *, optimizer: str, mixed_precision: bool,
-                     profile: HardwareProfile) -> float:
-    """Seconds for one optimizer step over `param_bytes_fp32` bytes of fp32 parameters on one device of `profile`.
+                     profile: HardwareProfile, tensors: int = 0) -> float:
+    """Seconds for one optimizer step over `param_bytes_fp32` bytes of fp32 parameters in `tensors` parameter
+    tensors on one device of `profile`.
 
-    A local profile steps with torch.optim's foreach kernels (the runtime's), any other with fused ones.
+    A local profile steps with torch.optim's defaults (the runtime's), any other with fused kernels; the
+    per-tensor host time is the profile's measurement (none in the catalogue: fused kernels take every tensor
+    in one launch).
     """
     table = FOREACH_BYTES_PER_PARAM if profile.local else FUSED_BYTES_PER_PARAM
     if optimizer not in table:
         raise ValueError(f"unknown optimizer {optimizer!r}")
     per_param = table[optimizer] + (HALF_COPY_BYTES_PER_PARAM if mixed_precision else 0)
-    return param_bytes_fp32 / FP32_BYTES * per_param / profile.mem_bw_bytes_per_s
+    memory_s = param_bytes_fp32 / FP32_BYTES * per_param / profile.mem_bw_bytes_per_s
+    return memory_s + tensors * profile.optimizer_tensor_s.get(optimizer, 0.0)

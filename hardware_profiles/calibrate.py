@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pipeplan.errors import UserError
-from pipeplan.hardware_profiles import collectives, op_overhead
+from pipeplan.hardware_profiles import collectives, op_overhead, optimizer_overhead
 from pipeplan.hardware_profiles.allocator import keep_freed_memory
 from pipeplan.hardware_profiles.loader import save_profile  # noqa: F401 - the interface names it here too
 from pipeplan.hardware_profiles.local_device import (
@@ -345,6 +345,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         conv = step("conv", lambda: measure_conv(cap))
         attn = step("attention", lambda: measure_attention(cap))
         copy_bw, elem = step("memory bandwidth", lambda: measure_memory(3 * cap))
+        optimizer_s = step("optimizer step", optimizer_overhead.per_tensor_s)
     finally:
         torch.set_num_threads(prev_threads)
     share = cpu_share(wall0, cpu0)
@@ -391,6 +392,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         op_overhead_s_per_byte=overhead_per_byte_s,
         concurrency_slowdown=min(4.0, max(1.0, slowdown_from_probes(slowdowns))),
         collectives=collectives.links_from_times(collective_times),
+        optimizer_tensor_s=optimizer_s,
         notes=(
             "One device = one CPU core running one thread. Memory is MemTotal split evenly over the cores; "
             "usable is 80% of that (the OS, Python and torch need the rest). The inter-node link is the "
@@ -418,6 +420,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
             "collectives_us": {op: {int(k): round(v * 1e6, 1) for k, v in sorted(ts.items())}
                                for op, ts in collective_times.items()},
             "op_overhead": overhead_detail,
+            "optimizer_us_per_tensor": {k: round(v * 1e6, 2) for k, v in optimizer_s.items()},
             "concurrency_slowdown_per_rank": [round(x, 3) for x in rank_slowdowns(slowdowns)],
             "memory_total_bytes": mem_total,
         },

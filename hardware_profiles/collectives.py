@@ -11,8 +11,16 @@ those times for a group of two:
     all-reduce:                  t(n) = n / bw + 2 * latency      (2 (r-1)/r n/bw + 2 (r-1) lat, r = 2)
     reduce-scatter, all-gather:  t(n) = n / (2 bw) + latency      ((r-1)/r n/bw + (r-1) lat, r = 2)
 
-with n the whole (unsharded) tensor's bytes, fitted through the smallest and
-the largest size. Larger groups extrapolate with the same ring formulas.
+with n the whole (unsharded) tensor's bytes. Larger groups extrapolate with the
+same ring formulas.
+
+Each size's time is the mean of its repeats, not the best: it is what a run
+pays. With each rank pinned to one core (as the runtime's are) gloo's collectives
+are bimodal: measured here, a 256 KiB all-reduce took 0.46 ms at best and 3.3 ms
+in the median (a reduce-scatter 3.0 and 4.1 ms), the rank's communication thread
+waiting for its core; the best times priced a ZeRO-2 plan's reduce-scatter at
+0.6 ms where the run spent 7 ms. The line is a least-squares fit over all sizes
+in relative terms (weights 1/t^2), so no one size decides it.
 """
 
 from __future__ import annotations
@@ -24,14 +32,14 @@ from pipeplan.hardware_profiles.profile import Link
 from pipeplan.units import KIB, MIB
 
 SIZES = (16 * KIB, 256 * KIB, 4 * MIB, 16 * MIB)  # whole-tensor bytes (even, so each rank's half is whole)
-REPS = (20, 10, 6, 3)
+REPS = (24, 16, 8, 4)
 WARMUP = 2
 # n/bw and latency factors of each collective's ring time for a group of two (see the module doc)
 RING_FACTORS = {"allreduce": (1.0, 2.0), "reduce_scatter": (0.5, 1.0), "all_gather": (0.5, 1.0)}
 
 
 def time_collectives(dist: Any, torch: Any) -> dict[str, dict[int, float]]:
-    """Best seconds per size of each collective (call on both ranks of an initialised 2-rank group)."""
+    """Mean seconds per size of each collective (call on both ranks of an initialised 2-rank group)."""
     out: dict[str, dict[int, float]] = {op: {} for op in RING_FACTORS}
     for nbytes, reps in zip(SIZES, REPS, strict=True):
         whole, half = torch.ones(nbytes // 4), torch.ones(nbytes // 8)
@@ -48,17 +56,31 @@ def time_collectives(dist: Any, torch: Any) -> dict[str, dict[int, float]]:
                     dist.all_gather_into_tensor(whole, half)
                 if i >= WARMUP:
                     times.append(time.perf_counter() - t0)
-            out[op][nbytes] = min(times)
+            out[op][nbytes] = sum(times) / len(times)
     return out
 
 
+def fit_line(by_size: dict[int, float]) -> tuple[float, float]:
+    """(intercept s, slope s per byte) of t = a + b n minimising the sum of ((a + b n - t) / t)^2 (one size: a
+    line through it and the origin's slope 0 is undefined, so two or more are needed)."""
+    if len(by_size) < 2:
+        raise ValueError("a line needs two or more sizes")
+    w = [1.0 / (t * t) for t in by_size.values()]
+    n, t = list(by_size), list(by_size.values())
+    sw, sx, sy = sum(w), sum(wi * x for wi, x in zip(w, n, strict=True)), sum(wi * y for wi, y in zip(w, t, strict=True))
+    sxx = sum(wi * x * x for wi, x in zip(w, n, strict=True))
+    sxy = sum(wi * x * y for wi, x, y in zip(w, n, t, strict=True))
+    slope = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
+    return (sy - slope * sx) / sw, slope
+
+
 def links_from_times(times: dict[str, dict[int, float]]) -> dict[str, Link]:
-    """Per collective, the Link whose ring time for two ranks passes through the smallest and largest sizes."""
+    """Per collective, the Link whose ring time for two ranks is the fitted line (`fit_line`) through the sizes."""
     links = {}
     for op, by_size in times.items():
         k_bw, k_lat = RING_FACTORS[op]
-        n0, n1 = min(by_size), max(by_size)
-        slope = max((by_size[n1] - by_size[n0]) / (n1 - n0), 1e-15)  # seconds per byte
-        latency = max((by_size[n0] - n0 * slope) / k_lat, 0.0)
+        intercept, slope = fit_line(by_size)
+        slope = max(slope, 1e-15)  # seconds per byte
+        latency = max(intercept / k_lat, 0.0)
         links[op] = Link(kind="gloo " + op.replace("_", "-"), bandwidth_bytes_per_s=k_bw / slope, latency_s=latency)
     return links

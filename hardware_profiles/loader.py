@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from pipeplan._io import MAX_NESTING, atomic_write_text, check_format, read_text
-from pipeplan.choices import DTYPES
+from pipeplan.choices import DTYPES, OPTIMIZERS
 from pipeplan.errors import UserError
 from pipeplan.fields import quote
 from pipeplan.hardware_profiles.curve import MAX_CURVE_POINTS, MIN_CURVE_POINTS
@@ -64,6 +64,7 @@ _UNITS = {
     "op_overhead_us_per_mib": ("µs per MiB", 1e6),
     "kernel_overhead_us": ("µs", 1e4),
     "dispatch_us": ("µs", 1e4),
+    "optimizer_us_per_tensor": ("µs", 1e4),
     "peak_tflops": ("TFLOP/s", 1e5),
 }
 
@@ -87,6 +88,7 @@ _TOP_KEYS = {
     "kernel_overhead_us": False,
     "dispatch_us": False,
     "op_overhead_us_per_mib": False,
+    "optimizer_us_per_tensor": False,
     "concurrency_slowdown": False,
     "sources": False,
     "confidence": False,
@@ -291,6 +293,10 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     kernel_s = None if kernel_us is None else c.number(kernel_us, "kernel_overhead_us", allow_zero=True) * 1e-6
     dispatch_s = None if dispatch_us is None else c.number(dispatch_us, "dispatch_us", allow_zero=True) * 1e-6
     per_byte_s = {k: v * 1e-6 / MIB for k, v in c.schedule_map(doc, "op_overhead_us_per_mib").items()}
+    optimizer_us = c.mapping(doc.get("optimizer_us_per_tensor") or {}, "optimizer_us_per_tensor")
+    c.keys(optimizer_us, {k: False for k in OPTIMIZERS}, prefix="optimizer_us_per_tensor.")
+    optimizer_s = {k: c.number(v, f"optimizer_us_per_tensor.{k}", "optimizer_us_per_tensor", allow_zero=True) * 1e-6
+                   for k, v in optimizer_us.items()}
 
     sources = c.string_list(doc.get("sources", []), "sources")
     confidence = c.mapping(doc.get("confidence") or {}, "confidence")
@@ -330,6 +336,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         kernel_overhead_s=kernel_s,
         dispatch_s=dispatch_s,
         efficiency_curve=curves,
+        optimizer_tensor_s=optimizer_s,
     )
 
 
@@ -372,6 +379,8 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         doc["op_overhead_us"] = {k: _num(v * 1e6) for k, v in profile.op_overhead_s.items()}
     if profile.op_overhead_s_per_byte:
         doc["op_overhead_us_per_mib"] = {k: _num(v * 1e6 * MIB) for k, v in profile.op_overhead_s_per_byte.items()}
+    if profile.optimizer_tensor_s:
+        doc["optimizer_us_per_tensor"] = {k: _num(v * 1e6) for k, v in profile.optimizer_tensor_s.items()}
     if profile.local:
         doc["local"] = True
     if profile.collectives:

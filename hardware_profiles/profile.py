@@ -64,6 +64,9 @@ class HardwareProfile:
     # Achieved/peak by kernel size, "kind" or "kind@dtype" -> ((FLOPs per kernel, efficiency), ...) with FLOPs
     # increasing (hardware_profiles/curve.py says how it is defined and read). Empty: `efficiency` alone.
     efficiency_curve: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    # Host seconds per parameter tensor of one optimizer step, by optimizer name (torch.optim's per-tensor loop on
+    # a CPU; hardware_profiles/optimizer_overhead.py). Measured by `profiles calibrate`; empty = bytes alone.
+    optimizer_tensor_s: dict[str, float] = field(default_factory=dict)
 
     def overhead_for(self, schedule: str, nbytes: int = 0) -> float:
         """Runtime seconds for one op of `schedule` that sends and receives `nbytes` in all: the schedule's

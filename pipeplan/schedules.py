@@ -11,7 +11,7 @@ layer (it imports nothing of pipeplan but the error type).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
@@ -27,12 +27,13 @@ __all__ = [
     "SEARCH_SCHEDULE_CHOICES",
     "facts",
     "inflight_microbatches",
+    "replicated_inflight",
     "microbatch_problem",
     "stashed_weight_versions",
 ]
 
-ScheduleName = Literal["gpipe", "1f1b", "pipedream", "interleaved", "zb-h1"]
-ScheduleRequest = Literal["auto", "all", "gpipe", "1f1b", "pipedream", "interleaved", "zb-h1"]
+ScheduleName = Literal["gpipe", "1f1b", "pipedream", "pipedream-2bw", "interleaved", "zb-h1"]
+ScheduleRequest = Literal["auto", "all", "gpipe", "1f1b", "pipedream", "pipedream-2bw", "interleaved", "zb-h1"]
 """What a user may ask the search for: one schedule, the synchronous ones ("auto") or every one ("all")."""
 
 
@@ -54,6 +55,13 @@ def _pipedream_inflight(stages: int, stage: int, microbatches: int, chunks: int)
     ("NOAM" = K minibatches admitted for K stages) but no flush, so M does not cap it. The runtime
     (runtime/pipedream.admitted) admits ceil((r_s + ... + r_{K-1}) / r_s) per replica of a stage with r_s
     replicas: K - s without replication, NOAM for the input stage."""
+    return stages - stage
+
+
+def _two_bw_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> int:
+    """K - s: PipeDream-2BW (Narayanan et al., ICML 2021, §3.1) runs 1F1B without flushes, so stage s
+    holds 1F1B's K - s (warm-up of K - s - 1 forwards, one more before each backward); the window M >= K
+    (`_two_bw_microbatches`) never caps it. runtime/pipedream_2bw.py admits exactly this many."""
     return stages - stage
 
 
@@ -107,12 +115,37 @@ class ScheduleFacts:
     splits_backward: bool = False
     """Runs each backward as an input-gradient pass B and a later weight-gradient pass W (zero bubble, Qi et
     al. 2024): the simulator plays W ops, and activations are held until W ends, not B."""
+    weight_versions: Callable[[int], int] = lambda inflight: 1
+    """(microbatches the stage holds) -> weight versions it keeps (see `stashed_weight_versions`)."""
+    updates_each_microbatch: bool = False
+    """Steps the optimizer after every microbatch's backward (async PipeDream), so the simulator folds the
+    update into the stage times; every other schedule updates once per iteration (its plan's M microbatches),
+    after the data-parallel all-reduce, and the simulator plays both."""
 
 
 def _one_f_one_b_microbatches(stages: int, microbatches: int) -> str | None:
     """torch's Schedule1F1B refuses fewer microbatches than stages (schedules.py: "Number of microbatches
     ... must be greater than or equal to the number of stages")."""
     return None if microbatches >= stages else f"needs at least as many microbatches as stages ({stages})"
+
+
+def _two_bw_microbatches(stages: int, microbatches: int) -> str | None:
+    """PipeDream-2BW's window: a new weight version every m microbatches with m >= d, the pipeline depth
+    (Narayanan et al., ICML 2021, §3.1), so that a window's microbatches all see the version made two
+    windows back; a plan's M is the window (one update per M microbatches)."""
+    return None if microbatches >= stages else (
+        f"needs a window of at least as many microbatches as stages ({stages})")
+
+
+def _stashed_per_inflight(inflight: int) -> int:
+    """PipeDream (SOSP'19 §3.3) weight stashing: one version per in-flight microbatch."""
+    return max(1, inflight)
+
+
+def _two_versions(inflight: int) -> int:
+    """PipeDream-2BW (ICML 2021 §3.1, "double-buffered weight updates"): the shadow version a window's
+    microbatches use and the newest one, whatever the stage holds."""
+    return 2
 
 
 def _interleaved_microbatches(stages: int, microbatches: int) -> str | None:
@@ -139,7 +172,12 @@ SCHEDULES: Final[dict[ScheduleName, ScheduleFacts]] = {
                           microbatch_rule=_one_f_one_b_microbatches),
     "pipedream": ScheduleFacts(name="pipedream", flushes=False, replicates_whole_pipeline=False,
                                stashes_weights=True, interleaves=False, torch_class=None,
-                               inflight=_pipedream_inflight),
+                               inflight=_pipedream_inflight, weight_versions=_stashed_per_inflight,
+                               updates_each_microbatch=True),
+    "pipedream-2bw": ScheduleFacts(name="pipedream-2bw", flushes=False, replicates_whole_pipeline=True,
+                                   stashes_weights=False, interleaves=False, torch_class=None,
+                                   inflight=_two_bw_inflight, microbatch_rule=_two_bw_microbatches,
+                                   weight_versions=_two_versions),
     "interleaved": ScheduleFacts(name="interleaved", flushes=True, replicates_whole_pipeline=True,
                                  stashes_weights=False, interleaves=True, torch_class="ScheduleInterleaved1F1B",
                                  inflight=_interleaved_inflight, microbatch_rule=_interleaved_microbatches),
@@ -148,7 +186,8 @@ SCHEDULES: Final[dict[ScheduleName, ScheduleFacts]] = {
                            microbatch_rule=_zero_bubble_microbatches, splits_backward=True),
 }
 SCHEDULE_NAMES: Final[tuple[ScheduleName, ...]] = get_args(ScheduleName)
-# "auto" plans the synchronous schedules only: async PipeDream changes the training semantics (stale weights).
+# "auto" plans the synchronous schedules only: async PipeDream and PipeDream-2BW change the training semantics
+# (stale weights).
 # ZB-H1 is synchronous and runs, but stays out of "auto" for now: its predicted gain rests on the split of each
 # backward into B and W, which the search takes from a rule (planner/simulate.py) unless the trace measured it;
 # ask for it with --schedule zb-h1 or "all".
@@ -171,18 +210,34 @@ def microbatch_problem(schedule: str, stages: int, microbatches: int) -> str | N
     return facts(schedule).microbatch_rule(stages, microbatches)
 
 
-def inflight_microbatches(schedule: str, stages: int, stage: int, microbatches: int, chunks: int = 1) -> int:
+def inflight_microbatches(schedule: str, stages: int, stage: int, microbatches: int, chunks: int = 1,
+                          replicas: Sequence[int] | None = None) -> int:
     """How many microbatches' activations stage `stage` holds at its peak (see each schedule's rule).
 
     For the interleaved schedule `stages` counts devices, `stage` is a device and
     the count is of (chunk, microbatch) pairs, each holding one chunk's activations.
+    `replicas` (each stage's count, where a schedule replicates stages one by one) gives async
+    PipeDream's count per replica, `replicated_inflight`, instead of K - s.
     """
-    rule = facts(schedule).inflight
+    rule = facts(schedule)
     if stages < 1 or microbatches < 1 or chunks < 1:
         raise ValueError("stages, microbatches and chunks must be >= 1")
     if not 0 <= stage < stages:
         raise ValueError(f"stage {stage} outside 0..{stages - 1}")
-    return rule(stages, stage, microbatches, chunks)
+    if replicas is not None and not rule.replicates_whole_pipeline:
+        if len(replicas) != stages or min(replicas) < 1:
+            raise ValueError(f"replicas {list(replicas)} for {stages} stages")
+        return replicated_inflight(replicas, stage)
+    return rule.inflight(stages, stage, microbatches, chunks)
+
+
+def replicated_inflight(replicas: Sequence[int], stage: int) -> int:
+    """ceil((r_s + ... + r_{K-1}) / r_s): microbatches a replica of stage s admits before its first backward,
+    and holds from then on, when stage t has r_t replicas taking every r_t-th microbatch (PipeDream, SOSP'19
+    §3.2: NOAM = ceil(workers / workers of the input stage) for the input stage; runtime/pipedream.admitted
+    runs this count). K - s without replication; more than K - s where later stages are more replicated,
+    since that many microbatches are in flight below stage s, which each replica of s sees 1/r_s of."""
+    return -(-sum(replicas[stage:]) // replicas[stage])
 
 
 def stashed_weight_versions(schedule: str, inflight: int) -> int:
@@ -193,5 +248,7 @@ def stashed_weight_versions(schedule: str, inflight: int) -> int:
     stage keeps the current version plus one stashed version per in-flight
     microbatch beyond the first (stage 0 of a K-stage pipeline: K versions, the
     last stage: 1). Flushing schedules (gpipe, 1f1b, interleaved) keep one.
+    PipeDream-2BW (ICML 2021 §3.1) keeps two on every stage. Each schedule's
+    `weight_versions` rule says which.
     """
-    return max(1, inflight) if facts(schedule).stashes_weights else 1
+    return facts(schedule).weight_versions(inflight)

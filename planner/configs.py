@@ -74,7 +74,8 @@ class Config:
 SHARDING_NAMES = {"none": "no sharding", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 
 
-def sharding_levels(request: PlanRequest, schedule: ScheduleName, replicas: int) -> tuple[Sharding, ...]:
+def sharding_levels(request: PlanRequest, schedule: ScheduleName, replicas: int, *,
+                    unsharded_too: bool = False) -> tuple[Sharding, ...]:
     """ZeRO levels to try for a configuration, in order: the search partitions at the first that fits
     and predicts the later ones on the same partitions (planner/search.py).
 
@@ -86,12 +87,18 @@ def sharding_levels(request: PlanRequest, schedule: ScheduleName, replicas: int)
     hide behind compute, so they are predicted too. (Frameworks differ here:
     DeepSpeed's pipeline engine refuses ZeRO-2/3; Megatron-LM's distributed
     optimizer is ZeRO-1; the bundled runtime runs all three.)
+
+    `unsharded_too` (a local profile, whose plans run on the bundled runtime) tries unsharded first: there
+    gloo's reduce-scatter and all-gather, timed apart by `profiles calibrate`, can take longer than its
+    all-reduce, and the collectives run in series with compute (predict_inputs.op_times), so the ring
+    argument above does not hold.
     """
     rule = facts(schedule)
     if replicas < 2 or not (rule.flushes and rule.replicates_whole_pipeline):
         return ("none",)
     if request.sharding == "auto":
-        return ("zero1", "zero2", "zero3")
+        sharded: tuple[Sharding, ...] = ("zero1", "zero2", "zero3")
+        return (("none", *sharded) if unsharded_too else sharded)
     return (request.sharding,)
 
 
@@ -101,11 +108,13 @@ def divisors(x: int) -> list[int]:
 
 
 def shape_pairs(request: PlanRequest, n_layers: int) -> list[tuple[int, int]]:
-    """(stages, replicas) pairs, whole-machine configurations first: good plans early prune more."""
+    """(stages, replicas) pairs that fit the devices, whole-machine configurations first: good plans early prune
+    more. (A fixed replica count bounds the stages too: `analyze`'s device-like re-search fixes it.)"""
     pairs = []
     for K in ([request.stages] if request.stages else range(1, min(request.devices, n_layers) + 1)):
         for d in ([request.data_parallel] if request.data_parallel else range(1, request.devices // K + 1)):
-            pairs.append((K, d))
+            if K * d <= request.devices:
+                pairs.append((K, d))
     pairs.sort(key=lambda kd: (-kd[0] * kd[1], kd[0]))
     return pairs
 

@@ -22,7 +22,7 @@ from pipeplan.planner.cluster import Cluster
 from pipeplan.planner.configs import Config
 from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import Evaluation, _microbatch_size, _simulate, _stage_count, graph_summary
-from pipeplan.planner.predict_inputs import StageInputs, stage_inputs
+from pipeplan.planner.predict_inputs import StageInputs, collectives_overlap, stage_inputs
 from pipeplan.planner.predict_report import assemble_plan
 from pipeplan.planner.problem import Problem, build_problem
 from pipeplan.planner.request import PlanRequest
@@ -84,7 +84,8 @@ def mixed_predict(graph: Graph, cluster: Cluster, assignment: Sequence[int], typ
             x.send[s] = p2p_time_s(x.send_bytes[s], cluster.link) if x.send_bytes[s] else 0.0
     overhead_s = [cluster.groups[g].profile.overhead_for(config.schedule, n) for g, n in zip(types, x.msg_bytes,
                                                                                              strict=True)]
-    sim = _simulate(config, x, overhead_s, keep_events)
+    sim = _simulate(config, x, overhead_s, keep_events,
+                    overlap=all(collectives_overlap(cluster.groups[g].profile) for g in set(types)))
     first = types[0]
     plan = assemble_plan(graph, cluster.groups[first].profile, problems[first], assignment, config, request, x, sim,
                          ranks=ranks, reps=reps, dp=dp, mb=mb, devices=S * dp, slow=1.0, overhead_s=overhead_s,

@@ -219,14 +219,14 @@ def mixed_search(graph: Graph, cluster: Cluster, request: PlanRequest) -> Search
     request = cluster_request(request, cluster)
     n = len(graph.layers)
     request.check_graph(n, grouped=graph.source.get("depth") is not None)
-    if request.schedule == "pipedream" or request.chunks is not None or request.schedule == "interleaved":
+    if request.schedule in ("pipedream", "pipedream-2bw", "interleaved") or request.chunks is not None:
         raise UserError(f"--cluster plans synchronous pipelines without interleaving; --schedule {request.schedule} "
                         "is not one", "pick --schedule gpipe or 1f1b, or auto")
     sr = _MixedSearch(graph, cluster, request)
     for K, d in shape_pairs(request, n):
         for cfg in configurations(request, K, d, n):
             rule = facts(cfg.schedule)
-            if rule.replicates_whole_pipeline and not rule.interleaves and cfg.chunks == 1:
+            if rule.flushes and rule.replicates_whole_pipeline and not rule.interleaves and cfg.chunks == 1:
                 sr.try_config(cfg)
     if not sr.top:
         raise InfeasibleError(f"no plan fits on --cluster {cluster.spec}",

@@ -94,6 +94,7 @@ class Plan:
     times: Times = "model"  # where layer times came from (costmodels.compute.layer_times_s)
     sharding: Sharding = "none"  # ZeRO level over each stage's replicas (costmodels/memory.py)
     mixed_precision: MixedPrecision = "deepspeed"  # bf16/fp16 gradient dtype recipe (costmodels/memory.py)
+    collectives_overlap: bool = True  # ZeRO collectives beside compute (GPU frameworks) or in series (local runtime)
 
     def __post_init__(self) -> None:
         facts(self.schedule)  # an unknown schedule is a user error

@@ -64,6 +64,7 @@ def _check_descriptive(f: Fields, doc: dict[str, Any], graph: dict[str, Any]) ->
         if key in doc:
             f.string(doc[key], key)
     f.boolean(doc.get("recompute", False), "recompute")
+    f.boolean(doc.get("collectives_overlap", True), "collectives_overlap")
     f.items(doc.get("alternatives", []), "alternatives")
     for i, alt in enumerate(doc.get("alternatives", [])):
         f.mapping(alt, f"alternatives[{i}]")

@@ -30,7 +30,7 @@ from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.plan import Plan
-from pipeplan.planner.predict_inputs import StageInputs, boundary_bytes, stage_inputs
+from pipeplan.planner.predict_inputs import StageInputs, boundary_bytes, collectives_overlap, op_times, stage_inputs
 from pipeplan.planner.predict_report import assemble_plan
 from pipeplan.planner.problem import Problem, build_problem
 from pipeplan.planner.request import PlanRequest
@@ -126,22 +126,22 @@ def _microbatch_size(request: PlanRequest, M: int, dp: int) -> int:
     return B // (M * dp)
 
 
-def _simulate(config: Config, x: StageInputs, overhead_s: Sequence[float], keep_events: bool) -> SimResult:
+def _simulate(config: Config, x: StageInputs, overhead_s: Sequence[float], keep_events: bool, *,
+              overlap: bool = True) -> SimResult:
     """The event simulation of one iteration; the runtime's per-op time is part of every op.
 
-    A sharded stage's per-microbatch collectives run beside its compute (FSDP and
-    DeepSpeed prefetch the next all-gather and bucket the reduce-scatter behind the
-    backward: Zhao et al. 2023 §3.3), so an op takes the longer of the two."""
+    A sharded stage's per-microbatch collectives run beside its compute on GPUs and in series with it in
+    pipeplan's runtime on a local profile (`overlap`; predict_inputs.op_times)."""
     rule = facts(config.schedule)
     rc = config.recompute
-    fwd = [max(f, c) + oh for f, c, oh in zip(x.fwd, x.fwd_comm, overhead_s, strict=True)]
-    bwd = [max(b, c) + oh for b, c, oh in zip(x.bwd, x.bwd_comm, overhead_s, strict=True)]
+    fwd = op_times(x.fwd, x.fwd_comm, overhead_s, overlap=overlap)
+    bwd = op_times(x.bwd, x.bwd_comm, overhead_s, overlap=overlap)
     return simulate(config.schedule, fwd, bwd, x.send, config.microbatches,
                     chunks=config.chunks if rule.interleaves else 1,
                     static_bytes=x.static, activation_bytes_per_mb=x.act,
                     allreduce_s=x.allreduce if rule.replicates_whole_pipeline else None,
                     recompute_s=x.rec if rc else None, recompute_bytes=x.rbytes if rc else None,
-                    optimizer_s=x.optimizer if rule.flushes else None,
+                    optimizer_s=None if rule.updates_each_microbatch else x.optimizer,
                     wgrad_s=x.wgrad if rule.splits_backward and x.wgrad else None, keep_events=keep_events)
 
 
@@ -172,7 +172,7 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], c
     # The runtime's own time around every op (calibrated on local profiles, else 0) is part of
     # the iteration but not of the stage's compute: simulated, reported apart from fwd_s/bwd_s.
     overhead_s = [profile.overhead_for(config.schedule, nbytes) for nbytes in x.msg_bytes]
-    sim = _simulate(config, x, overhead_s, keep_events)
+    sim = _simulate(config, x, overhead_s, keep_events, overlap=collectives_overlap(profile))
     plan = assemble_plan(graph, profile, problem, assignment, config, request, x, sim, ranks=ranks, reps=reps,
                          dp=dp, mb=mb, devices=devices, slow=slow, overhead_s=overhead_s, solver=solver,
                          graph_info=dict(summary) if summary is not None else graph_summary(graph))

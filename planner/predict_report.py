@@ -18,7 +18,7 @@ from pipeplan.hardware_profiles.loader import profile_reference
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.plan import Plan, Prediction, Stage, StagePrediction
-from pipeplan.planner.predict_inputs import StageInputs, shared_stages
+from pipeplan.planner.predict_inputs import StageInputs, collectives_overlap, shared_stages
 from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.simulate import SimResult
@@ -123,4 +123,5 @@ def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assi
         times=request.times,
         sharding=config.sharding,
         mixed_precision=request.mixed_precision,
+        collectives_overlap=collectives_overlap(profile),
     )

@@ -16,6 +16,7 @@ from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import predict
+from pipeplan.planner.predict_inputs import op_times
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.simulate import SimResult, simulate
 from pipeplan.schedules import facts
@@ -75,9 +76,12 @@ def simulate_from_plan(plan: Plan) -> SimResult:
     r = [max(1, s.replicas) if per_stage else 1 for s in stages]
     folded = [a + x.optimizer_s for a, x in zip(allreduce, p, strict=True)] if per_stage else [0.0] * len(p)
     # every op also carries the runtime's time around it, as the search simulated it
-    # a sharded stage's per-microbatch collectives overlap its compute (planner/predict._simulate)
-    fwd = [max(x.fwd_s / k, x.fwd_comm_s) + x.op_overhead_s for x, k in zip(p, r, strict=True)]
-    bwd = [max((x.bwd_s + a) / k, x.bwd_comm_s) + x.op_overhead_s for x, a, k in zip(p, folded, r, strict=True)]
+    # a sharded stage's per-microbatch collectives beside or after its compute, as the plan was predicted
+    overhead = [x.op_overhead_s for x in p]
+    fwd = op_times([x.fwd_s / k for x, k in zip(p, r, strict=True)], [x.fwd_comm_s for x in p], overhead,
+                   overlap=plan.collectives_overlap)
+    bwd = op_times([(x.bwd_s + a) / k for x, a, k in zip(p, folded, r, strict=True)], [x.bwd_comm_s for x in p],
+                   overhead, overlap=plan.collectives_overlap)
     recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) / k for x, k in zip(p, r, strict=True)]
     return simulate(
         plan.schedule,
@@ -88,5 +92,5 @@ def simulate_from_plan(plan: Plan) -> SimResult:
         chunks=plan.chunks if rule.interleaves else 1,
         allreduce_s=allreduce if any(allreduce) and not per_stage else None,
         recompute_s=recompute if any(recompute) else None,
-        optimizer_s=[x.optimizer_s for x in p] if rule.flushes else None,
+        optimizer_s=None if rule.updates_each_microbatch else [x.optimizer_s for x in p],
     )

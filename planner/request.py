@@ -130,8 +130,8 @@ class PlanRequest:
         d = self.data_parallel
         if d is not None and d * (K or 1) > N:
             raise UserError(f"--data-parallel {d} does not fit on {N} devices")
-        if self.schedule == "pipedream" and self.sharding not in ("auto", "none"):
-            raise UserError(f"--sharding {self.sharding} needs a schedule that flushes; pipedream never does",
+        if self.schedule in ("pipedream", "pipedream-2bw") and self.sharding not in ("auto", "none"):
+            raise UserError(f"--sharding {self.sharding} needs a schedule that flushes; {self.schedule} never does",
                             "drop --sharding or pick gpipe, 1f1b or interleaved")
 
     def check_graph(self, n_layers: int, *, grouped: bool = False) -> None:

@@ -161,7 +161,7 @@ class _Search:
         replicated_stages = not facts(cfg.schedule).replicates_whole_pipeline
         if self.beaten(cfg.microbatches * per_device / (d if replicated_stages else 1)):
             return
-        levels = sharding_levels(self.request, cfg.schedule, d)
+        levels = sharding_levels(self.request, cfg.schedule, d, unsharded_too=self.profile.local)
         for i, level in enumerate(levels):  # the least sharding that fits (a failure recorded for the last only)
             if self.fits(replace(cfg, sharding=level), prob, record=i == len(levels) - 1):
                 cfg, more = replace(cfg, sharding=level), levels[i + 1:]

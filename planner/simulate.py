@@ -38,6 +38,9 @@ PipeDream SOSP'19):
   reported iteration time is the steady-state time of M consecutive
   microbatches. `allreduce_s` is not used: fold weight synchronisation into the
   stage times, as PipeDream's optimizer does.
+- "pipedream-2bw": the same 1F1B stream without flush, plus once per window of
+  M microbatches the pipeline replicas' all-reduce and the optimizer step
+  (`_window_update_s`; Narayanan et al., ICML 2021, §3.1).
 - "interleaved": Megatron's interleaved 1F1B. The stage lists have K*v entries
   (virtual stages in model order); virtual stage s runs on device s % K as its
   chunk s // K. M must be a multiple of K.
@@ -239,8 +242,9 @@ def _check_shape(schedule: str, stages: int, microbatches: int, chunks: int) -> 
 
 
 def _allreduce_times(schedule: ScheduleFacts, allreduce_s: Sequence[float] | None, stages: int) -> tuple[float, ...]:
-    """Per-stage all-reduce times; a schedule without a flush has no iteration end to all-reduce at."""
-    if not schedule.flushes:
+    """Per-stage all-reduce times; async PipeDream has no iteration end to all-reduce at (PipeDream-2BW
+    all-reduces once per window: `_window_update_s`)."""
+    if schedule.updates_each_microbatch:
         if allreduce_s is not None and any(allreduce_s):
             raise ValueError(f"{schedule.name}: fold weight synchronisation into the stage times; "
                              "allreduce_s is not used")
@@ -249,10 +253,10 @@ def _allreduce_times(schedule: ScheduleFacts, allreduce_s: Sequence[float] | Non
 
 
 def _optimizer_times(schedule: ScheduleFacts, optimizer_s: Sequence[float] | None, stages: int) -> tuple[float, ...]:
-    """Per-stage optimizer step times; a schedule without a flush updates after every backward (fold it in)."""
-    if not schedule.flushes and optimizer_s is not None and any(optimizer_s):
+    """Per-stage optimizer step times; async PipeDream updates after every backward (fold it in)."""
+    if schedule.updates_each_microbatch and optimizer_s is not None and any(optimizer_s):
         raise ValueError(f"{schedule.name}: fold the per-microbatch update into the stage times; optimizer_s is not used")
-    return _optional("optimizer_s", optimizer_s if schedule.flushes else None, stages)
+    return _optional("optimizer_s", None if schedule.updates_each_microbatch else optimizer_s, stages)
 
 
 def _wgrad_times(schedule: ScheduleFacts, wgrad_s: Sequence[float] | None, bwd: tuple[float, ...]) -> tuple[float, ...]:
@@ -462,6 +466,18 @@ def _steady_state_s(inp: _SimInputs, b_end: list[list[float]], stream: int) -> f
     return b_end[inp.stages - 1][i1 + M] - b_end[inp.stages - 1][i1]
 
 
+def _window_update_s(inp: _SimInputs) -> float:
+    """Without a flush, the update once per window of M microbatches (PipeDream-2BW, ICML 2021 §3.1: the
+    window's gradients all-reduced across pipeline replicas, then one optimizer step): each device stalls
+    for its all-reduce plus its step between the window's last backward and its next op, and the
+    devices of a 1F1B pipeline in its steady state wait on each other, so the window lengthens by the
+    longest stall. 0 for async PipeDream (its updates are in the stage times)."""
+    per_device = [0.0] * inp.devices
+    for s in range(inp.stages):
+        per_device[s % inp.devices] += inp.allreduce[s] + inp.optimizer[s]
+    return max(per_device)
+
+
 def _allreduce_end(inp: _SimInputs, b_end: list[list[float]], pipeline_s: float, events: list[Event] | None) -> float:
     """When the iteration ends: each stage's all-reduce starts after its last backward, one at a time per
     device's comm channel (stages in the order they finish), overlapping with remaining compute; then each
@@ -577,7 +593,8 @@ def simulate(
         pipeline_s = max(max(row) for row in b_end)
         iteration_s = _allreduce_end(inp, b_end, pipeline_s, events if keep_events else None)
     else:
-        pipeline_s = iteration_s = _steady_state_s(inp, b_end, stream)
+        pipeline_s = _steady_state_s(inp, b_end, stream)
+        iteration_s = pipeline_s + _window_update_s(inp)
     timeline, peaks = _memory_timeline(inp.static_bytes, run.mem_deltas)
     S, K = inp.stages, inp.devices
     busy = _busy_s(inp)

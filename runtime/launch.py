@@ -77,6 +77,11 @@ def check_plan(plan, opts: LaunchOptions) -> int:
             raise UserError(f"--vertical-sync applies to asynchronous PipeDream plans; this plan's {plan.schedule} "
                             "flushes, so every microbatch already sees one weight version", "drop --vertical-sync")
     stage_ranks(plan)  # replicas / placement checks (asynchronous plans: runtime/pipedream.check_async_plan)
+    if plan.schedule == "pipedream-2bw":
+        from pipeplan.runtime.pipedream import check_async_plan
+        from pipeplan.runtime.pipedream_2bw import check_2bw_plan
+
+        check_2bw_plan(check_async_plan(plan), opts)
     if not facts(plan.schedule).flushes:
         from pipeplan.runtime.pipedream import check_async_steps
 

@@ -6,7 +6,7 @@ shared-weight all-reduce) is "wait". That split is exactly the one the planner
 predicts (compute vs. bubble + communication), so the two can be compared.
 
 Timing wraps the `PipelineStage` instance's `forward_one_chunk` /
-`backward_one_chunk`, which every torch.distributed.pipelining schedule calls
+`backward_one_chunk` (and zero bubble's `backward_weight_one_chunk`), which every torch.distributed.pipelining schedule calls
 around the pure computation (receives are waited for before, sends issued after).
 """
 
@@ -24,6 +24,7 @@ class StageStats:
     index: int
     fwd_s: list[float] = field(default_factory=list)  # one entry per microbatch of a measured step
     bwd_s: list[float] = field(default_factory=list)
+    wgrad_s: list[float] = field(default_factory=list)  # zero bubble's weight-gradient passes W, apart from B
     events: list[tuple[str, int, float, float]] = field(default_factory=list)  # (kind, microbatch, start, end)
 
 
@@ -72,16 +73,21 @@ def instrument(stage, stats: StageStats, clock: StepClock, meter: "SavedTensorMe
         record("fwd", stats.fwd_s, fwd_chunk_id, t0, time.perf_counter())
         return out
 
-    def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
-        sync()
-        t0 = time.perf_counter()
-        out = bwd(bwd_chunk_id, *args, **kwargs)
-        sync()
-        record("bwd", stats.bwd_s, bwd_chunk_id, t0, time.perf_counter())
-        return out
+    def timed(fn, kind: str, durations: list):
+        def run(chunk_id, *args, **kwargs):
+            sync()
+            t0 = time.perf_counter()
+            out = fn(chunk_id, *args, **kwargs)
+            sync()
+            record(kind, durations, chunk_id, t0, time.perf_counter())
+            return out
+        return run
 
     stage.forward_one_chunk = forward_one_chunk
-    stage.backward_one_chunk = backward_one_chunk
+    stage.backward_one_chunk = timed(bwd, "bwd", stats.bwd_s)
+    # Zero bubble's W: torch calls it apart from B (which then computes input gradients only); compute too.
+    if getattr(stage, "backward_weight_one_chunk", None) is not None:
+        stage.backward_weight_one_chunk = timed(stage.backward_weight_one_chunk, "wgrad", stats.wgrad_s)
 
 
 class _Saved:

@@ -1,6 +1,6 @@
 """Asynchronous PipeDream (Narayanan et al., SOSP 2019, §3.2-3.4): 1F1B without flush, weight stashing,
 stages replicated individually. torch.distributed.pipelining has no schedule without a flush, so this
-file is the worker loop for such plans, over the stage modules runtime/split.py builds (skip tensors
+file is the worker loop for such plans (PipeDream-2BW's too: runtime/pipedream_2bw.py swaps in its rule), over the stage modules runtime/split.py builds (skip tensors
 and tied weights as in the synchronous runtime) and runtime/pipedream_comm.py's messages.
 
 The update rule, exactly (tests/pipedream_reference.py applies the same in one process):
@@ -58,11 +58,13 @@ from pipeplan.errors import UserError
 from pipeplan.runtime.measure import SavedTensorMeter, StageStats, StepClock, weight_storages
 from pipeplan.runtime.pipedream_comm import Outbox, recv_activations, recv_grads, send_activations, send_grads
 from pipeplan.runtime.split import flat_inputs, unflatten_output
+from pipeplan.schedules import replicated_inflight
 
 
 def admitted(replicas: list[int], s: int) -> int:
-    """a_s: local microbatches a replica of stage s runs forward before its first backward (see the docstring)."""
-    return -(-sum(replicas[s:]) // replicas[s])
+    """a_s: local microbatches a replica of stage s runs forward before its first backward (see the docstring);
+    the memory model charges the same count (pipeplan.schedules.replicated_inflight)."""
+    return replicated_inflight(replicas, s)
 
 
 def local_order(n: int, a: int) -> list[tuple[str, int]]:
@@ -94,6 +96,8 @@ def check_async_plan(plan) -> dict[int, list[int]]:
 def check_async_steps(plan, steps: int) -> None:
     """Every replica must finish its last round: steps x microbatches a multiple of every replica count
     (a replica short of a microbatch would wait in the round's all-reduce for ever)."""
+    if plan.schedule == "pipedream-2bw":  # whole pipelines replicated: every replica runs every window
+        return
     need = math.lcm(*(len(s.devices) for s in plan.stages))
     total = steps * plan.microbatches
     if total % need:
@@ -164,6 +168,7 @@ class AsyncStage:
     inflight: dict[int, tuple[dict[str, torch.Tensor], list[torch.Tensor], tuple]] = field(default_factory=dict)
     losses: dict[int, float] = field(default_factory=dict)  # microbatch -> its loss (last stage)
     box: Outbox = field(default_factory=Outbox)
+    received_s: float = 0.0  # time spent so far waiting in receives: a wait, not the op's compute (`timed_op`)
 
     @property
     def last(self) -> bool:
@@ -202,8 +207,10 @@ class AsyncStage:
             assert self.microbatches is not None
             inputs = list(flat_inputs(self.microbatches.get(m)[0], self.gm))
         else:
-            inputs = [t.requires_grad_() if t.is_floating_point() else t
-                      for t in recv_activations(self.n_inputs, self.peer(self.s - 1, m))]
+            t0 = time.perf_counter()
+            received = recv_activations(self.n_inputs, self.peer(self.s - 1, m))
+            self.received_s += time.perf_counter() - t0
+            inputs = [t.requires_grad_() if t.is_floating_point() else t for t in received]
         params = self.stash(m)
         out = torch.func.functional_call(self.module, params, tuple(inputs))
         if self.last:
@@ -217,7 +224,9 @@ class AsyncStage:
 
     def backward(self, m: int) -> None:
         params, inputs, out = self.inflight.pop(m)
+        t0 = time.perf_counter()
         grads_out: list[torch.Tensor | None] = [None] if self.last else recv_grads(out, self.peer(self.s + 1, m))
+        self.received_s += time.perf_counter() - t0
         pairs = [(o, g) for o, g in zip(out, grads_out, strict=True) if o.requires_grad]
         names = [n for n, p in params.items() if p.requires_grad]
         leaves = [params[n] for n in names] + [x for x in inputs if x.requires_grad]
@@ -227,8 +236,9 @@ class AsyncStage:
             send_grads(inputs, [next(it) if x.requires_grad else None for x in inputs], self.peer(self.s - 1, m),
                        self.box)
         own = dict(self.module.named_parameters())
-        for n, g in zip(names, grads[:len(names)], strict=True):
-            own[n].grad = g if g is not None else torch.zeros_like(own[n])
+        for n, g in zip(names, grads[:len(names)], strict=True):  # summed until the update (2BW: a window)
+            g = g if g is not None else torch.zeros_like(own[n])
+            own[n].grad = g if own[n].grad is None else own[n].grad + g
 
 
 def meter_forward(st: AsyncStage, m: int, meter: SavedTensorMeter | None) -> None:
@@ -270,7 +280,12 @@ def update(st: AsyncStage, groups: Groups, mean: bool) -> None:
 def run_async(opts, plan_path: str, out_dir: Path, dump_dir: Path | None, after_step) -> None:
     """One asynchronous plan on this rank: setup, the 1F1B loop, the records (worker.teardown)."""
     st, rs, groups, mean = setup_async(opts, plan_path)
-    log = train_async(opts, st, rs, groups, mean, after_step)
+    if rs.plan.schedule == "pipedream-2bw":
+        from pipeplan.runtime.pipedream_2bw import train_2bw
+
+        log = train_2bw(opts, st, rs, groups, mean, after_step)
+    else:
+        log = train_async(opts, st, rs, groups, mean, after_step)
     from pipeplan.runtime.worker import teardown
 
     teardown(rs, log, out_dir, dump_dir)
@@ -303,10 +318,18 @@ def setup_async(opts, plan_path: str):
         return spec.loss(unflatten_output(output, gm), target if mean else None)
 
     needs_data = s == 0 or s == len(ranks) - 1
-    mbs = Microbatches(w.batches(spec, plan.batch_size), plan.microbatches) if needs_data else None
-    st = AsyncStage(s=s, j=j, ranks=ranks, module=module, optimizer=optimizers.get(s), loss=loss_fn,
-                    microbatches=mbs, gm=gm, n_inputs=len(split.infos[s].inputs),
-                    vertical_sync=opts.vertical_sync)
+    data = w.batches(spec, plan.batch_size)
+    kind: type[AsyncStage] = AsyncStage
+    if plan.schedule == "pipedream-2bw":  # replica j of the whole pipeline trains on its share of every batch
+        from pipeplan.runtime.pipedream_2bw import TwoBWStage, check_2bw_plan
+
+        check_2bw_plan(ranks, opts)
+        data = (w.replica_share(x, y, len(ranks[s]), j) for x, y in data)
+        kind = TwoBWStage
+    mbs = Microbatches(data, plan.microbatches) if needs_data else None
+    st = kind(s=s, j=j, ranks=ranks, module=module, optimizer=optimizers.get(s), loss=loss_fn,
+              microbatches=mbs, gm=gm, n_inputs=len(split.infos[s].inputs),
+              vertical_sync=opts.vertical_sync)
     device = torch.device("cpu")
     meter = SavedTensorMeter(weight_storages([module]))
     rs = w.RunState(plan=plan, spec=spec, gm=gm, device=device, rank=rank, world=world, replica=j, dp=len(ranks[s]),
@@ -315,6 +338,22 @@ def setup_async(opts, plan_path: str):
                     stats={s: StageStats(index=s)}, meter=meter, clock=StepClock(), schedule=None,
                     mean_loss=mean, first_step=0)
     return st, rs, Groups(stage_groups, tied, shared), mean
+
+
+def timed_op(st: AsyncStage, kind: str, m: int, meter: SavedTensorMeter | None, stats, origin: float | None) -> None:
+    """Run forward ("F") or backward ("B") of microbatch m; with an `origin` (a measured step), record its compute:
+    the op's time less what it waited in its receive (the planner prices that wait as bubble, not compute), its
+    span starting when the data arrived."""
+    t0, w0 = time.perf_counter(), st.received_s
+    if kind == "F":
+        meter_forward(st, m, meter)
+    else:
+        st.backward(m)
+    t1 = time.perf_counter()
+    if origin is not None:
+        start = t0 + (st.received_s - w0)
+        (stats.fwd_s if kind == "F" else stats.bwd_s).append(t1 - start)
+        stats.events.append(("fwd" if kind == "F" else "bwd", m, start - origin, t1 - origin))
 
 
 def train_async(opts, st: AsyncStage, rs, groups: Groups, mean: bool, after_step):
@@ -331,15 +370,7 @@ def train_async(opts, st: AsyncStage, rs, groups: Groups, mean: bool, after_step
         m = i * r + st.j
         measured = m // m_per_step >= opts.warmup
         meter.enabled = not measured or m < m_per_step
-        t0 = time.perf_counter()
-        if kind == "F":
-            meter_forward(st, m, meter)
-        else:
-            st.backward(m)
-        t1 = time.perf_counter()
-        if measured:
-            (stats.fwd_s if kind == "F" else stats.bwd_s).append(t1 - t0)
-            stats.events.append(("fwd" if kind == "F" else "bwd", m, t0 - clock.origin, t1 - clock.origin))
+        timed_op(st, kind, m, meter, stats, clock.origin if measured else None)
         if kind == "B":
             update(st, groups, mean)
             closed = close_steps(st, rs, log, closed, ((i + 1) * r + st.j) // m_per_step, opts, mean, after_step)

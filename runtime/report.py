@@ -33,7 +33,8 @@ def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
                 "rank": r["rank"],
                 "replica": r.get("replica", 0),
                 "fwd_s": st["fwd_s"],  # one microbatch, median
-                "bwd_s": st["bwd_s"],
+                "bwd_s": st["bwd_s"],  # zero bubble: the input-gradient pass B only
+                "wgrad_s": st.get("wgrad_s", 0.0),  # zero bubble's weight-gradient pass W (0 elsewhere)
                 "compute_s": compute_s,  # all microbatches of one step
                 "wait_s": max(0.0, iteration_s - rank_compute),  # the rank's idle + communication time per step
                 "peak_memory_bytes": st["peak_memory_bytes"],

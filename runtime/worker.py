@@ -33,6 +33,7 @@ import torch.distributed as dist
 from pipeplan._io import atomic_write_bytes, atomic_write_json
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.local_device import become_local_device
+from pipeplan.optimizers import DEFAULT_LR, make_optimizer
 from pipeplan.runtime import checkpoint as ckpt
 from pipeplan.runtime.measure import (
     SavedTensorMeter,
@@ -140,20 +141,6 @@ def rank_stages(ranks: dict[int, list[int]], rank: int) -> tuple[int, list[int]]
     return -1, []
 
 
-def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
-    """The optimizer by the names plans use (the single-process reference in the tests uses it too)."""
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    raise UserError(f"unknown optimizer {name!r}", "use sgd, momentum, adam or adamw")
-
-
-DEFAULT_LR = {"sgd": 0.01, "momentum": 0.01, "adam": 1e-3, "adamw": 1e-3}
 
 
 def torch_schedule_class(schedule: str) -> str:
@@ -625,7 +612,8 @@ def teardown(st: RunState, log: StepLog, out_dir: Path, dump_dir: Path | None) -
         "losses": log.losses if st.has_last else None,
         "stages": [stage_record(s, st.stats[s], st.modules[s], st.optimizers.get(s), st.meter, st.device,
                                 len(st.mine), st.sharded.get(s)) for s in st.mine],
-        "events": {s: st.stats[s].events[-2 * st.plan.microbatches:] for s in st.mine},
+        "events": {s: st.stats[s].events[-(3 if facts(st.plan.schedule).splits_backward else 2) * st.plan.microbatches:]
+                   for s in st.mine},
     }
     record["device_peak_bytes"] = device_peak_bytes(record["stages"], st.device)
     if dump_dir:
@@ -796,7 +784,8 @@ def stage_record(s: int, st: StageStats, module, optimizer, meter, device, stage
         "fwd_s": median(st.fwd_s),
         "bwd_s": median(st.bwd_s),
         "fwd_total_s": sum(st.fwd_s),
-        "bwd_total_s": sum(st.bwd_s),
+        "bwd_total_s": sum(st.bwd_s) + sum(st.wgrad_s),  # a zero-bubble backward is its B and its W
+        "wgrad_s": median(st.wgrad_s) if st.wgrad_s else 0.0,
         "microbatches_timed": len(st.fwd_s),
         "weights_bytes": weights,
         "grad_bytes": grads,

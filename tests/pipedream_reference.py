@@ -87,3 +87,20 @@ def apply_rounds(stages, acc, masters, opts, versions, shared, replicas, mean) -
         versions[s].append({n: p.detach().clone() for n, p in masters[s].items()})
         for t in acc[s].values():
             t.zero_()
+
+
+def assert_dumped_equal(plan, folder, ref_params, ref_buffers, where: str) -> int:
+    """Every replica's dumped parameters and buffers (`--dump-params`) equal the reference's (rtol 1e-4);
+    returns how many tensors were compared."""
+    checked = 0
+    for s, st in enumerate(plan.stages):
+        for j in range(st.replicas):
+            f = folder / (f"stage-{s}.pt" if j == 0 else f"stage-{s}-replica{j}.pt")
+            got = torch.load(f, weights_only=True)
+            want = {**ref_params[s], **ref_buffers[(s, j)]}
+            assert set(got) == set(want)
+            for fqn, t in got.items():
+                torch.testing.assert_close(t, want[fqn], rtol=1e-4, atol=1e-6,
+                                           msg=lambda m, w=f"{where} stage {s}.{j} {fqn}": f"{w}: {m}")
+                checked += 1
+    return checked

@@ -74,7 +74,8 @@ def test_toml_without_parts_splits_as_torchtitan_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("kw, why", [(dict(sharding="zero1", data_parallel=2), "no ZeRO-1"),
-                                     (dict(schedule="pipedream"), "asynchronous")])
+                                     (dict(schedule="pipedream"), "asynchronous"),
+                                     (dict(schedule="pipedream-2bw"), "asynchronous")])
 def test_refusals(kw, why):
     with pytest.raises(Inexpressible, match=why):
         export_plan(_plan(**kw), "torchtitan")

@@ -72,7 +72,7 @@ def _brute_configs(request: PlanRequest, n_layers: int) -> set[Config]:
             continue
         if sched == "pipedream" and M < K:
             continue
-        if sched == "1f1b" and M < K:  # torch's Schedule1F1B refuses it
+        if sched in ("1f1b", "pipedream-2bw") and M < K:  # torch's Schedule1F1B refuses it; 2BW's window >= K
             continue
         if sched == "gpipe" and (K == 1 or M == 1) and "1f1b" in request.schedules and M >= K:
             continue  # the same as 1f1b there, which is tried
@@ -106,10 +106,11 @@ def test_schedule_facts_agree_with_the_published_rules(name):
     expected = {"gpipe": [M] * K,  # GPipe §2.3: every forward before any backward
                 "1f1b": [K - s for s in range(K)],  # Megatron-LM §2.2.1: stage s holds K - s
                 "pipedream": [K - s for s in range(K)],  # PipeDream §3.2: NOAM, no flush
+                "pipedream-2bw": [K - s for s in range(K)],  # 2BW (ICML 2021) §3.1: 1F1B without flush
                 "interleaved": [K - s for s in range(K)],  # one chunk per device is 1F1B
                 "zb-h1": [min(K, M)] * K}[name]  # Qi et al. 2024 §3.1: every stage up to p microbatches
     assert held == expected
-    assert rule.flushes == (name != "pipedream") and rule.stashes_weights == (name == "pipedream")
+    assert rule.flushes == (name not in ("pipedream", "pipedream-2bw")) and rule.stashes_weights == (name == "pipedream")
     assert SCHEDULES[name] is rule
     with pytest.raises(UserError, match="unknown schedule"):
         facts("zero-bubble")

@@ -479,3 +479,17 @@ def test_runners_up_are_distinct_configurations():
     assert best_key not in keys
     rates = [res.best.predicted.samples_per_s] + [a["samples_per_s"] for a in res.best.alternatives]
     assert rates == sorted(rates, reverse=True)
+
+
+def test_a_fixed_replica_count_bounds_the_stages_by_the_devices():
+    """analyze's device-like re-search fixes the replica count; the search then still fits stages x replicas in
+    the devices. Here one stage does not fit in 12 GiB and two do: with 2 devices and 2 replicas that is
+    infeasible (the search once returned 2 stages x 2 replicas = 4 devices for 2 GPUs); with 4 it is 2 x 2."""
+    from search_fixtures import gpt_like, profile
+
+    g = gpt_like()
+    req = dict(batch_size=16, data_parallel=2, microbatches=1, recompute="off")
+    with pytest.raises(InfeasibleError):
+        search(g, profile(12), PlanRequest(devices=2, **req))
+    four = search(g, profile(12), PlanRequest(devices=4, **req)).best
+    assert (len(four.stages), four.data_parallel, four.devices) == (2, 2, 4)

@@ -11,6 +11,7 @@ import pytest
 from pipeplan.costmodels.comm import allreduce_time_s, group_link, half_ring_time_s
 from pipeplan.costmodels.memory import gathered_bytes, model_state_bytes
 from pipeplan.errors import InfeasibleError, UserError
+from pipeplan.hardware_profiles.profile import Link
 from pipeplan.planner.configs import Config, sharding_levels
 from pipeplan.planner.predict import evaluate
 from pipeplan.planner.replay import simulate_from_plan
@@ -179,3 +180,47 @@ def test_reduce_scatter_and_all_gather_time_is_half_a_ring_all_reduce(r):
     want = 0.0 if r == 1 else (r - 1) / r * n / link.bandwidth_bytes_per_s + (r - 1) * link.latency_s
     assert half_ring_time_s(n, r, link) == pytest.approx(want, rel=1e-12)
     assert allreduce_time_s(n, r, link) == pytest.approx(2 * want, rel=1e-12)
+
+
+@pytest.mark.parametrize("local", [False, True])
+def test_collectives_beside_compute_on_gpus_and_in_series_in_the_local_runtime(local):
+    """One stage x 2 replicas, ZeRO-3, M = 4: on a GPU profile every op takes max(compute, collective)
+    (FSDP/DeepSpeed overlap them); on a local profile, whose plans run on runtime/sharding.py (gather,
+    compute and reduce-scatter in series on one thread), it takes the sum. One stage has no bubble, so the
+    iteration is M x (forward op + backward op) + the optimizer step, from the plan's own stage numbers;
+    and `show`/`run` replay the same from the plan file."""
+    from dataclasses import replace
+
+    g = gpt_like(blocks=2, hidden=256, seq=128, vocab=1000, batch=2)
+    prof = replace(profile(80), mem_bw_bytes_per_s=1e15, intra_node=Link("slow", 1e8, 1e-4))  # comm > compute
+    prof = replace(prof, local=True) if local else prof
+    plan = evaluate(g, prof, [0] * len(g.layers), schedule="1f1b", microbatches=4, batch_size=16, data_parallel=2,
+                    dtype="fp32", sharding="zero3")
+    (st,) = plan.stages
+    x = st.predicted
+    assert x.fwd_comm_s > 0 and x.bwd_comm_s > 0 and x.allreduce_s == 0
+    op = (lambda c, m: c + m) if local else max
+    expected = 4 * (op(x.fwd_s, x.fwd_comm_s) + op(x.bwd_s, x.bwd_comm_s) + 2 * x.op_overhead_s) + x.optimizer_s
+    assert plan.collectives_overlap is not local
+    assert plan.predicted.iteration_s == pytest.approx(expected, rel=1e-9)
+    assert simulate_from_plan(plan).iteration_s == pytest.approx(plan.predicted.iteration_s, rel=1e-9)
+
+
+def test_auto_on_a_local_profile_also_tries_unsharded_and_keeps_the_fastest():
+    """A local profile's plans run on the bundled runtime, where ZeRO's collectives run in series on gloo:
+    "auto" tries unsharded too and keeps the fastest of the four levels, each searched pinned."""
+    from dataclasses import replace
+
+    g = gpt_like(blocks=4, hidden=512, seq=256, vocab=8000, batch=2)
+    gloo = {"allreduce": Link("gloo allreduce", 1.88e9, 72e-6), "reduce_scatter": Link("gloo rs", 0.56e9, 156e-6),
+            "all_gather": Link("gloo ag", 0.92e9, 94e-6)}  # as `profiles calibrate` fitted them on this machine
+    prof = replace(profile(80), local=True, intra_node=Link("loopback", 2e9, 5e-5), collectives=gloo)
+    req = dict(devices=2, batch_size=16, stages=1, data_parallel=2, microbatches=2, dtype="fp32", schedule="1f1b")
+    pinned = {lv: search(g, prof, PlanRequest(**req, sharding=lv)).best for lv in ("none", "zero1", "zero2", "zero3")}
+    auto = search(g, prof, PlanRequest(**req)).best
+    fastest = max(pinned.values(), key=lambda p: p.predicted.samples_per_s)
+    assert fastest.sharding == "none"  # serial collectives: sharding only adds time here
+    assert auto.sharding == "none"
+    assert auto.predicted.samples_per_s == pytest.approx(fastest.predicted.samples_per_s)
+    gpu = search(g, profile(80), PlanRequest(**req)).best
+    assert gpu.sharding != "none"  # on a GPU profile ZeRO-1 moves no more than the all-reduce (ZeRO §7.2.1)

@@ -35,8 +35,8 @@ def plan_units(plan: Plan) -> PlanUnits:
 
 def require_synchronous(plan: Plan, framework: str) -> None:
     """PipeDream's asynchronous schedule and per-stage replicas exist in no framework's pipeline engine."""
-    if plan.schedule == "pipedream":
-        raise Inexpressible(f"{framework} has no asynchronous (PipeDream) schedule; re-plan with --schedule 1f1b")
+    if plan.schedule in ("pipedream", "pipedream-2bw"):
+        raise Inexpressible(f"{framework} has no asynchronous ({plan.schedule}) schedule; re-plan with --schedule 1f1b")
 
 
 @dataclass

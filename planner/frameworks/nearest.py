@@ -92,8 +92,8 @@ def _replanned(plan: Plan, framework: str, graph: Graph, profile: HardwareProfil
 
 def _adjusted(plan: Plan, framework: str, graph: Graph, profile: HardwareProfile) -> tuple[Plan, list[str]]:
     """The plan with the fewest named changes that make it expressible, predicted (Inexpressible: none do)."""
-    if plan.schedule == "pipedream":
-        raise Inexpressible("no framework runs PipeDream's asynchronous schedule")
+    if plan.schedule in ("pipedream", "pipedream-2bw"):
+        raise Inexpressible(f"no framework runs {plan.schedule}'s asynchronous schedule")
     if framework == "deepspeed" and plan.chunks > 1:
         raise Inexpressible("DeepSpeed has no interleaved schedule")
     pu = plan_units(plan)

@@ -1,0 +1,180 @@
+"""Defaults-only benchmark: what a new user gets from `calibrate`, `analyze` and `run` with no tuning flags.
+
+One command (prints a table; --write-results also rewrites its section of benchmarks/RESULTS.md):
+
+    python benchmarks/defaults_bench.py --write-results
+
+Each round: `pipeplan profiles calibrate -o local.yaml`, then for every case `pipeplan analyze MODEL
+--profile local.yaml --gpus 2 [FLAGS] -o plan.json --json` and `pipeplan run plan.json --steps N --json`,
+exactly as README's commands run them (subprocesses of the installed CLI; the only flags are the case's
+schedule or stage count). The error is measured / predicted - 1 of the iteration time, median over rounds.
+Issue 16's targets: within 10% for every example under gpipe, 1f1b and interleaved and for data-parallel
+plans; within 15% for models that are not among the examples (a test model of the repository, and a model
+written by this script from torch's own nn.TransformerEncoder that nothing in pipeplan was tuned on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SECTION = "## Defaults only (`benchmarks/defaults_bench.py`)"
+ENCODER = '''"""A model pipeplan was never tuned on: torch's nn.TransformerEncoder over 64 tokens, then a classifier."""
+import torch
+from torch import nn
+
+
+class Classifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(32, 256)
+        layer = nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+        self.head = nn.Linear(256, 10)
+
+    def forward(self, x):
+        return self.head(self.encoder(self.embed(x)).mean(dim=1))
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Classifier()
+
+
+def example_inputs(batch_size):
+    return (torch.randn(batch_size, 64, 32),)
+
+
+def example_target(batch_size):
+    return torch.randint(0, 10, (batch_size,))
+
+
+def loss_fn(output, target):
+    return nn.functional.cross_entropy(output, target)
+'''
+# (label, model file relative to the repository or "<encoder>", flags, in examples/, steps)
+CASES = [
+    ("mlp", "examples/mlp.py", [], True, 40),
+    ("mlp", "examples/mlp.py", ["--schedule", "gpipe"], True, 40),
+    ("mlp", "examples/mlp.py", ["--schedule", "1f1b"], True, 40),
+    ("mlp", "examples/mlp.py", ["--schedule", "interleaved"], True, 40),
+    ("mlp", "examples/mlp.py", ["--stages", "1"], True, 40),
+    ("gpt", "examples/gpt.py", [], True, 30),
+    ("gpt", "examples/gpt.py", ["--schedule", "gpipe"], True, 30),
+    ("gpt", "examples/gpt.py", ["--schedule", "1f1b"], True, 30),
+    ("gpt", "examples/gpt.py", ["--schedule", "interleaved"], True, 30),
+    ("resnet", "examples/resnet.py", [], True, 20),
+    ("unet", "examples/unet.py", [], True, 20),
+    ("unet (tests/)", "tests/runtime_model_unet.py", [], False, 30),
+    ("encoder (torch nn.TransformerEncoder)", "<encoder>", [], False, 20),
+]
+
+
+def pipeplan(*args: str, out: Path | None = None) -> dict:
+    """Run the installed CLI; its --json document, or exit with its message."""
+    cmd = [str(Path(sys.executable).parent / "pipeplan"), *args]  # the console script pip installed
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
+    return json.loads(r.stdout) if "--json" in args else {}
+
+
+def describe(plan: dict) -> str:
+    """The chosen plan in a few words: schedule, stages x replicas, microbatches of their size."""
+    k, d = len(plan["stages"]), plan.get("data_parallel", 1)
+    chunks = f", {plan['chunks']} chunks" if plan.get("chunks", 1) > 1 else ""
+    return f"{plan['schedule']}, {k} stage{'s' if k > 1 else ''} x {d}{chunks}, M={plan['microbatches']} of {plan['microbatch_size']}"
+
+
+def run_case(case: tuple, profile: Path, tmp: Path, encoder: Path) -> dict:
+    label, model, flags, _, steps = case
+    path = str(encoder) if model == "<encoder>" else str(REPO / model)
+    plan_path = tmp / "plan.json"
+    plan = pipeplan("analyze", path, "--profile", str(profile), "--gpus", "2", *flags, "-o", str(plan_path),
+                    "--json")["plan"]
+    run = pipeplan("run", str(plan_path), "--steps", str(steps), "--json")
+    meas, pred = run["measured"]["iteration_s"], plan["predicted"]["iteration_s"]
+    return {"plan": describe(plan), "measured_s": meas, "predicted_s": pred, "error": meas / pred - 1}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2, help="repeat everything; the table shows medians over rounds")
+    ap.add_argument("--write-results", action="store_true", help="rewrite this benchmark's section of RESULTS.md")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runtime_bench import machine, parallel_capacity
+
+    capacities, rounds = [parallel_capacity()], []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        encoder = tmp / "encoder_model.py"
+        encoder.write_text(ENCODER)
+        for rnd in range(1, args.rounds + 1):
+            profile = tmp / "local.yaml"
+            print(f"round {rnd}: pipeplan profiles calibrate -o local.yaml ...", flush=True)
+            pipeplan("profiles", "calibrate", "-o", str(profile))
+            rows = []
+            for case in CASES:
+                rows.append(run_case(case, profile, tmp, encoder))
+                r = rows[-1]
+                print(f"  {case[0]} {' '.join(case[2]) or '(no flags)'}: {r['plan']}: measured "
+                      f"{r['measured_s'] * 1e3:.1f} ms, predicted {r['predicted_s'] * 1e3:.1f} ms ({r['error']:+.1%})",
+                      flush=True)
+            rounds.append(rows)
+            capacities.append(parallel_capacity())
+    table = summarize(rounds)
+    print("\n".join(table))
+    print(f"parallel capacity before / after each round: {', '.join(f'{c:.2f}' for c in capacities)}")
+    if args.write_results:
+        from results import write_section
+
+        write_section(SECTION, "\n".join(header(args, capacities, machine()) + table))
+    return 0
+
+
+def summarize(rounds: list[list[dict]]) -> list[str]:
+    """The table: per case the plan analyze chose (round 1), medians over rounds, every round's error."""
+    lines = ["| model | flags | plan analyze chose | predicted ms/iter | measured ms/iter | error | errors by round | "
+             "target |", "|---|---|---|---|---|---|---|---|"]
+    errors = {True: [], False: []}
+    for i, (label, _, flags, in_examples, _) in enumerate(CASES):
+        runs = [r[i] for r in rounds]
+        err = statistics.median(x["error"] for x in runs)
+        target = 0.10 if in_examples else 0.15
+        errors[in_examples].append(abs(err))
+        plans = {x["plan"] for x in runs}
+        lines.append(f"| {label} | {' '.join(f'`{f}`' for f in flags) or '(none)'} | {'; '.join(sorted(plans))} | "
+                     f"{statistics.median(x['predicted_s'] for x in runs) * 1e3:.1f} | "
+                     f"{statistics.median(x['measured_s'] for x in runs) * 1e3:.1f} | {err:+.1%} | "
+                     f"{' '.join(format(x['error'], '+.1%') for x in runs)} | {'within' if abs(err) <= target else 'MISSES'} "
+                     f"{target:.0%} |")
+    for key, name in ((True, "examples"), (False, "models outside examples/")):
+        xs = errors[key]
+        lines.append(f"\n{name}: median |error| {statistics.median(xs):.1%}, worst {max(xs):.1%}, "
+                     f"{sum(x <= (0.10 if key else 0.15) for x in xs)} of {len(xs)} within target.")
+    return lines
+
+
+def header(args, capacities: list[float], machine_desc: str) -> list[str]:
+    return [f"Command: `python benchmarks/defaults_bench.py --rounds {args.rounds} --write-results`. Machine: "
+            f"{machine_desc}. Parallel capacity before the first and after each round (2.00 = two free cores): "
+            f"{', '.join(f'{c:.2f}' for c in capacities)}.", "",
+            "What a new user gets with no tuning flags: each round calibrates a profile (`pipeplan profiles "
+            "calibrate -o local.yaml`), then per case `pipeplan analyze MODEL --profile local.yaml --gpus 2 [flags] "
+            "-o plan.json` and `pipeplan run plan.json --steps N` (the installed CLI, as README runs it). Error = "
+            "measured / predicted - 1, median over rounds; target 10% for the examples, 15% for models outside "
+            "examples/ (`tests/runtime_model_unet.py`, and a classifier over torch's `nn.TransformerEncoder` that "
+            "the script writes: nothing in pipeplan was tuned on either).", ""]
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    sys.exit(main())
