@@ -431,6 +431,8 @@ def read_profile_file(path: str | os.PathLike[str]) -> HardwareProfile:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if "nesting depth" in problem:  # libyaml's own limit (0.2.5+), met while scanning ahead of our count
+            raise UserError(f"{p}{where}: nested deeper than {MAX_NESTING} levels", "pass a profile") from None
         raise UserError(f"{p}: invalid YAML{where}: {problem}", "fix the YAML syntax") from None
     if doc is None:
         raise UserError(f"{p}: empty file, not a pipeplan profile", f"a profile starts with 'format: {PROFILE_FORMAT}'")

@@ -9,11 +9,12 @@ the receiving core computes waits for that core's gloo thread. On a 2-stage
 GPT example that was ~1 ms per op, 8-15% of the step, which no FLOP or
 bandwidth figure contains.
 
-So we run the schedules the runtime uses (GPipe and 1F1B, M = 8) on two
-processes with identical MLP stages, record when every op starts and ends, and
-charge each op the time between "could start" and "started": ready = max(end of
-the rank's previous op, end of the op it depends on on the other rank + the idle
-link's transfer time). That gap grows with the tensors the op sends and
+So we run the schedules the runtime uses (GPipe and 1F1B, M = 8, one stage a
+rank; interleaved 1F1B with two stages a rank, r and r + 2, as the runtime places
+them) on two processes with identical MLP stages, record when every op starts and
+ends, and charge each op the time between "could start" and "started": ready =
+max(end of the rank's previous op, end of the op it depends on + the idle link's
+transfer time when that op ran on the other rank). That gap grows with the tensors the op sends and
 receives, so two stage shapes with the same compute but 4x different
 activations are run, and per schedule the gaps are fitted as
 `fixed + per_byte x bytes the op sends and receives`. The schedule simulator adds
@@ -36,14 +37,15 @@ WIDTH = 512
 SHAPES = {"small": (128, 4), "large": (512, 1)}
 MICROBATCHES = 8
 STEPS, WARMUP = 6, 2
-# The schedules measured here: those of pipeplan.schedules that torch.distributed.pipelining runs with one
-# model chunk per rank (a torch class, not interleaved). The others have no figure of their own and take
-# 1F1B's (HardwareProfile.overhead_for): interleaved and PipeDream post and wait on their sends as 1F1B does.
-SCHEDULES: Final[tuple[ScheduleName, ...]] = ("gpipe", "1f1b")
-assert all(facts(s).torch_class is not None and not facts(s).interleaves for s in SCHEDULES)
+# The schedules measured here: GPipe and 1F1B (one stage a rank) and interleaved 1F1B (two a rank: twice the
+# ops, each posting its own sends and receives; taking 1F1B's figure for it left examples/gpt.py's interleaved
+# plans 16-20% slower than predicted). The others take 1F1B's (HardwareProfile.overhead_for).
+SCHEDULES: Final[tuple[ScheduleName, ...]] = ("gpipe", "1f1b", "interleaved")
+assert all(facts(s).torch_class is not None for s in SCHEDULES)
+CHUNKS: Final[dict[str, int]] = {"gpipe": 1, "1f1b": 1, "interleaved": 2}  # stages per rank
 
-Event: TypeAlias = tuple[str, int, float, float]
-"""(kind "F"/"B", microbatch, start_s, end_s), perf_counter clock (shared by processes)."""
+Event: TypeAlias = tuple[str, int, int, float, float]
+"""(kind "F"/"B", stage, microbatch, start_s, end_s), perf_counter clock (shared by processes)."""
 
 
 def message_bytes(shape: str) -> int:
@@ -57,30 +59,38 @@ def run_pipeline(rank: int) -> dict[str, list[list[Event]]]:
     import torch
     import torch.distributed as dist
     import torch.nn as nn
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     out: dict[str, list[list[Event]]] = {}
     for shape, (rows, layers) in SHAPES.items():
         for name in SCHEDULES:
             torch.manual_seed(rank)
-            module = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())])
-            stage = PipelineStage(module, rank, 2, torch.device("cpu"))
+            n_stages = 2 * CHUNKS[name]
             events: list[Event] = []
-            fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+            stages: list[Any] = []
+            for index in range(rank, n_stages, 2):  # stage s on rank s % 2 (runtime/worker.stage_ranks)
+                module = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())])
+                stage = PipelineStage(module, index, n_stages, torch.device("cpu"))
+                fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
 
-            def timed(fn: Callable[..., Any], kind: str, events: list[Event] = events) -> Callable[..., Any]:
-                def run(chunk: int, *args: Any, **kwargs: Any) -> Any:
-                    t0 = time.perf_counter()
-                    result = fn(chunk, *args, **kwargs)
-                    events.append((kind, int(chunk), t0, time.perf_counter()))
-                    return result
-                return run
+                def timed(fn: Callable[..., Any], kind: str, index: int = index,
+                          events: list[Event] = events) -> Callable[..., Any]:
+                    def run(chunk: int, *args: Any, **kwargs: Any) -> Any:
+                        t0 = time.perf_counter()
+                        result = fn(chunk, *args, **kwargs)
+                        events.append((kind, index, int(chunk), t0, time.perf_counter()))
+                        return result
+                    return run
 
-            # Instance attributes shadowing torch's methods, to time each call (mypy forbids assigning to a method).
-            stage.forward_one_chunk = timed(fwd, "F")  # type: ignore[method-assign]
-            stage.backward_one_chunk = timed(bwd, "B")  # type: ignore[method-assign]
-            cls = Schedule1F1B if name == "1f1b" else ScheduleGPipe
-            schedule = cls(stage, MICROBATCHES, loss_fn=lambda output, target: output.sum())
+                # Instance attributes shadowing torch's methods, to time each call (mypy forbids assigning to a method).
+                stage.forward_one_chunk = timed(fwd, "F")  # type: ignore[method-assign]
+                stage.backward_one_chunk = timed(bwd, "B")  # type: ignore[method-assign]
+                stages.append(stage)
+            loss = lambda output, target: output.sum()  # noqa: E731
+            if name == "interleaved":
+                schedule: Any = ScheduleInterleaved1F1B(stages, MICROBATCHES, loss_fn=loss)
+            else:
+                schedule = (Schedule1F1B if name == "1f1b" else ScheduleGPipe)(stages[0], MICROBATCHES, loss_fn=loss)
             x = torch.randn(rows * MICROBATCHES, WIDTH)
             steps = []
             for i in range(STEPS):
@@ -96,24 +106,34 @@ def run_pipeline(rank: int) -> dict[str, list[list[Event]]]:
     return out
 
 
-def op_gaps_s(first: list[Event], second: list[Event], transfer_s: float) -> list[float]:
-    """Per op of one step of a 2-stage pipeline: start - the time it could have started (>= 0).
+def depends_on(kind: str, stage: int, mb: int, stages: int) -> tuple[str, int, int] | None:
+    """The op (kind, stage, microbatch) an op waits for besides its rank's previous one: a forward for the
+    previous stage's forward, a backward for the next stage's backward (the last stage's for its own forward)."""
+    if kind == "F":
+        return ("F", stage - 1, mb) if stage > 0 else None
+    return ("B", stage + 1, mb) if stage < stages - 1 else ("F", stage, mb)
 
-    A forward on the second rank depends on the same microbatch's forward on the
-    first; a backward on the first rank on the second's backward; every op also
-    waits for its rank's previous op. Cross-rank dependencies include the
-    transfer (`transfer_s`), which the simulator already charges to the link.
+
+def op_gaps_s(first: list[Event], second: list[Event], transfer_s: float) -> list[float]:
+    """Per op of one step of a pipeline on 2 ranks: start - the time it could have started (>= 0).
+
+    Every op waits for its rank's previous op and for the op it depends on (`depends_on`); a dependency on
+    the other rank includes the transfer (`transfer_s`), which the simulator already charges to the link.
     """
-    end = {(0, kind, mb): t1 for kind, mb, _, t1 in first}
-    end.update({(1, kind, mb): t1 for kind, mb, _, t1 in second})
+    end, rank_of = {}, {}
+    for rank, events in ((0, first), (1, second)):
+        for kind, stage, mb, _, t1 in events:
+            end[(kind, stage, mb)] = t1
+            rank_of[stage] = rank
+    stages = len(rank_of)
     gaps = []
     for rank, events in ((0, first), (1, second)):
         prev = None
-        for kind, mb, t0, t1 in events:
-            dep_key = (0, "F", mb) if (rank, kind) == (1, "F") else (1, "B", mb) if (rank, kind) == (0, "B") else None
+        for kind, stage, mb, t0, t1 in events:
+            dep = depends_on(kind, stage, mb, stages)
             ready = [prev] if prev is not None else []
-            if dep_key is not None and dep_key in end:
-                ready.append(end[dep_key] + transfer_s)
+            if dep is not None and dep in end:
+                ready.append(end[dep] + (transfer_s if rank_of[dep[1]] != rank else 0.0))
             if ready:
                 gaps.append(max(0.0, t0 - max(ready)))
             prev = t1
@@ -144,7 +164,7 @@ def op_overhead_s(
             # Both ranks record the same STEPS - WARMUP steps (run_pipeline).
             for a, b in zip(per_rank[0][f"{shape}/{name}"], per_rank[1][f"{shape}/{name}"], strict=True):
                 gaps += op_gaps_s(a, b, transfer_s(nbytes))
-                compute += [t1 - t0 for _, _, t0, t1 in a + b]
+                compute += [t1 - t0 for *_, t0, t1 in a + b]
             points.append((nbytes, statistics.mean(gaps)))
             detail[f"{shape}_{name}"] = {"gap_us": round(points[-1][1] * 1e6, 1),
                                           "compute_per_op_ms": round(statistics.mean(compute) * 1e3, 3)}

@@ -70,8 +70,8 @@ class HardwareProfile:
 
     def overhead_for(self, schedule: str, nbytes: int = 0) -> float:
         """Runtime seconds for one op of `schedule` that sends and receives `nbytes` in all: the schedule's
-        own measurement, else 1F1B's (interleaved and PipeDream post and wait on their sends the way
-        1F1B does), else 0."""
+        own measurement (`profiles calibrate` measures GPipe, 1F1B and interleaved), else 1F1B's (zero bubble
+        and PipeDream post and wait on their sends the way 1F1B does), else 0."""
         key = schedule if schedule in self.op_overhead_s else "1f1b"
         return float(self.op_overhead_s.get(key, 0.0) + self.op_overhead_s_per_byte.get(key, 0.0) * nbytes)
 

@@ -2,34 +2,44 @@
 
 from __future__ import annotations
 
+from pipeplan.hardware_profiles.op_overhead import CHUNKS, depends_on
+
 
 def orders(schedule: str, M: int) -> tuple[list, list]:
-    """Op order of each of 2 ranks, as torch's ScheduleGPipe / Schedule1F1B run them."""
+    """Op order (kind, stage, microbatch) of each of 2 ranks, as torch's schedules run them for GPipe and 1F1B;
+    for interleaved (stages r and r + 2 on rank r) a valid depth-first order (forwards of stage r, then r + 2,
+    backwards the other way round: the gaps do not depend on which valid order)."""
     if schedule == "gpipe":
-        one = [("F", m) for m in range(M)] + [("B", m) for m in range(M)]
-        return one, list(one)
-    first = [("F", 0)] + [op for m in range(1, M) for op in (("F", m), ("B", m - 1))] + [("B", M - 1)]
-    second = [op for m in range(M) for op in (("F", m), ("B", m))]
+        gpipe = [[("F", r, m) for m in range(M)] + [("B", r, m) for m in range(M)] for r in (0, 1)]
+        return gpipe[0], gpipe[1]
+    if schedule == "interleaved":
+        inter = [[("F", s, m) for s in (r, r + 2) for m in range(M)] + [("B", s, m) for s in (r + 2, r) for m in range(M)]
+                 for r in (0, 1)]
+        return inter[0], inter[1]
+    first = [("F", 0, 0)] + [op for m in range(1, M) for op in (("F", 0, m), ("B", 0, m - 1))] + [("B", 0, M - 1)]
+    second = [op for m in range(M) for op in (("F", 1, m), ("B", 1, m))]
     return first, second
 
 
 def timeline(schedule: str, M: int, f: float, b: float, gap: float, transfer: float) -> tuple[list, list]:
     """Events of a pipeline in which every op starts exactly `gap` after it could have."""
     order = orders(schedule, M)
+    stages = 2 * CHUNKS[schedule]
     events: list[list] = [[], []]
     end: dict = {}
     ptr, free = [0, 0], [None, None]
     while ptr[0] < len(order[0]) or ptr[1] < len(order[1]):
         for r in (0, 1):
             while ptr[r] < len(order[r]):
-                kind, m = order[r][ptr[r]]
-                dep = (0, "F", m) if (r, kind) == (1, "F") else (1, "B", m) if (r, kind) == (0, "B") else None
+                kind, stage, m = order[r][ptr[r]]
+                dep = depends_on(kind, stage, m, stages)
                 if dep is not None and dep not in end:
                     break
-                ready = [t for t in (free[r], end[dep] + transfer if dep else None) if t is not None]
+                cross = dep is not None and dep[1] % 2 != r
+                ready = [t for t in (free[r], end[dep] + (transfer if cross else 0.0) if dep else None) if t is not None]
                 start = (max(ready) if ready else 0.0) + gap
                 stop = start + (f if kind == "F" else b)
-                events[r].append((kind, m, start, stop))
-                end[(r, kind, m)] = free[r] = stop
+                events[r].append((kind, stage, m, start, stop))
+                end[(kind, stage, m)] = free[r] = stop
                 ptr[r] += 1
     return events[0], events[1]

@@ -11,14 +11,14 @@ from pipeline_timeline import timeline
 from pipeplan.cli.main import cli
 from pipeplan.hardware_profiles import load_profile
 from pipeplan.hardware_profiles.loader import save_profile
-from pipeplan.hardware_profiles.op_overhead import SCHEDULES, SHAPES, message_bytes, op_gaps_s, op_overhead_s
+from pipeplan.hardware_profiles.op_overhead import CHUNKS, SCHEDULES, SHAPES, message_bytes, op_gaps_s, op_overhead_s
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_gaps_recover_the_delay_put_into_every_op(schedule):
     first, second = timeline(schedule, 8, f=3e-3, b=6e-3, gap=4e-4, transfer=1e-4)
     gaps = op_gaps_s(first, second, transfer_s=1e-4)
-    assert len(gaps) == 2 * 2 * 8 - 1  # every op but the very first has a "could start" time
+    assert len(gaps) == 2 * 2 * 8 * CHUNKS[schedule] - 1  # every op but the very first has a "could start" time
     assert gaps == pytest.approx([4e-4] * len(gaps), abs=1e-12)
     # charging the transfer to the op instead of the link: cross-rank waits look longer by it
     assert sum(op_gaps_s(first, second, transfer_s=0.0)) > sum(gaps)
@@ -26,7 +26,7 @@ def test_gaps_recover_the_delay_put_into_every_op(schedule):
 
 def test_overhead_is_a_line_through_the_mean_gaps_of_the_two_message_sizes():
     """Gaps of fixed + per_byte x message, per schedule: the fit recovers both terms exactly."""
-    truth = {"gpipe": (9e-4, 0.0), "1f1b": (2e-4, 3e-10)}  # seconds, seconds per byte (0.3 ms per MB)
+    truth = {"gpipe": (9e-4, 0.0), "1f1b": (2e-4, 3e-10), "interleaved": (3e-4, 2e-10)}  # s, s per byte
     link = lambda nbytes: 5e-5 + nbytes / 4e9  # noqa: E731 - the idle link's transfer time
     per_rank: list[dict] = [{}, {}]
     for schedule, (fixed, per_byte) in truth.items():
