@@ -7,6 +7,7 @@ here independently."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -47,17 +48,23 @@ def test_small_op_forward_times_are_the_compiled_programs_not_the_interpreters(t
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        corrected = sum(layer.fwd_s for layer in trace(str(path), 4, repeats=5).layers)
-        with monkeypatch.context() as m:
-            m.setattr(measure, "_compiled_forward", lambda ep, spec, args, target, fwd, *rest: (fwd, 0.0))
-            interpreted = sum(layer.fwd_s for layer in trace(str(path), 4, repeats=5).layers)
+        corrected, interpreted = [], []
+        for _ in range(2):  # pairs back to back; the least of each, as the tracer's own repeats do
+            corrected.append(sum(layer.fwd_s for layer in trace(str(path), 4, repeats=5).layers))
+            with monkeypatch.context() as m:
+                m.setattr(measure, "_compiled_forward", lambda ep, spec, args, target, fwd, *rest: (fwd, 0.0))
+                interpreted.append(sum(layer.fwd_s for layer in trace(str(path), 4, repeats=5).layers))
         spec = load_model_file(str(path))
         eager = _eager_forward_s(spec.build(), spec.example_inputs(4)[0])
     finally:
         torch.set_num_threads(threads)
-    # 80 ops of a few µs each: node by node, the interpreter's time per node was ~2/3 of the forward here
-    assert corrected < 0.7 * interpreted, (corrected, interpreted)
-    assert 0.3 * eager < corrected < 3.0 * eager, (corrected, eager)
+    c, i = min(corrected), min(interpreted)
+    # 80 ops of a few µs each: node by node the interpreter's time per node was 30-45% of the forward
+    # (0.55-0.70 corrected/interpreted here and on CI's machine under load)
+    assert c < 0.85 * i, (corrected, interpreted)
+    # and what is left is nearer the model's own eager forward than the interpreted times were
+    assert abs(math.log(c / eager)) < abs(math.log(i / eager)), (c, i, eager)
+    assert 0.3 * eager < c < 3.0 * eager, (c, eager)
 
 
 def test_the_interpreters_excess_comes_out_per_node_never_below_a_proportional_share(monkeypatch):
