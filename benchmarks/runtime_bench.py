@@ -49,10 +49,12 @@ CASES = [("wide_mlp", 8192, 8, 8, 8), ("mlp", 2048, 8, 40, 20), ("gpt", 256, 8, 
 # (label, schedule, pipeline stages, data-parallel replicas, chunks per device): what users run on 2 devices.
 # Data parallelism halves the microbatch count so the microbatch size, and so the trace, stays the same.
 # (Pipeline x data parallel needs 4 devices: 4 ranks on this machine's 2 cores cannot each have a core.)
-# Issue 19's schedules too: zero bubble's ZB-H1, asynchronous PipeDream (whose iteration is M microbatches in the
-# steady state, without a flush; its training semantics differ: stale weights) and PipeDream-2BW (one window of M).
+# Issue 19's schedules too: zero bubble's ZB-H1, ZB-V and DualPipeV (two stages a device in a V), asynchronous
+# PipeDream (whose iteration is M microbatches in the steady state, without a flush; its training semantics differ:
+# stale weights) and PipeDream-2BW (one window of M).
 CONFIGS = [("gpipe", "gpipe", 2, 1, 1), ("1f1b", "1f1b", 2, 1, 1), ("interleaved", "interleaved", 2, 1, 2),
-           ("zb-h1", "zb-h1", 2, 1, 1), ("pipedream", "pipedream", 2, 1, 1), ("pipedream-2bw", "pipedream-2bw", 2, 1, 1),
+           ("zb-h1", "zb-h1", 2, 1, 1), ("zb-v", "zb-v", 2, 1, 2), ("dualpipev", "dualpipev", 2, 1, 2),
+           ("pipedream", "pipedream", 2, 1, 1), ("pipedream-2bw", "pipedream-2bw", 2, 1, 1),
            ("data parallel", "1f1b", 1, 2, 1)]
 BASELINE_CHUNKS = (1, 2, 4, 8)  # single-process: one pass, or gradient accumulation over this many slices
 BASELINE_STEPS = 4  # timed steps per baseline variant (~5-6 s each at batch 8192), after one warm-up
@@ -171,6 +173,8 @@ def run_round(profile, args, console, tmp: Path, rnd: int) -> tuple[list[dict], 
         graph = trace_one_device(model_file, batch // m, repeats)
         for config in CONFIGS:
             schedule = config[0]
+            if schedule not in args.configs:
+                continue
             console.print(f"round {rnd}: {name} {schedule}: planning and running {steps} steps ...")
             plan_path = tmp / f"{name}-{schedule.replace(' ', '-')}.json"
             plan = make_plan(graph, profile, batch, m, config, plan_path)
@@ -183,7 +187,7 @@ def run_round(profile, args, console, tmp: Path, rnd: int) -> tuple[list[dict], 
                          "overhead_s": [st.predicted.op_overhead_s for st in plan.stages], "measured_s": meas, "predicted_s": pred,
                          "error": (meas - pred) / pred, "compute_ratio": compute_meas / compute_pred,
                          "samples_per_s": doc["measured"]["samples_per_s"]})
-        if name == "wide_mlp":
+        if name == "wide_mlp" and "1f1b" in args.configs:
             console.print(f"round {rnd}: {name}: single-process baseline, one pass and accumulation over "
                           f"{', '.join(map(str, BASELINE_CHUNKS[1:]))} slices ...")
             base = {c: single_process_step_s(model_file, batch, BASELINE_STEPS, 1, chunks=c) for c in BASELINE_CHUNKS}
@@ -216,7 +220,14 @@ def main(argv=None) -> int:
     ap.add_argument("--examples", default=",".join(c[0] for c in CASES),
                     help="comma-separated examples of CASES to run (default: all); without wide_mlp there is no "
                          "speed-up, and --write-results writes the separate section SUBSET_SECTION")
+    ap.add_argument("--configs", default=",".join(c[0] for c in CONFIGS),
+                    help="comma-separated labels of CONFIGS to run (default: all; a probe, not for --write-results)")
     args = ap.parse_args(argv)
+    args.configs = [c for c in args.configs.split(",") if c]
+    if set(args.configs) - {c[0] for c in CONFIGS}:
+        ap.error(f"--configs: choose from {[c[0] for c in CONFIGS]}")
+    if args.write_results and len(args.configs) < len(CONFIGS):
+        ap.error("--write-results records every configuration: drop --configs")
     args.examples = [e for e in args.examples.split(",") if e]
     unknown = set(args.examples) - {c[0] for c in CASES}
     if unknown or not args.examples:

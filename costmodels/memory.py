@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from pipeplan.choices import DTYPES, MIXED_PRECISION_DTYPES, MIXED_PRECISIONS, OPTIMIZERS, SHARDINGS
 from pipeplan.errors import UserError
-from pipeplan.schedules import facts, inflight_microbatches, stashed_weight_versions
+from pipeplan.schedules import facts, inflight_microbatches, stage_device, stashed_weight_versions
 
 __all__ = [
     "ModelState", "MemoryBreakdown", "RangeMemory",
@@ -263,6 +263,7 @@ class RangeMemory:
         self.shared = [(nbytes, list(users)) for nbytes, users in shared if len(users) > 1]
         self.n, self.P = n, P
         self.ch = chunks if rule.interleaves else 1
+        self.device_of = [stage_device(schedule, s, P) for s in range(P * self.ch)]
         self.recompute = recompute
         self.pp, self.sp = [0], [0]
         for i in range(n):
@@ -297,7 +298,7 @@ class RangeMemory:
         if self.shared:
             params += self._tied_copies(a, b)
         largest = self.largest(a, b) if self.largest is not None else 0
-        return self.device_total(s % self.P, params * ch, (self.sp[b] - self.sp[a]) * ch,
+        return self.device_total(self.device_of[s], params * ch, (self.sp[b] - self.sp[a]) * ch,
                                  self.input if a == 0 else self.cut[a - 1], self.cut[b - 1] if b < self.n else 0,
                                  largest)
 

@@ -6,7 +6,7 @@ loader which schedules have a calibrated runtime overhead, the planner which
 ones flush and replicate the whole pipeline, the runtime which class of
 `torch.distributed.pipelining` runs it. They all read it here, so a new schedule
 (zero-bubble, PipeDream-2BW) is added in one place. This module sits below every
-layer (it imports nothing of pipeplan but the error type).
+layer (it imports nothing of pipeplan but the error type and the V schedules' orders).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from pipeplan.errors import UserError
+from pipeplan.v_orders import dualpipev_order, peak_pairs, zbv_order
 
 __all__ = [
     "ScheduleName",
@@ -30,10 +31,13 @@ __all__ = [
     "replicated_inflight",
     "microbatch_problem",
     "stashed_weight_versions",
+    "stage_device",
+    "device_stages",
 ]
 
-ScheduleName = Literal["gpipe", "1f1b", "pipedream", "pipedream-2bw", "interleaved", "zb-h1"]
-ScheduleRequest = Literal["auto", "all", "gpipe", "1f1b", "pipedream", "pipedream-2bw", "interleaved", "zb-h1"]
+ScheduleName = Literal["gpipe", "1f1b", "pipedream", "pipedream-2bw", "interleaved", "zb-h1", "zb-v", "dualpipev"]
+ScheduleRequest = Literal["auto", "all", "gpipe", "1f1b", "pipedream", "pipedream-2bw", "interleaved", "zb-h1", "zb-v",
+                          "dualpipev"]
 """What a user may ask the search for: one schedule, the synchronous ones ("auto") or every one ("all")."""
 
 
@@ -92,6 +96,20 @@ def _zb_h1_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> 
     return min(stages, microbatches)
 
 
+def _zb_v_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> int:
+    """(chunk, microbatch) pairs rank `stage` holds at its peak under ZB-V, counted on torch's own order
+    (pipeplan/v_orders.py): 2K once M >= K, each half a stage's layers, so K stages' worth, the paper's
+    "same peak memory as 1F1B" (Qi et al. 2024 §6) on every rank."""
+    return peak_pairs(zbv_order(stage, stages, microbatches))
+
+
+def _dualpipev_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> int:
+    """(chunk, microbatch) pairs rank `stage` holds at its peak under DualPipeV, counted on torch's order
+    (pipeplan/v_orders.py): 2K + 1, one more than ZB-V (its warm-up runs K + 1 forwards of chunk 0's
+    microbatches before the first backward; DeepSeek-V3 §3.2.1 counts PP + 1 for DualPipe)."""
+    return peak_pairs(dualpipev_order(stage, stages, microbatches))
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScheduleFacts:
     """What is true of a schedule whatever the model: the single source for every layer."""
@@ -117,6 +135,11 @@ class ScheduleFacts:
     al. 2024): the simulator plays W ops, and activations are held until W ends, not B."""
     weight_versions: Callable[[int], int] = lambda inflight: 1
     """(microbatches the stage holds) -> weight versions it keeps (see `stashed_weight_versions`)."""
+    placement: Literal["loop", "v"] = "loop"
+    """Which device runs virtual stage s of K devices: "loop", s mod K (torch's and Megatron's interleaving), or
+    "v", s for s < K and 2K - 1 - s after (torch's `generate_stage_to_rank_mapping(style="v")`)."""
+    fixed_chunks: int | None = None
+    """The only chunk count the schedule runs (the V schedules: exactly two stages per rank), else None."""
     updates_each_microbatch: bool = False
     """Steps the optimizer after every microbatch's backward (async PipeDream), so the simulator folds the
     update into the stage times; every other schedule updates once per iteration (its plan's M microbatches),
@@ -164,6 +187,13 @@ def _zero_bubble_microbatches(stages: int, microbatches: int) -> str | None:
         f"needs a microbatch count that is a multiple of max(1, microbatches // {stages}) = {rounds}")
 
 
+def _dualpipev_microbatches(stages: int, microbatches: int) -> str | None:
+    """torch's ScheduleDualPipeV refuses fewer microbatches than (virtual) stages, 2K on K ranks
+    (schedules.py: "DualPipeV requires at least as many microbatches as stages")."""
+    return None if microbatches >= 2 * stages else (
+        f"needs at least as many microbatches as its {2 * stages} stages (two per device)")
+
+
 SCHEDULES: Final[dict[ScheduleName, ScheduleFacts]] = {
     "gpipe": ScheduleFacts(name="gpipe", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
                            interleaves=False, torch_class="ScheduleGPipe", inflight=_gpipe_inflight),
@@ -184,13 +214,20 @@ SCHEDULES: Final[dict[ScheduleName, ScheduleFacts]] = {
     "zb-h1": ScheduleFacts(name="zb-h1", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
                            interleaves=False, torch_class="ScheduleInterleavedZeroBubble", inflight=_zb_h1_inflight,
                            microbatch_rule=_zero_bubble_microbatches, splits_backward=True),
+    "zb-v": ScheduleFacts(name="zb-v", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
+                          interleaves=True, torch_class="ScheduleZBVZeroBubble", inflight=_zb_v_inflight,
+                          splits_backward=True, placement="v", fixed_chunks=2),
+    "dualpipev": ScheduleFacts(name="dualpipev", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
+                               interleaves=True, torch_class="ScheduleDualPipeV", inflight=_dualpipev_inflight,
+                               microbatch_rule=_dualpipev_microbatches, splits_backward=True, placement="v",
+                               fixed_chunks=2),
 }
 SCHEDULE_NAMES: Final[tuple[ScheduleName, ...]] = get_args(ScheduleName)
 # "auto" plans the synchronous schedules only: async PipeDream and PipeDream-2BW change the training semantics
 # (stale weights).
 # ZB-H1 is synchronous and runs, but stays out of "auto" for now: its predicted gain rests on the split of each
 # backward into B and W, which the search takes from a rule (planner/simulate.py) unless the trace measured it;
-# ask for it with --schedule zb-h1 or "all".
+# ask for it with --schedule zb-h1 or "all". The V schedules (zb-v, dualpipev) likewise.
 AUTO_SCHEDULES: Final[tuple[ScheduleName, ...]] = ("1f1b", "gpipe", "interleaved")
 SEARCH_SCHEDULE_CHOICES: Final[tuple[ScheduleRequest, ...]] = get_args(ScheduleRequest)
 assert set(SCHEDULES) == set(SCHEDULE_NAMES)
@@ -252,3 +289,15 @@ def stashed_weight_versions(schedule: str, inflight: int) -> int:
     `weight_versions` rule says which.
     """
     return facts(schedule).weight_versions(inflight)
+
+
+def stage_device(schedule: str, stage: int, devices: int) -> int:
+    """The pipeline device (0..devices-1) that runs virtual stage `stage` under the schedule's placement."""
+    if facts(schedule).placement == "v" and stage >= devices:
+        return 2 * devices - 1 - stage
+    return stage % devices
+
+
+def device_stages(schedule: str, device: int, devices: int, chunks: int) -> list[int]:
+    """The virtual stages device `device` runs, in model order (the inverse of `stage_device`)."""
+    return [s for s in range(devices * chunks) if stage_device(schedule, s, devices) == device]

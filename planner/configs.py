@@ -154,6 +154,9 @@ def _chunk_options(request: PlanRequest, sched: ScheduleName, K: int, M: int, n_
         return [1]
     if K < 2:
         return []
+    fixed = facts(sched).fixed_chunks
+    if fixed:  # the V schedules: exactly two stages per device, whatever --chunks asks of the others
+        return [fixed] if K * fixed <= n_layers and request.chunks in (None, fixed) else []
     v_list = [request.chunks] if request.chunks else list(CHUNK_CHOICES)
     return [v for v in v_list if v >= 2 and K * v <= n_layers]
 

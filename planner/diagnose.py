@@ -23,6 +23,7 @@ from pipeplan.planner.partition import link_fn
 from pipeplan.planner.predict import predict
 from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
+from pipeplan.schedules import stage_device
 from pipeplan.units import GIB
 
 __all__ = ["Failure", "Shortfall", "infeasible_message"]
@@ -85,7 +86,7 @@ def _worst_stage(view: SearchView, f: Failure) -> tuple[int, str]:
     plan = predict(view.graph, view.profile, part.assignment, replace(cfg, stage_replicas=()), view.request,
                    problem=view.problem(mb, False)).plan
     worst = max(plan.stages, key=lambda s: s.predicted.memory_bytes)
-    where = f" on stage {worst.index}" if cfg.chunks == 1 else f" on pipeline device {worst.index % cfg.stages}"
+    where = f" on stage {worst.index}" if cfg.chunks == 1 else f" on pipeline device {stage_device(cfg.schedule, worst.index, cfg.stages)}"
     return worst.predicted.memory_bytes, where
 
 

@@ -22,7 +22,7 @@ from pipeplan.planner.dp import COMM_MODES, Partition, assignment_bounds, bounda
 from pipeplan.planner.ilp import partition_ilp
 from pipeplan.planner.predict import place
 from pipeplan.planner.problem import Problem
-from pipeplan.schedules import facts
+from pipeplan.schedules import facts, stage_device
 
 __all__ = ["LinkFn", "link_fn", "Partitioner", "ilp_partition"]
 
@@ -44,7 +44,8 @@ def link_fn(profile: HardwareProfile, cfg: Config) -> LinkFn:
     per_device = place(P, d, cfg.layout)
 
     def fn(b: int) -> Link:
-        return worst_link(profile, zip(per_device[b % P], per_device[(b + 1) % P], strict=True))
+        a, c = stage_device(cfg.schedule, b, P), stage_device(cfg.schedule, b + 1, P)
+        return worst_link(profile, zip(per_device[a], per_device[c], strict=True))
 
     return fn
 
@@ -101,7 +102,7 @@ def ilp_partition(prob: Problem, cfg: Config, mem: RangeMemory, links: LinkFn, *
     """
     S = cfg.virtual_stages
     ch = mem.ch
-    per_layer = [[mem.device_total(s % cfg.stages, prob.param_bytes[i] * ch, prob.saved_bytes[i] * ch, 0, 0)
+    per_layer = [[mem.device_total(stage_device(cfg.schedule, s, cfg.stages), prob.param_bytes[i] * ch, prob.saved_bytes[i] * ch, 0, 0)
                   for i in range(prob.n)] for s in range(S)]
     got = partition_ilp(prob, S, link=links, capacity_bytes=capacity_bytes, memory_bytes_per_layer=per_layer,
                         time_limit_s=time_limit_s, warm_start=warm_start)

@@ -8,7 +8,8 @@ for memory, and the event simulator (`planner/simulate.py`) for the iteration.
 
 Conventions (docs/plan-format.md):
 - "stage" is a virtual stage in model order. Synchronous schedules: stage s runs
-  on pipeline device s % P (P = stages / chunks) of every data-parallel replica.
+  on pipeline device s % P (P = stages / chunks) of every data-parallel replica; the V schedules (zb-v,
+  dualpipev) run stage s on device s for s < P, else 2P - 1 - s (pipeplan.schedules.stage_device).
 - Synchronous schedules replicate the whole pipeline `data_parallel` times; the
   global batch splits evenly, microbatch = batch / (data_parallel * M), and each
   stage all-reduces its gradients across replicas once per iteration.
@@ -35,7 +36,7 @@ from pipeplan.planner.predict_report import assemble_plan
 from pipeplan.planner.problem import Problem, build_problem
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.simulate import SimResult, simulate
-from pipeplan.schedules import facts
+from pipeplan.schedules import facts, stage_device
 
 __all__ = ["Evaluation", "predict", "evaluate", "graph_summary", "place", "boundary_bytes"]
 
@@ -115,7 +116,7 @@ def _ranks(config: Config, reps: Sequence[int], S: int, dp: int) -> list[list[in
         return ranks
     P = S // config.chunks
     per_device = place(P, dp, config.layout)
-    return [per_device[s % P] for s in range(S)]
+    return [per_device[stage_device(config.schedule, s, P)] for s in range(S)]
 
 
 def _microbatch_size(request: PlanRequest, M: int, dp: int) -> int:

@@ -20,7 +20,7 @@ from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
-from pipeplan.schedules import facts
+from pipeplan.schedules import device_stages, facts
 
 __all__ = ["StageInputs", "stage_inputs", "boundary_bytes", "contiguous", "shared_stages", "op_times",
            "collectives_overlap"]
@@ -222,7 +222,7 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
     P = S // config.chunks
     memory = []
     for p in range(P):
-        mine = list(range(p, S, P))
+        mine = device_stages(config.schedule, p, P, S // P)
         memory.append(stage_memory(
             param_bytes=sum(sums.params[s] for s in mine),
             saved_bytes_per_mb=sum(sums.saved[s] for s in mine),

@@ -22,19 +22,21 @@ from pipeplan.planner.predict_inputs import StageInputs, collectives_overlap, sh
 from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.simulate import SimResult
+from pipeplan.schedules import stage_device
 from pipeplan.units import GIB, MIB
 
 __all__ = ["assemble_plan"]
 
 
-def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, chunks: int, recompute: bool,
+def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, schedule: str, chunks: int,
+            recompute: bool,
             ranks: Sequence[Sequence[int]], reps: Sequence[int], slow: float,
             overhead_s: Sequence[float]) -> list[Stage]:
     n, S = problem.n, len(reps)
     P = S // chunks
     stages = []
     for s in range(S):
-        mem = x.memory[s % P]
+        mem = x.memory[stage_device(schedule, s, P)]
         f_s = slow * float(sum(problem.fwd_s[i] for i in range(n) if assignment[i] == s))
         b_s = slow * float(sum(problem.bwd_s[i] for i in range(n) if assignment[i] == s))
         stages.append(Stage(
@@ -102,7 +104,7 @@ def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assi
                   reps: Sequence[int], dp: int, mb: int, devices: int, slow: float, overhead_s: Sequence[float],
                   solver: dict[str, Any] | None, graph_info: dict[str, Any]) -> Plan:
     """The `Plan` of a predicted partition."""
-    stages = _stages(problem, assignment, x, chunks=config.chunks, recompute=config.recompute, ranks=ranks,
+    stages = _stages(problem, assignment, x, schedule=config.schedule, chunks=config.chunks, recompute=config.recompute, ranks=ranks,
                      reps=reps, slow=slow, overhead_s=overhead_s)
     return Plan(
         graph=graph_info,

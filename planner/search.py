@@ -37,7 +37,7 @@ from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import graph_summary, predict
 from pipeplan.planner.problem import Problem, build_problem
 from pipeplan.planner.request import PlanRequest
-from pipeplan.schedules import facts
+from pipeplan.schedules import facts, stage_device
 
 __all__ = ["search", "SearchResult", "Candidate", "Progress", "pipedream_levels"]
 
@@ -219,7 +219,7 @@ class _Search:
         prob = self.problem(mb, cfg.recompute)
         busy = [0.0] * P
         for i, s in enumerate(part.assignment):
-            busy[s % P] += prob.compute_s[i]
+            busy[stage_device(cfg.schedule, s, P)] += prob.compute_s[i]
         if cfg.stage_replicas:
             busy = [busy[s] / cfg.stage_replicas[s] for s in range(P)]
         replicated_stages = not facts(cfg.schedule).replicates_whole_pipeline

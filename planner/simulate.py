@@ -1,4 +1,4 @@
-"""Event-driven simulation of pipeline schedules (GPipe, 1F1B, PipeDream, interleaved 1F1B, ZB-H1).
+"""Event-driven simulation of pipeline schedules (GPipe, 1F1B, PipeDream, interleaved 1F1B, zero bubble).
 
 Closed forms such as (M+K-1)(t_f+t_b) only hold for uniform stages and free
 communication; real partitions are neither, so the planner predicts iteration
@@ -49,6 +49,10 @@ PipeDream SOSP'19):
   on the critical path to the previous stage) and a weight-gradient op "W" (wgrad_s) run later; stage s
   has 1F1B's warm-up and defers its W's by s microbatches, which fill the cool-down bubble. A
   microbatch's activations (and its gradient all-reduce's readiness) last until its W ends.
+- "zb-v" and "dualpipev": the V-shaped zero-bubble schedules (Qi et al. 2024 §6; DeepSeek-V3 §3.2.1), two
+  chunks per device placed in a V (virtual stage s on device s for s < K, else 2K - 1 - s), in torch's own
+  op orders (pipeplan/v_orders.py). DualPipeV also runs whole backwards ("BW": B and W at once, the
+  input gradient sent when both end), and its overlapped forward+backward pairs one after the other.
 """
 
 from __future__ import annotations
@@ -59,12 +63,14 @@ from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
 from pipeplan.errors import UserError
-from pipeplan.schedules import ScheduleFacts, facts
+from pipeplan.schedules import ScheduleFacts, facts, stage_device
+from pipeplan.v_orders import v_order
 
 COMPUTE_KINDS = ("fwd", "bwd", "recompute", "wgrad")
 
 Order = list[tuple[str, int, int]]
-"""One device's ops in the order it runs them: (kind "F", "B" or "W", virtual stage, microbatch)."""
+"""One device's ops in the order it runs them: (kind, virtual stage, microbatch); kind "F", "B", "W" (zero
+bubble's weight gradient, after its "B") or "BW" (a whole backward in a schedule that otherwise splits them)."""
 MemDelta = tuple[float, int, int]
 """(time, 0 for a free / 1 for an allocation, bytes): frees sort before allocations at the same instant."""
 
@@ -149,6 +155,8 @@ def _orders(schedule: str, devices: int, chunks: int, microbatches: int) -> list
     K, v, M = devices, chunks, microbatches
     if schedule == "gpipe":
         return [[("F", d, m) for m in range(M)] + [("B", d, m) for m in range(M)] for d in range(K)]
+    if facts(schedule).placement == "v":
+        return [v_order(schedule, d, K, M) for d in range(K)]
     if facts(schedule).splits_backward:
         return [[(k, d, m) for k, m in _order_zb_h1(d, K, M)] for d in range(K)]
     if not facts(schedule).interleaves or v == 1:  # interleaved with one chunk is plain 1F1B
@@ -185,6 +193,7 @@ class _SimInputs:
     schedule: ScheduleFacts
     stages: int  # S, virtual stages (K * chunks)
     devices: int  # K
+    device_of: tuple[int, ...]  # the device of each virtual stage (pipeplan.schedules.stage_device)
     chunks: int
     microbatches: int  # M
     fwd: tuple[float, ...]
@@ -229,10 +238,15 @@ def _check_shape(schedule: str, stages: int, microbatches: int, chunks: int) -> 
         raise UserError(f"microbatches must be at least 1, got {microbatches}")
     if not schedule_facts.interleaves and chunks != 1:
         raise ValueError(f"chunks={chunks} only applies to the interleaved schedule")
+    if schedule_facts.fixed_chunks and chunks != schedule_facts.fixed_chunks:
+        raise ValueError(f"{schedule} runs exactly {schedule_facts.fixed_chunks} chunks per device, not {chunks}")
+    problem = schedule_facts.microbatch_rule(stages // chunks, microbatches) if schedule_facts.placement == "v" else None
+    if problem:  # torch's V orders are only defined within its rule
+        raise UserError(f"{schedule} {problem}, got {microbatches}")
     if chunks < 1 or stages % chunks:
         raise ValueError(f"{stages} virtual stages cannot be split into {chunks} chunks per device")
     K = stages // chunks
-    if schedule_facts.interleaves and chunks > 1 and microbatches % K:
+    if schedule_facts.placement == "loop" and schedule_facts.interleaves and chunks > 1 and microbatches % K:
         raise UserError(
             f"the interleaved schedule needs the microbatch count to be a multiple of the {K} pipeline devices, "
             f"got {microbatches}",
@@ -304,6 +318,7 @@ def _validate(
         send.append(0)
     return _SimInputs(
         schedule=schedule_facts, stages=S, devices=K, chunks=chunks, microbatches=microbatches,
+        device_of=tuple(stage_device(schedule, s, K) for s in range(S)),
         fwd=fwd, bwd=bwd, send=_check_lengths("send_s", send, S),
         recompute=_optional("recompute_s", recompute_s, S),
         activation_bytes=_optional("activation_bytes_per_mb", activation_bytes_per_mb, S),
@@ -388,7 +403,7 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
     split, wgrad = inp.schedule.splits_backward, inp.wgrad or (0,) * S
     events = run.events if keep_events else None
     send = _Links(K, events).send
-    dev = [s % K for s in range(S)]
+    dev = inp.device_of
     ptr = [0] * K
     remaining = sum(len(o) for o in orders)
     while remaining:
@@ -430,14 +445,18 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
                         if events is not None and rec[s]:
                             events.append(Event(d, s, s // K, m, "recompute", start, start + rec[s]))
                         start = start + rec[s]
-                    end = start + bwd[s] - wgrad[s]
+                    whole = not split or kind == "BW"
+                    end = start + bwd[s] - (0 if whole else wgrad[s])
                     b_end[s][m] = end
                     b_arrive[s][m] = send(d, dev[s - 1], end, sends[s - 1], s, m) if s > 0 else end
-                    if not split:
+                    if whole:
                         w_end[s][m] = end
                         mem_deltas[d].append((end, 0, -(act[s] + rbytes[s])))
                     if events is not None:
                         events.append(Event(d, s, s // K, m, "bwd", start, end))
+                        if split and kind == "BW" and wgrad[s]:  # drawn as its two parts, like B then W
+                            events[-1].end_s = end - wgrad[s]
+                            events.append(Event(d, s, s // K, m, "wgrad", end - wgrad[s], end))
                 free[d] = end
                 ptr[d] += 1
                 remaining -= 1
@@ -454,7 +473,7 @@ def _busy_s(inp: _SimInputs) -> list[float]:
     """Compute time of each device in one iteration of M microbatches."""
     busy: list[float] = [0] * inp.devices
     for s in range(inp.stages):
-        busy[s % inp.devices] += inp.microbatches * (inp.fwd[s] + inp.bwd[s] + inp.recompute[s])
+        busy[inp.device_of[s]] += inp.microbatches * (inp.fwd[s] + inp.bwd[s] + inp.recompute[s])
     return busy
 
 
@@ -474,7 +493,7 @@ def _window_update_s(inp: _SimInputs) -> float:
     longest stall. 0 for async PipeDream (its updates are in the stage times)."""
     per_device = [0.0] * inp.devices
     for s in range(inp.stages):
-        per_device[s % inp.devices] += inp.allreduce[s] + inp.optimizer[s]
+        per_device[inp.device_of[s]] += inp.allreduce[s] + inp.optimizer[s]
     return max(per_device)
 
 
@@ -488,14 +507,14 @@ def _allreduce_end(inp: _SimInputs, b_end: list[list[float]], pipeline_s: float,
     comm_free: list[float] = [0] * K
     for s in sorted(range(inp.stages), key=lambda s: max(b_end[s])):
         if inp.allreduce[s]:
-            d = s % K
+            d = inp.device_of[s]
             start = max(max(b_end[s]), comm_free[d])
             comm_free[d] = start + inp.allreduce[s]
             iteration_s = max(iteration_s, comm_free[d])
             if events is not None:
                 events.append(Event(d, s, s // K, -1, "allreduce", start, start + inp.allreduce[s]))
     for d in range(K):
-        mine = range(d, inp.stages, K)
+        mine = [s for s in range(inp.stages) if inp.device_of[s] == d]
         t = max([comm_free[d], *(max(b_end[s]) for s in mine)])
         for s in mine:
             if inp.optimizer[s]:
@@ -610,5 +629,6 @@ def simulate(
         bubble_overhead=bubble_overhead,
         busy_s=busy,
         inflight_peak=[_peak_count(f_start, b_end, [s]) for s in range(S)],
-        inflight_device_peak=[_peak_count(f_start, b_end, range(d, S, K)) for d in range(K)],
+        inflight_device_peak=[_peak_count(f_start, b_end, [s for s in range(S) if inp.device_of[s] == d])
+                              for d in range(K)],
     )

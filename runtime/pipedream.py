@@ -267,7 +267,7 @@ def update(st: AsyncStage, groups: Groups, mean: bool) -> None:
     my_ranks = {t: rs[st.j % len(rs)] for t, rs in st.ranks.items()}  # tied holders have equal replica counts
     sum_shared_grads(groups.shared, {st.s: st.module}, my_ranks, groups.tied)
     r = len(st.ranks[st.s])
-    if r > 1:  # average_replica_grads picks a stage's group as groups[s % len(groups)]: one stage, key 0
+    if r > 1:  # average_replica_grads takes each stage's group by its key: one stage, key 0
         average_replica_grads({0: st.module}, {0: groups.stage[st.s]}, r, mean)
     if st.optimizer is not None:
         st.optimizer.step()

@@ -149,13 +149,20 @@ def _check_tensor_values(gm: fx.GraphModule, infos: list[StageInfo]) -> None:
                 )
 
 
-def build_stage_module(gm: fx.GraphModule, info: StageInfo, num_stages: int, *, copy: bool = False) -> fx.GraphModule:
+def build_stage_module(gm: fx.GraphModule, info: StageInfo, num_stages: int, *, copy: bool = False,
+                       own_outputs: bool = False) -> fx.GraphModule:
     """One stage as a GraphModule: forward(*info.inputs) -> tuple(info.outputs).
 
     The last stage returns the model's flat output leaves as a tuple; `unflatten_output`
     rebuilds the model's own output structure for the loss. With copy=True the
     stage gets its own clones of parameters and buffers (single-process tests,
     where stages must not share storage the way separate ranks do not).
+    own_outputs=True (zero-bubble schedules): every output is sent as a fresh copy. torch's
+    input-gradient pass detaches the stage's outputs in place (_backward.stage_backward_input), which
+    fails on a view ("Can't detach views in-place": a reshape cut right after it) and breaks the
+    weight-gradient pass of an op that saved that very tensor (a LayerNorm on a residual stream cut
+    right after it: "saved tensor that has been detached in-place"). A copy of what is sent anyway is
+    small beside the stage's compute.
     """
     nodes = {n.name: n for n in gm.graph.nodes}
     graph = fx.Graph()
@@ -181,7 +188,12 @@ def build_stage_module(gm: fx.GraphModule, info: StageInfo, num_stages: int, *, 
         graph.output(tuple(lookup(x) if isinstance(x, fx.Node) else x for x in leaves))
     else:
         # gloo sends only contiguous tensors; contiguous() is a no-op (same tensor) when already so
-        graph.output(tuple(graph.call_method("contiguous", (lookup(nodes[v]),)) for v in info.outputs))
+        def sent(v: str) -> fx.Node:
+            if own_outputs:
+                return graph.call_function(torch.clone, (lookup(nodes[v]),), {"memory_format": torch.contiguous_format})
+            return graph.call_method("contiguous", (lookup(nodes[v]),))
+
+        graph.output(tuple(sent(v) for v in info.outputs))
     root: dict[str, Any] = {}
     for target in info.attrs:
         t = _get_attr(gm, target)
@@ -243,8 +255,8 @@ class Split:
     def num_stages(self) -> int:
         return len(self.infos)
 
-    def module(self, stage: int, *, copy: bool = False) -> fx.GraphModule:
-        return build_stage_module(self.gm, self.infos[stage], self.num_stages, copy=copy)
+    def module(self, stage: int, *, copy: bool = False, own_outputs: bool = False) -> fx.GraphModule:
+        return build_stage_module(self.gm, self.infos[stage], self.num_stages, copy=copy, own_outputs=own_outputs)
 
     def shared_attrs(self) -> dict[str, list[int]]:
         """Parameter FQN -> stages holding it, for parameters held by more than one stage."""

@@ -47,7 +47,7 @@ from pipeplan.runtime.measure import (
 )
 from pipeplan.runtime.sharding import ShardedParams, wrap_stage
 from pipeplan.runtime.split import Split, flat_inputs, split_program, unflatten_output
-from pipeplan.schedules import facts
+from pipeplan.schedules import facts, stage_device
 
 SEED = 1234  # every rank builds the model with this seed, so replicas of a tensor start identical
 # gloo/NCCL timeout of every collective and send/receive: a rank whose neighbour vanished (on another
@@ -99,9 +99,10 @@ def parse(argv: list[str]) -> Options:
 def stage_ranks(plan) -> dict[int, list[int]]:
     """stage index -> its ranks, one per data-parallel replica of the whole pipeline.
 
-    torch's schedules run stage i on rank i mod P of a pipeline's process group,
-    whose ranks are in increasing order, so each replica's pipeline devices must
-    increase with the stage index (both of planner.predict.place's layouts do).
+    torch's schedules run stage i on rank i mod P of a pipeline's process group (the V schedules on
+    rank i, then 2P - 1 - i: pipeplan.schedules.stage_device), whose ranks are in increasing order, so
+    each replica's pipeline devices must increase with the stage index (both of planner.predict.place's
+    layouts do).
     """
     if not facts(plan.schedule).flushes:  # asynchronous PipeDream: stages replicated one by one
         from pipeplan.runtime.pipedream import check_async_plan
@@ -123,10 +124,12 @@ def stage_ranks(plan) -> dict[int, list[int]]:
     for r in range(d):
         pipe = [ranks[s][r] for s in range(min(p, n))]
         for s in range(n):
-            if ranks[s][r] != pipe[s % p] or (s < p and s and pipe[s] <= pipe[s - 1]):
+            want = stage_device(plan.schedule, s, p)
+            if ranks[s][r] != pipe[want] or (s < p and s and pipe[s] <= pipe[s - 1]):
                 raise UserError(
                     f"stage {s} is placed on device {ranks[s][r]}, but torch.distributed.pipelining runs stage {s} "
-                    f"on pipeline rank {s % p} (stages go round-robin over increasing device ranks)",
+                    f"on pipeline rank {want} (stages go {'in a V' if want != s % p else 'round-robin'} over "
+                    "increasing device ranks)",
                     "re-plan with the default placement",
                 )
     return ranks
@@ -316,8 +319,13 @@ def setup(opts: Options, plan_path: str) -> RunState:
     spec, gm, split = load_split_model(plan)
     replica, mine = rank_stages(ranks, rank)
     pp_groups, dp_groups = data_parallel_groups(ranks, dp)
-    modules = {s: on_device(split.module(s), device) for s in mine}
     shared = split.shared_attrs()
+    # zero bubble detaches stage outputs in place after the input-gradient pass (runtime/split.py); a tied
+    # parameter held by two of this rank's stages (a V schedule's first and last) gets a copy per stage, as
+    # on two ranks, or its one tensor would gather both gradients and be stepped twice
+    own = facts(plan.schedule).splits_backward
+    copy = any(len([s for s in holders if s in mine]) > 1 for holders in shared.values())
+    modules = {s: on_device(split.module(s, own_outputs=own, copy=copy), device) for s in mine}
     sharded = shard_stages(opts, plan, modules, shared, dp_groups, dp)
     optimizers = make_optimizers(opts, plan, modules, sharded)
     tied = tied_groups(ranks, dp, shared)
@@ -403,15 +411,19 @@ def load_split_model(plan) -> tuple[Any, Any, Split]:
 
 
 def data_parallel_groups(ranks: dict[int, list[int]], dp: int) -> tuple[list[Any], dict[int, Any]]:
-    """(each replica's pipeline group, each pipeline position's replica group); ([None], {}) without replicas.
+    """(each replica's pipeline group, each stage's replica group); ([None], {}) without replicas.
 
+    Stages on the same pipeline device share its replica group (one per device, whatever the placement).
     new_group is a collective: every rank creates the same groups in the same order.
     """
     if dp == 1:
         return [None], {}
     pp_groups = [dist.new_group(sorted({ranks[s][r] for s in ranks})) for r in range(dp)]
-    positions = len({ranks[t][0] for t in ranks})
-    return pp_groups, {s: dist.new_group(ranks[s]) for s in sorted(ranks) if s < positions}
+    by_ranks: dict[tuple[int, ...], Any] = {}
+    for s in sorted(ranks):
+        if tuple(ranks[s]) not in by_ranks:
+            by_ranks[tuple(ranks[s])] = dist.new_group(ranks[s])
+    return pp_groups, {s: by_ranks[tuple(ranks[s])] for s in ranks}
 
 
 def tied_groups(ranks: dict[int, list[int]], dp: int, shared: dict[str, list[int]]) -> dict[tuple[int, ...], Any]:
@@ -461,7 +473,7 @@ def shard_stages(opts: Options, plan, modules: dict[int, torch.nn.Module], share
         tied = {id(m.get_parameter(fqn)) for fqn, holders in shared.items() if s in holders}
         params = [p for p in m.parameters() if p.requires_grad and id(p) not in tied]
         if params:
-            out[s] = ShardedParams(params, level=level, group=dp_groups[s % len(dp_groups)], make_optimizer=factory)
+            out[s] = ShardedParams(params, level=level, group=dp_groups[s], make_optimizer=factory)
     return out
 
 
@@ -729,7 +741,7 @@ def average_replica_grads(modules: dict, dp_groups: dict, dp: int, mean: bool,
             continue
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=dp_groups[s % len(dp_groups)])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=dp_groups[s])
         if mean:
             flat /= dp
         offset = 0

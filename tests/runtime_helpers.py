@@ -12,6 +12,7 @@ import torch
 from pipeplan.costmodels.model_file import load_model_file
 from pipeplan.costmodels.trace import export_structure
 from pipeplan.planner.plan import Plan, Prediction, Stage
+from pipeplan.schedules import stage_device
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -21,7 +22,8 @@ SEED = 1234  # pipeplan.runtime.worker.SEED (kept literal so a change there is n
 def hand_plan(model_file: str, *, stages: int, devices: int, schedule: str, microbatches: int, batch_size: int,
               optimizer: str = "sgd", cuts: list[int] | None = None, entry: str = "build_model",
               data_parallel: int = 1, sharding: str = "none") -> Plan:
-    """A plan with layers split evenly (or at `cuts`) and stage i on pipeline device i mod devices.
+    """A plan with layers split evenly (or at `cuts`) and stage i on pipeline device i mod devices (the V
+    schedules: device i, then 2 * devices - 1 - i; pipeplan.schedules.stage_device).
 
     With data_parallel d the whole pipeline is replicated d times, stage-major
     (pipeline device p's replicas are ranks p*d .. p*d+d-1, as planner.predict.place).
@@ -35,7 +37,7 @@ def hand_plan(model_file: str, *, stages: int, devices: int, schedule: str, micr
         cuts = [round(n * k / stages) for k in range(1, stages)]
     bounds = [0, *cuts, n]
     d = data_parallel
-    plan_stages = [Stage(index=s, layers=names[bounds[s]:bounds[s + 1]], devices=[(s % devices) * d + r for r in range(d)],
+    plan_stages = [Stage(index=s, layers=names[bounds[s]:bounds[s + 1]], devices=[stage_device(schedule, s, devices) * d + r for r in range(d)],
                          replicas=d) for s in range(stages)]
     return Plan(
         graph={"fingerprint": graph.fingerprint(), "name": graph.name, "model_file": spec.path, "entry": entry,

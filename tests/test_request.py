@@ -79,6 +79,8 @@ def _brute_configs(request: PlanRequest, n_layers: int) -> set[Config]:
         chunks = [1]
         if sched == "interleaved":
             chunks = [v for v in CHUNK_CHOICES if K >= 2 and M % K == 0 and K * v <= n_layers]
+        if sched in ("zb-v", "dualpipev"):  # exactly two stages a rank (torch); DualPipeV: M >= its 2K stages
+            chunks = [2] if K >= 2 and 2 * K <= n_layers and (sched == "zb-v" or M >= 2 * K) else []
         for v, rc in itertools.product(chunks, request.recompute_options):
             out.add(Config(schedule=sched, stages=K, data_parallel=d, microbatches=M, chunks=v, recompute=rc))
     return out
@@ -108,7 +110,9 @@ def test_schedule_facts_agree_with_the_published_rules(name):
                 "pipedream": [K - s for s in range(K)],  # PipeDream §3.2: NOAM, no flush
                 "pipedream-2bw": [K - s for s in range(K)],  # 2BW (ICML 2021) §3.1: 1F1B without flush
                 "interleaved": [K - s for s in range(K)],  # one chunk per device is 1F1B
-                "zb-h1": [min(K, M)] * K}[name]  # Qi et al. 2024 §3.1: every stage up to p microbatches
+                "zb-h1": [min(K, M)] * K,  # Qi et al. 2024 §3.1: every stage up to p microbatches
+                "zb-v": [2 * K] * K,  # §6: 1F1B's peak (K stages' worth) in 2K half-size chunk-microbatches
+                "dualpipev": [2 * K + 1] * K}[name]  # DeepSeek-V3 §3.2.1: DualPipe's PP + 1, in chunks
     assert held == expected
     assert rule.flushes == (name not in ("pipedream", "pipedream-2bw")) and rule.stashes_weights == (name == "pipedream")
     assert SCHEDULES[name] is rule

@@ -1,10 +1,13 @@
-"""Issue 19 point 3: a zero-bubble (ZB-H1) pipelined step equals single-process training.
+"""Issue 19 point 3: zero-bubble pipelined steps (ZB-H1, ZB-V, DualPipeV) equal single-process training.
 
 torch's ScheduleInterleavedZeroBubble with one stage per rank runs ZB-H1: every backward is split into
 an input-gradient pass and a deferred weight-gradient pass (stage.backward_one_chunk /
-backward_weight_one_chunk), over the fx modules runtime/split.py cuts. The cases cover a skip
-connection forwarded through stages (U-Net) and a tied embedding / LM head (GPT), with 2 and 4
-stages. One torchrun for all cases, like tests/test_runtime_equivalence.py, whose helpers it reuses.
+backward_weight_one_chunk), over the fx modules runtime/split.py cuts. ScheduleZBVZeroBubble and
+ScheduleDualPipeV run two stages a rank in a V (rank r: stages r and 2K - 1 - r, so rank 0 holds the first
+stage and the loss); DualPipeV also runs whole backwards and overlapped forward+backward pairs. The cases
+cover a skip connection forwarded through stages (U-Net) and a tied embedding / LM head (GPT, whose two
+holders share rank 0 under a V), with 2 and 4 ranks. One torchrun per world size, like
+tests/test_runtime_equivalence.py, whose helpers it reuses.
 """
 
 from __future__ import annotations
@@ -21,13 +24,30 @@ import torch
 from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_steps
 
 TESTS = REPO / "tests"
-CASES = {  # name -> (model file, batch size, microbatches, stages = devices)
-    "mlp": (EXAMPLES / "mlp.py", 8, 4, 2),
-    "mlp-4": (EXAMPLES / "mlp.py", 8, 4, 4),
-    "t-unet": (TESTS / "runtime_model_unet.py", 8, 4, 2),  # skip connections across the cut
-    "t-gpt-tied": (TESTS / "runtime_model_gpt.py", 8, 4, 2),  # tied weights summed across stages
-    "t-unet-4": (TESTS / "runtime_model_unet.py", 8, 2, 4),  # fewer microbatches than stages (torch adds bubbles)
+CASES = {  # name -> (model file, batch size, microbatches, stages, pipeline devices, schedule[, data parallel])
+    "mlp": (EXAMPLES / "mlp.py", 8, 4, 2, 2, "zb-h1"),
+    "mlp-4": (EXAMPLES / "mlp.py", 8, 4, 4, 4, "zb-h1"),
+    "t-unet": (TESTS / "runtime_model_unet.py", 8, 4, 2, 2, "zb-h1"),  # skip connections across the cut
+    "t-gpt-tied": (TESTS / "runtime_model_gpt.py", 8, 4, 2, 2, "zb-h1"),  # tied weights summed across stages
+    "t-unet-4": (TESTS / "runtime_model_unet.py", 8, 2, 4, 4, "zb-h1"),  # fewer microbatches than stages
+    "zbv-mlp": (EXAMPLES / "mlp.py", 8, 4, 4, 2, "zb-v"),
+    "zbv-mlp-m1": (EXAMPLES / "mlp.py", 8, 1, 4, 2, "zb-v"),  # torch plays 2K - 1 microbatches, drops the rest
+    "zbv-t-unet": (TESTS / "runtime_model_unet.py", 8, 4, 4, 2, "zb-v"),
+    "zbv-t-gpt-tied": (TESTS / "runtime_model_gpt.py", 8, 4, 4, 2, "zb-v"),
+    "zbv-mlp-8": (EXAMPLES / "mlp.py", 8, 8, 8, 4, "zb-v"),
+    "dpv-mlp": (EXAMPLES / "mlp.py", 10, 5, 4, 2, "dualpipev"),
+    "dpv-t-unet": (TESTS / "runtime_model_unet.py", 8, 4, 4, 2, "dualpipev"),
+    "dpv-t-gpt-tied": (TESTS / "runtime_model_gpt.py", 8, 4, 4, 2, "dualpipev"),
+    "zbv-t-gpt-dp2": (TESTS / "runtime_model_gpt.py", 16, 4, 4, 2, "zb-v", 2),  # replicas of a V pipeline
+    "zbv-gpt-view": (EXAMPLES / "gpt.py", 8, 4, 4, 2, "zb-v"),  # a stage output that is a view (CUTS)
 }
+# Cuts where the even split would miss the case: after h.1.attn, whose output is a reshape (a view), which
+# torch's input-gradient pass cannot detach in place unless the stage sends a copy (runtime/split.py)
+CUTS = {"zbv-gpt-view": [8, 13, 19]}
+
+
+def world_of(case: tuple) -> int:
+    return case[4] * (case[6] if len(case) > 6 else 1)
 STEPS = 2
 
 
@@ -37,14 +57,14 @@ def pipelined(tmp_path_factory):
     plans it writes each plan's results under run_dir/<index>, which the test reads)."""
     tmp = tmp_path_factory.mktemp("zero-bubble")
     out = {}
-    for world in sorted({c[3] for c in CASES.values()}):
-        names = [n for n, c in CASES.items() if c[3] == world]
+    for world in sorted({world_of(c) for c in CASES.values()}):
+        names = [n for n, c in CASES.items() if world_of(c) == world]
         plans = []
         for name in names:
-            model_file, batch, m, stages = CASES[name]
+            model_file, batch, m, stages, devices, schedule = CASES[name][:6]
             path = tmp / f"{name}.json"
-            hand_plan(str(model_file), stages=stages, devices=stages, schedule="zb-h1", microbatches=m,
-                      batch_size=batch).save(path)
+            hand_plan(str(model_file), stages=stages, devices=devices, schedule=schedule, microbatches=m,
+                      batch_size=batch, data_parallel=world // devices, cuts=CUTS.get(name)).save(path)
             plans.append(str(path))
         run_dir, dump = tmp / f"run{world}", tmp / f"params{world}"
         run_dir.mkdir()
@@ -55,22 +75,25 @@ def pipelined(tmp_path_factory):
         Path(os.environ.get("ZB_LOG_DIR", str(tmp)), f"torchrun{world}.log").write_text(r.stdout + r.stderr)  # the whole log: rank errors come early
         assert r.returncode == 0, f"see {tmp}/torchrun{world}.log\n" + r.stdout[-3000:] + r.stderr[-3000:]
         for i, name in enumerate(names):
-            out[name] = (run_dir / str(i), dump / str(i))
+            out[name] = (run_dir / str(i), dump / str(i), tmp / f"{name}.json")
     return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_zb_h1_steps_equal_single_process(case, pipelined):
-    run_dir, dump = pipelined[case]
-    model_file, batch, m, stages = CASES[case]
-    result = json.loads((run_dir / "result.json").read_text())
-    losses = next(r["losses"] for r in result["ranks"] if r["losses"] is not None)
-    ref_losses, ref_state, aliases = reference_steps(str(model_file), batch, STEPS, microbatches=m)
+def test_zero_bubble_steps_equal_single_process(case, pipelined):
+    from pipeplan.planner.plan import load_plan
+    from pipeplan.runtime.report import summarize
+
+    run_dir, dump, plan = pipelined[case]
+    model_file, batch, m, stages = CASES[case][:4]
+    losses = summarize(json.loads((run_dir / "result.json").read_text()), load_plan(plan))["losses"]  # replicas combined
+    dp = world_of(CASES[case]) // CASES[case][4]  # replicas cut the batch into dp x M microbatches in all
+    ref_losses, ref_state, aliases = reference_steps(str(model_file), batch, STEPS, microbatches=m * dp)
     assert len(losses) == STEPS
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-6)
     dumped = load_dumped(dump)
-    assert len(list(dump.glob("stage-*.pt"))) == stages
+    assert len(list(dump.glob("stage-*.pt"))) == stages * dp  # every replica's stages, each checked below
     for fqn, copies in dumped.items():
         for t in copies:
             torch.testing.assert_close(t, ref_state[fqn], rtol=1e-4, atol=1e-6, msg=lambda s, fqn=fqn: f"{fqn}: {s}")
@@ -85,8 +108,8 @@ def test_zb_h1_measures_each_weight_gradient_pass(pipelined):
     """The runtime times torch's W passes (backward_weight_one_chunk) as compute: every stage records M
     "wgrad" spans per step, each after its microbatch's B, and counts them in the backward total (before,
     a ZB-H1 stage's measured compute missed them: about half the predicted)."""
-    run_dir, _ = pipelined["mlp"]
-    _, _, m, stages = CASES["mlp"]
+    run_dir, _, _ = pipelined["mlp"]
+    m = CASES["mlp"][2]
     result = json.loads((run_dir / "result.json").read_text())
     for rank in result["ranks"]:
         for st in rank["stages"]:

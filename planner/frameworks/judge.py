@@ -22,6 +22,7 @@ from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import predict
 from pipeplan.planner.replay import config_of
 from pipeplan.planner.request import PlanRequest
+from pipeplan.schedules import stage_device
 
 __all__ = ["Judgement", "judge_split", "config_for_split"]
 
@@ -101,11 +102,11 @@ def _reasons(mine: Plan, best: Plan) -> list[str]:
 
 
 def _device_compute_s(plan: Plan) -> list[float]:
-    """Compute per microbatch of each pipeline device: its chunks summed (stage s runs on device s % P)."""
+    """Compute per microbatch of each pipeline device: its chunks summed (pipeplan.schedules.stage_device)."""
     P = max(1, len(plan.stages) // max(1, plan.chunks))
     per = [0.0] * P
     for s in plan.stages:
-        per[s.index % P] += s.predicted.compute_s
+        per[stage_device(plan.schedule, s.index, P)] += s.predicted.compute_s
     return per
 
 

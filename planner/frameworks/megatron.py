@@ -32,6 +32,7 @@ from typing import Any
 from pipeplan.planner.frameworks.common import Export, plan_units, require_synchronous
 from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, unit_split
 from pipeplan.planner.plan import Plan
+from pipeplan.schedules import facts
 
 __all__ = ["StageLayers", "layout_string", "parse_layout", "export", "split_from_args", "stage_layers"]
 
@@ -130,6 +131,9 @@ def export(plan: Plan) -> Export:
     if plan.schedule == "gpipe":
         raise Inexpressible("Megatron-LM has no GPipe schedule (it runs 1F1B, or interleaved 1F1B with virtual "
                             "stages); the nearest plan is the same split under 1f1b")
+    if facts(plan.schedule).splits_backward:
+        raise Inexpressible(f"Megatron-LM's pipeline schedules are 1F1B and interleaved 1F1B; it has no {plan.schedule} "
+                            "zero-bubble schedule: re-plan with --schedule 1f1b or interleaved")
     if plan.sharding in ("zero2", "zero3"):
         raise Inexpressible(f"pipeplan exports Megatron's ZeRO-1 (--use-distributed-optimizer) only; {plan.sharding} "
                             "would need Megatron-FSDP, whose pipeline support pipeplan does not model")

@@ -34,7 +34,10 @@ __all__ = ["SCHEDULES", "EMBEDDING_NAMES", "fqn_of", "parts_of", "default_parts"
            "OUTPUT_PY", "LOOPED"]
 
 # pipeplan schedule -> torch.distributed.pipelining schedule name torchtitan passes to get_schedule_class.
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+# torchtitan places ZBVZeroBubble's and DualPipeV's stages in a V itself (its pipeline_module_split: style "v"),
+# as pipeplan plans them (pipeplan.schedules.stage_device).
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble",
+             "zb-v": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 LOOPED = frozenset({"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"})
 # Token-embedding module names of the Llama family: Hugging Face, torchtitan, GPT-2, Megatron.
 EMBEDDING_NAMES = frozenset({"embed_tokens", "tok_embeddings", "wte", "word_embeddings"})
