@@ -68,6 +68,7 @@ class Layer:
     nodes: list[str] = field(default_factory=list)  # exported-program node names that make up the layer
     parts: list[CostPart] = field(default_factory=list)  # per op kind; empty: priced as one op of `kind`
     bwd_weight_flops: int | None = None  # of bwd_flops, the weight-gradient part (zero bubble's W); None: not split
+    bwd_weight_s: float | None = None  # of bwd_s, the measured weight-gradient time W; None: not timed apart
 
 
 def weight_grad_share(layer: Layer) -> float:
@@ -81,6 +82,19 @@ def weight_grad_share(layer: Layer) -> float:
     if layer.bwd_weight_flops is not None:
         return min(1.0, layer.bwd_weight_flops / layer.bwd_flops) if layer.bwd_flops > 0 else 0.0
     return 0.5 if layer.param_bytes > 0 else 0.0
+
+
+def weight_grad_time_share(layer: Layer) -> float:
+    """The share of a layer's backward *time* that is W: measured where the trace timed B apart.
+
+    FLOPs misjudge it: a weight gradient reduces over the batch (one large GEMM into a small
+    output) while the input gradient writes an activation-sized tensor, so equal FLOPs rarely take
+    equal time. `pipeplan trace` times both (costmodels/measure.py, `bwd_weight_s`); graphs without
+    the timing (analytic, imported, traced with --no-time) fall back to the FLOP share.
+    """
+    if layer.bwd_weight_s is not None and layer.bwd_s > 0:
+        return min(1.0, max(0.0, layer.bwd_weight_s / layer.bwd_s))
+    return weight_grad_share(layer)
 
 
 @dataclass

@@ -74,13 +74,18 @@ def _check_layer(f: Fields, layer: Any, i: int, layer_kinds: tuple[str, ...]) ->
 
 
 def _check_weight_grad(f: Fields, layer: Any, field: str) -> None:
-    """Optional `bwd_weight_flops` (null or absent: not split): an integer within the layer's bwd_flops."""
+    """Optional `bwd_weight_flops` and `bwd_weight_s` (null or absent: not split), each within the backward."""
     w = layer.get("bwd_weight_flops")
-    if w is None:
-        return
-    f.integer(w, f"{field}.bwd_weight_flops")
-    if w > layer.get("bwd_flops", 0):
+    if w is not None:
+        f.integer(w, f"{field}.bwd_weight_flops")
+    if w is not None and w > layer.get("bwd_flops", 0):
         raise f.fail(f"{field}.bwd_weight_flops", w, "at most the layer's bwd_flops (W is part of the backward)")
+    ws = layer.get("bwd_weight_s")
+    if ws is None:
+        return
+    f.number(ws, f"{field}.bwd_weight_s")
+    if ws > layer.get("bwd_s", 0.0):
+        raise f.fail(f"{field}.bwd_weight_s", ws, "at most the layer's bwd_s (W is part of the backward)")
 
 
 def _check_parts(f: Fields, layer: Any, field: str, part_kinds: tuple[str, ...]) -> None:

@@ -227,13 +227,19 @@ class _BackwardAttribution:
         outputs (AddmmBackward computes mat1's gradient only), so the clock charged here is B, and the
         full backward after it minus B is W. Leaves the ledger empty for that full backward.
         """
+        return self.input_grad_marked(loss)[0]
+
+    def input_grad_marked(self, loss: torch.Tensor) -> tuple[list[float], tuple[Any, Any]]:
+        """`input_grad`, and the (start, end) marks of that pass (a timed step leaves it out of its wall time)."""
+        start = end = self.marks.mark()
         if self.activations and loss.requires_grad:
-            self.last = self.marks.mark()
+            self.last = start
             torch.autograd.grad(loss, self.activations, retain_graph=True, allow_unused=True)
-            self.ledger.charge(self.current, self.last, self.marks.mark())
+            end = self.marks.mark()
+            self.ledger.charge(self.current, self.last, end)
         out = self.ledger.totals()
         self.ledger, self.current = Ledger(self.marks, len(out)), self.start_layer
-        return out
+        return out, (start, end)
 
     def backward(self, loss: torch.Tensor, spec: ModelSpec) -> None:
         if not loss.requires_grad:
@@ -341,6 +347,7 @@ def _is_user(t: Any, inputs: tuple[Any, ...]) -> bool:
 class Timing:
     fwd_s: list[float]
     bwd_s: list[float]
+    bwd_weight_s: list[float]  # of bwd_s, the weight-gradient part W: median of each step's backward less its B
     step_s: list[float]  # wall time of each timed step (fwd + loss + bwd)
     warmup_s: float
     repeats: int
@@ -349,8 +356,8 @@ class Timing:
 
 def _one_step(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, args: list[Any], target: Any,
               layer_of: dict[str, int], nlayers: int, marks: Marks | None = None,
-              ) -> tuple[list[float], list[float], float]:
-    """One timed training step: per-layer forward and backward seconds and the whole step's.
+              ) -> tuple[list[float], list[float], float, list[float]]:
+    """One timed training step: per-layer forward and backward seconds, the whole step's, and per-layer B.
 
     Every boundary is a mark (`marks`, default perf_counter); the intervals are resolved
     after the step, so CUDA events need one synchronize per step, not one per layer.
@@ -374,8 +381,8 @@ def _one_step(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
     gc.collect()  # a garbage collection inside a timed step lands on whichever layer is running
     gc.disable()
     try:
-        step = _timed_step(ep, spec, args, target, layer_of, forward, attribution, before, after)
-        return forward.totals(), attribution.totals(), marks.elapsed_s(*step)
+        step, b_pass, b = _timed_step(ep, spec, args, target, layer_of, forward, attribution, before, after)
+        return forward.totals(), attribution.totals(), marks.elapsed_s(*step) - marks.elapsed_s(*b_pass), b
     finally:
         gc.enable()
 
@@ -383,8 +390,13 @@ def _one_step(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
 def _timed_step(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[Any], target: Any,
                 layer_of: dict[str, int], forward: Ledger, attribution: _BackwardAttribution,
                 before: Callable[[int], None], after: Callable[[int, torch.fx.Node, Any], None],
-                ) -> tuple[Any, Any]:
-    """Runs the step, charging the loss to the last layer; returns the step's (start, end) marks."""
+                ) -> tuple[tuple[Any, Any], tuple[Any, Any], list[float]]:
+    """Runs the step, charging the loss to the last layer: the step's (start, end) marks, the B pass's, and B.
+
+    Before the full backward, the input-gradient pass B runs alone (`input_grad`, retaining the
+    graph), so each layer's W is its full backward less its B, both timed in this step: zero-bubble
+    schedules run the two apart, and their time split is not their FLOP split (graph.weight_grad_time_share).
+    """
     marks = forward.marks
     t0 = marks.mark()
     out = _LayerInterpreter(ep.graph_module, layer_of, before, after).run(*args)
@@ -392,11 +404,12 @@ def _timed_step(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[An
     loss = spec.loss(user_output(ep, out), target)
     forward.charge(forward.nlayers - 1, t1, marks.mark())  # the loss runs on the last stage
     del out
+    b, b_pass = attribution.input_grad_marked(loss)
     attribution.backward(loss, spec)
     end = marks.mark()
     for h in attribution.handles:
         h.remove()
-    return t0, end
+    return (t0, end), b_pass, b
 
 
 def _forward_only(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[Any], target: Any) -> None:
@@ -431,7 +444,7 @@ def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
     marks.wait()
     warm = time.perf_counter() - t0
     if warm < 1.0 or cuda:
-        _, _, warm = _one_step(ep, model, spec, args, target, layer_of, nlayers, marks)
+        _, _, warm, _ = _one_step(ep, model, spec, args, target, layer_of, nlayers, marks)
     else:
         warm *= 3.0  # a step is roughly forward + 2x backward
     if progress:
@@ -449,9 +462,11 @@ def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
         p.grad = None
     fwd = [statistics.median(r[0][i] for r in runs) for i in range(nlayers)]
     bwd = [statistics.median(r[1][i] for r in runs) for i in range(nlayers)]
+    # W paired within each step (its backward less its B pass), so a slow step shifts both alike.
+    wgrad = [statistics.median(r[1][i] - r[3][i] for r in runs) for i in range(nlayers)]
     fwd, per_node = _compiled_forward(ep, spec, args, target, fwd, layer_of, repeats, marks)
-    return Timing(fwd_s=fwd, bwd_s=bwd, step_s=[r[2] for r in runs], warmup_s=warm, repeats=repeats,
-                  node_overhead_s=per_node)
+    return Timing(fwd_s=fwd, bwd_s=bwd, bwd_weight_s=wgrad, step_s=[r[2] for r in runs], warmup_s=warm,
+                  repeats=repeats, node_overhead_s=per_node)
 
 
 def _compiled_forward(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[Any], target: Any,

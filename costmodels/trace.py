@@ -260,12 +260,14 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
     report("counting FLOPs and saved bytes", 1, 1)
 
     fwd_s, bwd_s = [0.0] * n, [0.0] * n
+    bwd_weight_s: list[float] | None = None
     if time_layers:
         keep_freed_memory()  # as the runtime's ranks run: see hardware_profiles/allocator.py
         with out_of_memory_as_user_error(spec.path, "timing the layers"):
             timing = measure.time_pass(ep, model, spec, inputs, target, layer_of, n, repeats=repeats,
                                        progress=report)
         fwd_s, bwd_s, graph.source["repeats"] = timing.fwd_s, timing.bwd_s, timing.repeats
+        bwd_weight_s = timing.bwd_weight_s
     nodes = {node.name: node for node in ep.graph.nodes}
     params = param_input_names(ep)
     loss_read = {i: 0 for i in range(n)}
@@ -281,12 +283,26 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
         layer.bwd_flops = int(counts.bwd_flops[i])
         if counts.bwd_input_flops:  # W = the full backward minus its input-gradient part (measure.input_grad)
             layer.bwd_weight_flops = max(0, min(layer.bwd_flops, layer.bwd_flops - counts.bwd_input_flops[i]))
+        if bwd_weight_s is not None:
+            layer.bwd_weight_s = _weight_grad_s(layer, bwd_weight_s[i])
         layer.saved_bytes = int(counts.saved_bytes[i])
         layer.kind = _refine_kind(layer, counts.node_flops, family)
         layer.parts = with_loss(cost_parts([nodes[x] for x in layer.nodes if x in nodes], counts.node_flops,
                                            params, layer.bwd_flops), loss_read[i])
     graph.peak_activation_bytes = int(counts.peak_saved_bytes)
     return blocks.Measured(graph, counts.node_flops, family)
+
+
+def _weight_grad_s(layer: Layer, measured_s: float) -> float:
+    """A layer's measured W (its backward less its timed input-gradient part B), within [0, bwd_s].
+
+    A layer without parameters has no W whatever the clock says: B and the full backward are two
+    timings of the same nodes there, and their noise is not W. A layer whose W the FLOP counter
+    misses (a LayerNorm's affine gradients count no FLOPs) keeps its measured W.
+    """
+    if not layer.params:
+        return 0.0
+    return max(0.0, min(layer.bwd_s, measured_s))
 
 
 def _refine_kind(layer: Layer, node_flops: dict[str, int], family: dict[str, str | None]) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_ring_time_s, p2p_time_s
-from pipeplan.costmodels.graph import Graph, SharedParam, weight_grad_share
+from pipeplan.costmodels.graph import Graph, SharedParam, weight_grad_time_share
 from pipeplan.costmodels.memory import MemoryBreakdown, is_mixed_precision, model_state_bytes, stage_memory
 from pipeplan.costmodels.optimizer_step import optimizer_step_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
@@ -206,8 +206,8 @@ def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, 
 
 def _wgrad(problem: Problem, graph: Graph, assignment: Sequence[int], S: int, slow: float) -> list[float]:
     """Each stage's weight-gradient time W: every layer's backward time times its W share
-    (costmodels.graph.weight_grad_share: the traced FLOP split, else the documented rule)."""
-    share = {layer.name: weight_grad_share(layer) for layer in graph.layers}
+    (costmodels.graph.weight_grad_time_share: the traced time split, else the FLOP split, else the rule)."""
+    share = {layer.name: weight_grad_time_share(layer) for layer in graph.layers}
     w = [0.0] * S
     for i in range(problem.n):
         w[assignment[i]] += slow * problem.bwd_s[i] * share.get(problem.names[i], 0.0)

@@ -207,11 +207,11 @@ def test_search_offers_the_v_schedules_only_where_torch_runs_them():
 def test_exports_name_the_schedule_or_refuse(schedule, torch_name):
     """torchtitan runs all three by torch's class name (get_schedule_class) and places ZBV/DualPipeV stages
     in a V itself; Megatron-LM has no zero-bubble schedule and says so (exit 2 from the CLI)."""
-    from test_export_fixtures import counts_assignment, llama_graph, make_plan
+    from torch.distributed.pipelining.schedules import get_schedule_class
 
     from pipeplan.planner.frameworks import export_plan
     from pipeplan.planner.frameworks.names import Inexpressible
-    from torch.distributed.pipelining.schedules import get_schedule_class
+    from test_export_fixtures import counts_assignment, llama_graph, make_plan
 
     chunks = 1 if schedule == "zb-h1" else 2
     counts = [5, 5] if chunks == 1 else [3, 2, 2, 3]  # 10 layers: embedding, rotary, 6 blocks, norm, head

@@ -2,16 +2,19 @@
 
 Independent values: a Linear y = x W^T (batch m, in k, out n) has dgrad = 2*m*n*k and wgrad = 2*m*n*k FLOPs
 (two matmuls of the same size as the forward); a layer without weights has W = 0; the first Linear, whose
-input needs no gradient, is all W.
+input needs no gradient, is all W. Time: a layer's traced W against the eager model's backward with that
+layer's parameters trainable less the same with them frozen (no hooks, no attribution).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
+import time
 
 import pytest
 
-from pipeplan.costmodels.graph import Graph, Layer, weight_grad_share
+from pipeplan.costmodels.graph import Graph, Layer, weight_grad_share, weight_grad_time_share
 from pipeplan.errors import UserError
 
 MODEL = '''
@@ -73,3 +76,75 @@ def test_share_rule():
     assert weight_grad_share(Layer(name="b", bwd_flops=0, bwd_weight_flops=0)) == 0.0
     assert weight_grad_share(Layer(name="c", bwd_flops=10, param_bytes=4)) == 0.5
     assert weight_grad_share(Layer(name="d", bwd_flops=10)) == 0.0
+
+
+TIMED_MODEL = '''
+import torch
+from torch import nn
+
+def build_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 8))
+
+def example_inputs(batch_size):
+    return (torch.randn(batch_size, 64),)
+'''
+
+
+def _frozen_w_s(path: str, batch_size: int, layer: int, rounds: int = 3, reps: int = 12) -> float:
+    """Layer `layer`'s W, measured without the tracer: the whole model's eager backward (gradients kept,
+    accumulating) with the layer's parameters trainable, less the same with them frozen."""
+    from pipeplan.costmodels.model_file import load_model_file
+
+    spec = load_model_file(path, "build_model")
+    model = spec.build()
+    inputs, target = spec.example_inputs(batch_size), spec.example_target(batch_size)
+
+    def backward_s() -> float:
+        times = []
+        for _ in range(reps + 2):
+            loss = spec.loss(model(*inputs), target)
+            t = time.perf_counter()
+            loss.backward()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times[2:])
+
+    diffs = []
+    for _ in range(rounds):
+        for frozen in (False, True):
+            for p in model[layer].parameters():
+                p.requires_grad_(not frozen)
+            t = backward_s()
+            diffs.append(t if not frozen else -t)
+    return statistics.median(diffs[0::2]) + statistics.median(diffs[1::2])
+
+
+def test_trace_times_each_backward_as_b_and_w(tmp_path):
+    """A Linear's traced W (its backward less its timed B) against the model's backward with and without
+    that Linear's parameters trainable; parameter-free layers have none, the first Linear is all W."""
+    from pipeplan.costmodels.trace import trace
+    from pipeplan.hardware_profiles.allocator import keep_freed_memory
+
+    path = tmp_path / "timed.py"
+    path.write_text(TIMED_MODEL)
+    graph = trace(str(path), batch_size=4, repeats=9)
+    first, relu, mid = graph.layers[0], graph.layers[1], graph.layers[2]
+    assert first.bwd_weight_s == first.bwd_s > 0  # its input needs no gradient: B is empty
+    assert relu.bwd_weight_s == 0.0
+    assert all(0.0 <= l.bwd_weight_s <= l.bwd_s for l in graph.layers)
+    assert 0.0 < mid.bwd_weight_s < mid.bwd_s  # a Linear mid-model has both parts
+    keep_freed_memory()  # as the trace ran
+    want = _frozen_w_s(str(path), 4, 2)
+    assert 0.6 * want <= mid.bwd_weight_s <= 1.6 * want, (mid.bwd_weight_s, want)
+    again = Graph.from_dict(json.loads(json.dumps(graph.to_dict())), tmp_path / "g.json")
+    assert [l.bwd_weight_s for l in again.layers] == [l.bwd_weight_s for l in graph.layers]
+
+
+def test_time_share_rule_and_check(traced, tmp_path):
+    assert weight_grad_time_share(Layer(name="a", bwd_s=2.0, bwd_weight_s=0.5, bwd_flops=10, bwd_weight_flops=5)) \
+        == 0.25
+    assert weight_grad_time_share(Layer(name="b", bwd_flops=10, bwd_weight_flops=4)) == 0.4  # untimed: FLOPs
+    doc = traced.to_dict()
+    doc["layers"][0]["bwd_s"], doc["layers"][0]["bwd_weight_s"] = 1.0, 1.5
+    with pytest.raises(UserError, match="bwd_weight_s"):
+        Graph.from_dict(doc, tmp_path / "bad.json")
