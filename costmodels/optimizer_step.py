@@ -28,7 +28,8 @@ from typing import Final
 
 from pipeplan.hardware_profiles.profile import HardwareProfile
 
-__all__ = ["FOREACH_BYTES_PER_PARAM", "FUSED_BYTES_PER_PARAM", "HALF_COPY_BYTES_PER_PARAM", "optimizer_step_s"]
+__all__ = ["FOREACH_BYTES_PER_PARAM", "FUSED_BYTES_PER_PARAM", "HALF_COPY_BYTES_PER_PARAM", "optimizer_step_s",
+           "stash_copy_s"]
 
 FOREACH_BYTES_PER_PARAM: Final[dict[str, int]] = {"sgd": 12, "momentum": 32, "adam": 72, "adamw": 80}
 FUSED_BYTES_PER_PARAM: Final[dict[str, int]] = {"sgd": 12, "momentum": 20, "adam": 28, "adamw": 28}
@@ -51,3 +52,11 @@ def optimizer_step_s(param_bytes_fp32: float, *, optimizer: str, mixed_precision
     per_param = table[optimizer] + (HALF_COPY_BYTES_PER_PARAM if mixed_precision else 0)
     memory_s = param_bytes_fp32 / FP32_BYTES * per_param / profile.mem_bw_bytes_per_s
     return memory_s + tensors * profile.optimizer_tensor_s.get(optimizer, 0.0)
+
+
+def stash_copy_s(param_bytes: float, *, profile: HardwareProfile) -> float:
+    """Seconds to copy a stage's weights into a new stashed version (PipeDream's weight stashing, SOSP'19
+    §3.3; PipeDream-2BW's shadow copy, ICML'21 §3.1): one clone of every parameter, which reads and writes
+    each byte once (runtime/pipedream.keep_version, `p.detach().clone()`). PipeDream makes a version per
+    update, so every microbatch; 2BW once per window. Memory-bound, like the optimizer step beside it."""
+    return 2.0 * param_bytes / profile.mem_bw_bytes_per_s

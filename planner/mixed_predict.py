@@ -52,7 +52,8 @@ def mixed_ranks(cluster: Cluster, types: Sequence[int], replicas: int) -> list[l
 def _spliced(parts: dict[int, StageInputs], types: Sequence[int]) -> StageInputs:
     """Stage s's numbers from its own group's inputs (zero bubble's W split too, where the schedule has one)."""
     fields = _FIELDS + (("wgrad",) if all(parts[g].wgrad for g in types) else ())
-    return StageInputs(**{name: [getattr(parts[g], name)[s] for s, g in enumerate(types)] for name in fields})
+    return StageInputs(**{name: [getattr(parts[g], name)[s] for s, g in enumerate(types)] for name in fields},
+                       tied=parts[types[0]].tied)  # the same graph and assignment in every group
 
 
 def mixed_predict(graph: Graph, cluster: Cluster, assignment: Sequence[int], types: Sequence[int], config: Config,

@@ -95,6 +95,7 @@ class Plan:
     sharding: Sharding = "none"  # ZeRO level over each stage's replicas (costmodels/memory.py)
     mixed_precision: MixedPrecision = "deepspeed"  # bf16/fp16 gradient dtype recipe (costmodels/memory.py)
     collectives_overlap: bool = True  # ZeRO collectives beside compute (GPU frameworks) or in series (local runtime)
+    tied_stages: list[list[int]] = field(default_factory=list)  # stages holding one tied parameter (simulate)
 
     def __post_init__(self) -> None:
         facts(self.schedule)  # an unknown schedule is a user error
@@ -128,6 +129,8 @@ class Plan:
         for stage in d["stages"]:  # optional: written only for mixed-cluster plans, so other plans read as before
             if stage["device_type"] is None:
                 del stage["device_type"]
+        if not d["tied_stages"]:  # likewise: only plans with tied parameters across stages
+            del d["tied_stages"]
         return {"format": PLAN_FORMAT, "microbatch_size": self.microbatch_size, **d}
 
     @classmethod

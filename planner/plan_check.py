@@ -65,6 +65,10 @@ def _check_descriptive(f: Fields, doc: dict[str, Any], graph: dict[str, Any]) ->
             f.string(doc[key], key)
     f.boolean(doc.get("recompute", False), "recompute")
     f.boolean(doc.get("collectives_overlap", True), "collectives_overlap")
+    for i, group in enumerate(f.items(doc.get("tied_stages", []), "tied_stages")):
+        for stage in f.items(group, f"tied_stages[{i}]"):
+            if f.integer(stage, f"tied_stages[{i}]") >= len(doc["stages"]):
+                raise f.fail(f"tied_stages[{i}]", stage, f"a stage index below {len(doc['stages'])}")
     f.items(doc.get("alternatives", []), "alternatives")
     for i, alt in enumerate(doc.get("alternatives", [])):
         f.mapping(alt, f"alternatives[{i}]")

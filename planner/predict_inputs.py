@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_ring_time_s, p2p_time_s
 from pipeplan.costmodels.graph import Graph, SharedParam, weight_grad_time_share
 from pipeplan.costmodels.memory import MemoryBreakdown, is_mixed_precision, model_state_bytes, stage_memory
-from pipeplan.costmodels.optimizer_step import optimizer_step_s
+from pipeplan.costmodels.optimizer_step import optimizer_step_s, stash_copy_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.problem import Problem
@@ -67,6 +67,7 @@ class StageInputs:
     msg_bytes: list[int]  # per stage: what each of its ops sends and receives (activation out + in, or their gradients)
     optimizer: list[float] = field(default_factory=list)  # each stage's optimizer step (PipeDream: folded into bwd)
     wgrad: list[float] = field(default_factory=list)  # of bwd, the weight-gradient part W (zero bubble: _wgrad)
+    tied: list[list[int]] = field(default_factory=list)  # stages holding one tied parameter (shared_stages)
 
 
 def contiguous(assignment: Sequence[int]) -> bool:
@@ -252,6 +253,8 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     allreduce = sync.step_end
     opt = _optimizer_times(profile, config, request, sums.params, reps, slow,
                            _param_tensors(graph, problem.names, assignment, S, config.sharding))
+    if not facts(config.schedule).flushes:  # each update also stashes a new weight version (optimizer_step.py)
+        opt = [o + slow * stash_copy_s(sums.params[s], profile=profile) for s, o in enumerate(opt)]
     rc = config.recompute
     rec = [sums.f[s] if rc else 0.0 for s in range(S)]
     fwd, bwd = list(sums.f), list(sums.b)
@@ -268,7 +271,7 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     msg = [(in_bytes[s] if s > 0 else 0) + (out_bytes[s] if s < S - 1 else 0) for s in range(S)]
     wgrad = _wgrad(problem, graph, assignment, S, slow) if facts(config.schedule).splits_backward else []
     return StageInputs(fwd, bwd, rec, send, allreduce, sync.fwd, sync.bwd, out_bytes, static, act, rbytes, memory,
-                       msg, opt, wgrad)
+                       msg, opt, wgrad, [list(used) for _, used in shared])
 
 
 def _param_tensors(graph: Graph, names: Sequence[str], assignment: Sequence[int], S: int, sharding: str) -> list[int]:

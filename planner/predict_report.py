@@ -126,4 +126,5 @@ def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assi
         sharding=config.sharding,
         mixed_precision=request.mixed_precision,
         collectives_overlap=collectives_overlap(profile),
+        tied_stages=[list(g) for g in x.tied],
     )

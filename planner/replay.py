@@ -93,4 +93,5 @@ def simulate_from_plan(plan: Plan) -> SimResult:
         allreduce_s=allreduce if any(allreduce) and not per_stage else None,
         recompute_s=recompute if any(recompute) else None,
         optimizer_s=None if rule.updates_each_microbatch else [x.optimizer_s for x in p],
+        tied_stages=plan.tied_stages or None,
     )

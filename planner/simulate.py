@@ -53,6 +53,11 @@ PipeDream SOSP'19):
   chunks per device placed in a V (virtual stage s on device s for s < K, else 2K - 1 - s), in torch's own
   op orders (pipeplan/v_orders.py). DualPipeV also runs whole backwards ("BW": B and W at once, the
   input gradient sent when both end), and its overlapped forward+backward pairs one after the other.
+
+Without a flush, the stages that hold one tied parameter (`tied_stages`, e.g. a GPT's embedding and LM
+head) sum its gradients at every update (runtime/pipedream.update): a rendezvous op "U" after each such
+backward waits for every holder's backward of that microbatch (2BW: of the window's last). On 2 stages
+that makes PipeDream's period b0 + max(f0, f1 + b1) instead of max(f0 + b0, f1 + b1).
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ COMPUTE_KINDS = ("fwd", "bwd", "recompute", "wgrad")
 
 Order = list[tuple[str, int, int]]
 """One device's ops in the order it runs them: (kind, virtual stage, microbatch); kind "F", "B", "W" (zero
-bubble's weight gradient, after its "B") or "BW" (a whole backward in a schedule that otherwise splits them)."""
+bubble's weight gradient, after its "B"), "BW" (a whole backward in a schedule that otherwise splits them) or
+"U" (without a flush: a tied parameter's update, after every holder's backward of that microbatch)."""
 MemDelta = tuple[float, int, int]
 """(time, 0 for a free / 1 for an allocation, bytes): frees sort before allocations at the same instant."""
 
@@ -206,6 +212,7 @@ class _SimInputs:
     allreduce: tuple[float, ...]  # all zero without a flush
     optimizer: tuple[float, ...] = ()  # each stage's optimizer step after its all-reduce (flushing schedules)
     wgrad: tuple[float, ...] = ()  # the weight-gradient part W of each bwd (zero bubble; empty otherwise)
+    tied: tuple[tuple[int, ...], ...] = ()  # without a flush: stages whose updates meet (a tied parameter's holders)
 
 
 def _check_lengths(name: str, values: Iterable[_Num], n: int) -> tuple[_Num, ...]:
@@ -292,6 +299,28 @@ def _wgrad_times(schedule: ScheduleFacts, wgrad_s: Sequence[float] | None, bwd: 
     return w
 
 
+def _tied_groups(schedule: ScheduleFacts, tied_stages: Sequence[Sequence[int]] | None,
+                 stages: int) -> tuple[tuple[int, ...], ...]:
+    """Groups of two or more stages that hold one tied parameter. Only schedules without a flush use them:
+    there each update sums the holders' gradients (runtime/pipedream.update), so a holder cannot finish an
+    update before every holder has run that microbatch's backward. A flush already waits for everyone."""
+    groups = tuple(tuple(sorted(set(g))) for g in (tied_stages or ()) if len(set(g)) > 1)
+    if any(not 0 <= x < stages for g in groups for x in g):
+        raise ValueError(f"tied_stages names a stage outside 0..{stages - 1}")
+    return groups if not schedule.flushes else ()
+
+
+def _update_points(inp: _SimInputs, stream: int) -> list[Order]:
+    """Per device, its ops with a rendezvous ("U", stage, m) after every backward that ends an update of a
+    tied stage: each microbatch for PipeDream, the last of each window of M for PipeDream-2BW."""
+    every = 1 if inp.schedule.updates_each_microbatch else inp.microbatches
+    tied = {s for g in inp.tied for s in g}
+    return [[op for kind, s, m in order
+             for op in ([(kind, s, m), ("U", s, m)] if kind == "B" and s in tied and m % every == every - 1
+                        else [(kind, s, m)])]
+            for order in _orders(inp.schedule.name, inp.devices, inp.chunks, stream)]
+
+
 def _validate(
     schedule: str,
     fwd_s: Sequence[float],
@@ -306,6 +335,7 @@ def _validate(
     recompute_bytes: Sequence[int] | None,
     optimizer_s: Sequence[float] | None = None,
     wgrad_s: Sequence[float] | None = None,
+    tied_stages: Sequence[Sequence[int]] | None = None,
 ) -> _SimInputs:
     """Check and normalise `simulate`'s arguments (see its docstring), raising on the first problem."""
     S = len(fwd_s)
@@ -327,6 +357,7 @@ def _validate(
         allreduce=_allreduce_times(schedule_facts, allreduce_s, S),
         optimizer=_optimizer_times(schedule_facts, optimizer_s, S),
         wgrad=_wgrad_times(schedule_facts, wgrad_s, bwd),
+        tied=_tied_groups(schedule_facts, tied_stages, S),
     )
 
 
@@ -404,6 +435,7 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
     events = run.events if keep_events else None
     send = _Links(K, events).send
     dev = inp.device_of
+    tied = {s: g for g in inp.tied for s in g}
     ptr = [0] * K
     remaining = sum(len(o) for o in orders)
     while remaining:
@@ -412,7 +444,14 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
             order = orders[d]
             while ptr[d] < len(order):
                 kind, s, m = order[ptr[d]]
-                if kind == "W":  # zero bubble: after this stage's B of m, frees m's activations
+                if kind == "U":  # a tied parameter's update: after every holder's backward of m
+                    ends = [b_end[h][m] for h in tied[s]]
+                    if any(e is None for e in ends):
+                        break
+                    end = max(free[d], *cast(list[float], ends))
+                    if events is not None and end > free[d]:
+                        events.append(Event(d, s, s // K, m, "allreduce", free[d], end))
+                elif kind == "W":  # zero bubble: after this stage's B of m, frees m's activations
                     b_done = b_end[s][m]
                     if b_done is None:
                         break
@@ -583,6 +622,7 @@ def simulate(
     recompute_bytes: Sequence[int] | None = None,
     optimizer_s: Sequence[float] | None = None,
     wgrad_s: Sequence[float] | None = None,
+    tied_stages: Sequence[Sequence[int]] | None = None,
     keep_events: bool = True,
 ) -> SimResult:
     """Play a pipeline schedule out and measure time, bubbles and memory.
@@ -596,13 +636,15 @@ def simulate(
     stage's all-reduce (flushing schedules; without a flush it belongs in bwd_s).
     `wgrad_s[i]` is the weight-gradient part of bwd_s[i], for a schedule that splits backwards (zero
     bubble; default half of bwd_s, see _wgrad_times).
+    `tied_stages`: groups of stages holding one tied parameter; without a flush each holder's update waits
+    for every holder's backward of the same microbatch (PipeDream; 2BW: of the window's last), then all go on.
     `keep_events=False` skips building the Event list (the search's fast path).
     """
     inp = _validate(schedule, fwd_s, bwd_s, send_s, microbatches, chunks, static_bytes, activation_bytes_per_mb,
-                    allreduce_s, recompute_s, recompute_bytes, optimizer_s, wgrad_s)
+                    allreduce_s, recompute_s, recompute_bytes, optimizer_s, wgrad_s, tied_stages)
     stream = _stream_length(inp)
     run = _Run.empty(inp.stages, inp.devices, stream)
-    _play(inp, _orders(inp.schedule.name, inp.devices, inp.chunks, stream), run, keep_events)
+    _play(inp, _update_points(inp, stream), run, keep_events)
     # every op has run, so every slot is filled
     f_start = cast(list[list[float]], run.f_start)
     b_end = cast(list[list[float]], run.w_end)  # a stage's backward (and its gradients) end with its W

@@ -44,3 +44,33 @@ def test_each_device_steps_after_its_last_backward_and_all_reduce():
 def test_an_asynchronous_schedule_folds_the_update_into_the_backward():
     with pytest.raises(ValueError, match="fold the per-microbatch update"):
         simulate("pipedream", [1.0, 1.0], [2.0, 2.0], [0.0, 0.0], 2, optimizer_s=[1.0, 1.0])
+
+
+@pytest.mark.parametrize("schedule,stashes", [("pipedream", True), ("pipedream-2bw", True), ("1f1b", False)])
+def test_asynchronous_updates_also_copy_the_weights_into_a_stash(schedule, stashes):
+    """PipeDream (every update) and 2BW (every window) clone each stage's weights into a new version:
+    2 bytes moved per weight byte at the profile's memory bandwidth, on top of the optimizer step."""
+    from cli_fixtures import chain_graph
+    from pipeplan.planner.configs import Config
+    from pipeplan.planner.predict_inputs import stage_inputs
+    from pipeplan.planner.problem import build_problem
+    from pipeplan.planner.request import PlanRequest
+
+    graph = chain_graph()
+    profile = load_profile("a100-80gb-sxm")
+    request = PlanRequest(devices=2, batch_size=4, stages=2, microbatches=2, schedule=schedule, optimizer="sgd")
+    problem = build_problem(graph, profile, microbatch_size=2)
+    n = problem.n
+    assignment = [0] * (n // 2) + [1] * (n - n // 2)
+    cfg = Config(schedule=schedule, stages=2, data_parallel=1, microbatches=2, chunks=1, recompute=False)
+    x = stage_inputs(problem, profile, graph, assignment, cfg, request, [1, 1], [[0], [1]])
+    params = [sum(l.param_bytes for l, a in zip(graph.layers, assignment, strict=True) if a == s) for s in (0, 1)]
+    step = [optimizer_step_s(b, optimizer="sgd", mixed_precision=False, profile=profile, tensors=t)
+            for b, t in zip(params, _tensors(graph, assignment), strict=True)]
+    copy = [2 * b / profile.mem_bw_bytes_per_s if stashes else 0.0 for b in params]
+    assert all(b > 0 for b in params)
+    assert x.optimizer == pytest.approx([s + c for s, c in zip(step, copy, strict=True)])
+
+
+def _tensors(graph, assignment) -> list[int]:
+    return [len({p for l, a in zip(graph.layers, assignment, strict=True) if a == s for p in l.params}) for s in (0, 1)]
