@@ -77,7 +77,8 @@ def weight_grad_share(layer: Layer) -> float:
     Traced graphs count it (`bwd_weight_flops`, docs/graph-format.md); for graphs without it the rule is
     half for a layer with parameters, none without: a Linear's (or a convolution's) input gradient and
     weight gradient are each 2*m*n*k FLOPs (Qi et al. 2024, "Zero Bubble Pipeline Parallelism" §2), and a
-    layer without weights has no W. Used for a layer's time as well as its FLOPs (zero-bubble schedules).
+    layer without weights has no W. It splits a layer's time too where the trace did not time W apart
+    (weight_grad_time_share).
     """
     if layer.bwd_weight_flops is not None:
         return min(1.0, layer.bwd_weight_flops / layer.bwd_flops) if layer.bwd_flops > 0 else 0.0
