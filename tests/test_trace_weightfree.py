@@ -70,6 +70,8 @@ def without_times(graph: Graph) -> dict:
     assert all(FVCORE_SKIPPED not in n for n in fvcore_notes) or graph.source["weights"] == "meta"
     for layer in doc["layers"]:
         assert layer.pop("fwd_s") >= 0 and layer.pop("bwd_s") >= 0
+        w = layer.pop("bwd_weight_s")  # timed traces only (the weight-free one is not timed: null)
+        assert w is None or w >= 0
     doc["totals"] = {k: v for k, v in doc["totals"].items() if not k.endswith("_s")}
     return doc
 
