@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeplan.choices import DTYPES
 from pipeplan.errors import UserError
+from pipeplan.schedules import facts
 
 # DTYPES is pipeplan.choices' (defined there once); still importable from here for existing callers.
 __all__ = ["DTYPES", "HardwareProfile", "Link"]
@@ -71,10 +72,9 @@ class HardwareProfile:
     def overhead_for(self, schedule: str, nbytes: int = 0) -> float:
         """Runtime seconds for one op of `schedule` that sends and receives `nbytes` in all: the schedule's
         own measurement (`profiles calibrate` measures GPipe, 1F1B and interleaved), else interleaved's for
-        the V schedules (two stages a rank under the same torch runtime class, each op posting its own
-        sends), else 1F1B's (ZB-H1 and PipeDream post and wait on their sends the way 1F1B does), else 0."""
+        the other schedules with several stages a rank (the V schedules: each op posting its own sends), else 1F1B's (ZB-H1 and PipeDream post and wait on their sends the way 1F1B does), else 0."""
         key = schedule if schedule in self.op_overhead_s else "1f1b"
-        if key == "1f1b" and schedule in ("zb-v", "dualpipev") and "interleaved" in self.op_overhead_s:
+        if key == "1f1b" and facts(schedule).interleaves and "interleaved" in self.op_overhead_s:
             key = "interleaved"
         return float(self.op_overhead_s.get(key, 0.0) + self.op_overhead_s_per_byte.get(key, 0.0) * nbytes)
 

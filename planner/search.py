@@ -218,8 +218,9 @@ class _Search:
         P = cfg.stages
         prob = self.problem(mb, cfg.recompute)
         busy = [0.0] * P
+        device_of = [stage_device(cfg.schedule, s, P) for s in range(max(part.assignment) + 1)]
         for i, s in enumerate(part.assignment):
-            busy[stage_device(cfg.schedule, s, P)] += prob.compute_s[i]
+            busy[device_of[s]] += prob.compute_s[i]
         if cfg.stage_replicas:
             busy = [busy[s] / cfg.stage_replicas[s] for s in range(P)]
         replicated_stages = not facts(cfg.schedule).replicates_whole_pipeline

@@ -313,12 +313,15 @@ def _tied_groups(schedule: ScheduleFacts, tied_stages: Sequence[Sequence[int]] |
 def _update_points(inp: _SimInputs, stream: int) -> list[Order]:
     """Per device, its ops with a rendezvous ("U", stage, m) after every backward that ends an update of a
     tied stage: each microbatch for PipeDream, the last of each window of M for PipeDream-2BW."""
+    orders = _orders(inp.schedule.name, inp.devices, inp.chunks, stream)
+    if not inp.tied:  # the search's inner loop: no copy of the orders
+        return orders
     every = 1 if inp.schedule.updates_each_microbatch else inp.microbatches
     tied = {s for g in inp.tied for s in g}
     return [[op for kind, s, m in order
              for op in ([(kind, s, m), ("U", s, m)] if kind == "B" and s in tied and m % every == every - 1
                         else [(kind, s, m)])]
-            for order in _orders(inp.schedule.name, inp.devices, inp.chunks, stream)]
+            for order in orders]
 
 
 def _validate(
@@ -508,6 +511,14 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
 # Measurements on a finished run
 
 
+def _device_stages(inp: _SimInputs) -> list[list[int]]:
+    """Per device, the virtual stages it runs (model order)."""
+    mine: list[list[int]] = [[] for _ in range(inp.devices)]
+    for s, d in enumerate(inp.device_of):
+        mine[d].append(s)
+    return mine
+
+
 def _busy_s(inp: _SimInputs) -> list[float]:
     """Compute time of each device in one iteration of M microbatches."""
     busy: list[float] = [0] * inp.devices
@@ -552,8 +563,7 @@ def _allreduce_end(inp: _SimInputs, b_end: list[list[float]], pipeline_s: float,
             iteration_s = max(iteration_s, comm_free[d])
             if events is not None:
                 events.append(Event(d, s, s // K, -1, "allreduce", start, start + inp.allreduce[s]))
-    for d in range(K):
-        mine = [s for s in range(inp.stages) if inp.device_of[s] == d]
+    for d, mine in enumerate(_device_stages(inp)):
         t = max([comm_free[d], *(max(b_end[s]) for s in mine)])
         for s in mine:
             if inp.optimizer[s]:
@@ -671,6 +681,5 @@ def simulate(
         bubble_overhead=bubble_overhead,
         busy_s=busy,
         inflight_peak=[_peak_count(f_start, b_end, [s]) for s in range(S)],
-        inflight_device_peak=[_peak_count(f_start, b_end, [s for s in range(S) if inp.device_of[s] == d])
-                              for d in range(K)],
+        inflight_device_peak=[_peak_count(f_start, b_end, mine) for mine in _device_stages(inp)],
     )
