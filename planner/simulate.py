@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
 from pipeplan.errors import UserError
-from pipeplan.schedules import ScheduleFacts, facts, stage_device
+from pipeplan.schedules import ScheduleFacts, device_stages, facts, stage_device
 from pipeplan.v_orders import v_order
 
 COMPUTE_KINDS = ("fwd", "bwd", "recompute", "wgrad")
@@ -513,10 +513,7 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
 
 def _device_stages(inp: _SimInputs) -> list[list[int]]:
     """Per device, the virtual stages it runs (model order)."""
-    mine: list[list[int]] = [[] for _ in range(inp.devices)]
-    for s, d in enumerate(inp.device_of):
-        mine[d].append(s)
-    return mine
+    return [device_stages(inp.schedule.name, d, inp.devices, inp.chunks) for d in range(inp.devices)]
 
 
 def _busy_s(inp: _SimInputs) -> list[float]:
