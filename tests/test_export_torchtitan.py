@@ -23,7 +23,7 @@ import tomllib
 from pipeplan.planner.frameworks import export_plan
 from pipeplan.planner.frameworks.names import Inexpressible
 from pipeplan.planner.frameworks.split import split_from_source
-from pipeplan.planner.frameworks.torchtitan import default_parts
+from pipeplan.planner.frameworks.torchtitan import LOOPED, default_parts
 from test_export_fixtures import counts_assignment, llama_graph, make_plan
 
 CHECK = Path(__file__).parent / "data" / "frameworks" / "torchtitan_check.py"
@@ -71,6 +71,19 @@ def test_toml_without_parts_splits_as_torchtitan_defaults(tmp_path):
     got = split_from_source(str(f), [layer.name for layer in g.layers], [float(x.param_bytes) for x in g.layers])
     # 4 virtual stages, 6 layers + 1 + 1 effective: 2 each, the embedding and norm+output counting one layer each
     assert got.chunks == 2 and got.assignment == counts_assignment([3, 2, 2, 3])
+
+
+@pytest.mark.parametrize("name, schedule", [("1F1B", "1f1b"), ("GPipe", "gpipe"), ("Interleaved1F1B", "interleaved"),
+                                            ("ZBVZeroBubble", "zb-v"), ("DualPipeV", "dualpipev"),
+                                            ("InterleavedZeroBubble", None), ("LoopedBFS", None)])
+def test_toml_names_the_schedule_pipeplan_plans_for_its_parts(tmp_path, name, schedule):
+    """The looped classes get two parts a rank by default: ZBVZeroBubble is pipeplan's zb-v, while
+    InterleavedZeroBubble with two parts a rank (interleaved zero bubble) and LoopedBFS are no pipeplan schedule."""
+    g = llama_graph(DEBUG_LAYERS)
+    f = tmp_path / "job.toml"
+    f.write_text(f"[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = \"{name}\"\n")
+    got = split_from_source(str(f), [layer.name for layer in g.layers], [float(x.param_bytes) for x in g.layers])
+    assert got.schedule == schedule and got.chunks == (2 if name in LOOPED else 1)
 
 
 @pytest.mark.parametrize("kw, why", [(dict(sharding="zero1", data_parallel=2), "no ZeRO-1"),

@@ -104,6 +104,24 @@ def test_deepspeed_inline_and_a_different_stage_count(graph_file):
     assert mine["plan"]["stages"][0]["layers"][-1] == "model.layers.4"
 
 
+def test_a_torchtitan_zbv_split_is_judged_in_its_v(graph_file, tmp_path):
+    """ZBVZeroBubble's parts go in a V (torchtitan places them so): the split is judged under zb-v, the last
+    virtual stage on device 0, not under interleaved's loop, and the prediction is evaluate's for that."""
+    job = tmp_path / "job.toml"
+    job.write_text('[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "ZBVZeroBubble"\n')
+    code, out, err = run(["plan", graph_file, "--profile", "h100-sxm", "--gpus", "2", "-b", "16", "--dtype", "bf16",
+                          "--split-from", job, "--json"])
+    assert code == 0, err
+    mine = json.loads(out)["your_split"]
+    plan = mine["plan"]
+    assert plan["schedule"] == "zb-v" and plan["chunks"] == 2
+    assert [s["devices"] for s in plan["stages"]] == [[0], [1], [1], [0]]
+    again = evaluate(llama_graph(8, hidden=1024, vocab=32000), _profile("h100-sxm"), counts_assignment(
+        [len(s["layers"]) for s in plan["stages"]]), schedule="zb-v", microbatches=plan["microbatches"],
+        batch_size=16, chunks=2, recompute=plan["recompute"], dtype="bf16")
+    assert mine["samples_per_s"] == pytest.approx(again.predicted.samples_per_s, rel=1e-9)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--split", "3,3"], "--split 3,3: the counts add up to 6 blocks, the model has 8"),
     (["--split", "2,2", "--split-from", "deepspeed:2:uniform"], "--split and --split-from both name a split"),

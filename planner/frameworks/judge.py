@@ -22,7 +22,7 @@ from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import predict
 from pipeplan.planner.replay import config_of
 from pipeplan.planner.request import PlanRequest
-from pipeplan.schedules import stage_device
+from pipeplan.schedules import ScheduleName, stage_device
 
 __all__ = ["Judgement", "judge_split", "config_for_split"]
 
@@ -52,17 +52,18 @@ class Judgement:
 
 
 def config_for_split(graph: Graph, profile: HardwareProfile, request: PlanRequest, best: Plan,
-                     virtual_stages: int, chunks: int) -> tuple[Config, str]:
-    """The configuration to judge a split of `virtual_stages` stages under, and what differs from the best's."""
+                     virtual_stages: int, chunks: int, schedule: ScheduleName | None = None) -> tuple[Config, str]:
+    """The configuration to judge a split of `virtual_stages` stages under, and what differs from the best's;
+    `schedule`: the one the split's framework settings name (it decides where the stages go)."""
     cfg = config_of(best)
-    if cfg.virtual_stages == virtual_stages and cfg.chunks == chunks:
+    if cfg.virtual_stages == virtual_stages and cfg.chunks == chunks and schedule in (None, cfg.schedule):
         return cfg, ""
     from pipeplan.planner.search import search
 
     P = virtual_stages // chunks
     if P > request.devices:
         raise ValueError(f"the split has {P} pipeline stages but --gpus is {request.devices}")
-    schedule = "interleaved" if chunks > 1 else (best.schedule if best.chunks == 1 else "1f1b")
+    schedule = schedule or ("interleaved" if chunks > 1 else (best.schedule if best.chunks == 1 else "1f1b"))
     narrowed = replace(request, stages=P, chunks=chunks if chunks > 1 else None, schedule=schedule,
                        data_parallel=None, top=1)
     try:
@@ -72,8 +73,9 @@ def config_for_split(graph: Graph, profile: HardwareProfile, request: PlanReques
                        chunks=chunks, recompute=cfg.recompute, sharding="none")
         return other, (f"no configuration with {P} pipeline stages fits; judged with 1 replica, "
                        f"{cfg.microbatches} microbatches, {schedule}")
-    return other, (f"the best plan has {cfg.virtual_stages} stages; the split is judged under the best "
-                   f"configuration with {virtual_stages}: {other.describe()}")
+    why = (f"its settings name {schedule}" if cfg.virtual_stages == virtual_stages and cfg.chunks == chunks
+           else f"the best plan has {cfg.virtual_stages} stages")
+    return other, f"{why}; the split is judged under the best configuration with {virtual_stages}: {other.describe()}"
 
 
 def _reasons(mine: Plan, best: Plan) -> list[str]:
@@ -120,7 +122,7 @@ def judge_split(graph: Graph, profile: HardwareProfile, request: PlanRequest, be
     K = max(split.assignment) + 1
     if K % split.chunks:
         raise ValueError(f"{K} stages do not divide into {split.chunks} chunks per rank")
-    cfg, note = config_for_split(graph, profile, request, best, K, split.chunks)
+    cfg, note = config_for_split(graph, profile, request, best, K, split.chunks, split.schedule)
     plan = predict(graph, profile, split.assignment, cfg, request,
                    solver={"name": "your split", "source": split.source}).plan
     return Judgement(split, plan, best, note, _reasons(plan, best))

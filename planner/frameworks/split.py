@@ -20,6 +20,7 @@ from typing import Any
 from pipeplan._io import read_json
 from pipeplan.planner.frameworks import deepspeed, megatron, torchtitan
 from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, assignment_from_units, model_units
+from pipeplan.schedules import ScheduleName, facts
 
 __all__ = ["UserSplit", "parse_split", "split_from_source", "MAX_SPLIT_FILE_BYTES"]
 
@@ -31,6 +32,9 @@ class UserSplit:
     assignment: list[int]  # stage (virtual stage) of every pipeplan layer
     chunks: int  # model chunks per pipeline rank (Megatron/torchtitan virtual stages)
     source: str  # what it came from, as the report says it
+    # the schedule the framework's settings name, when pipeplan plans it with these chunks (a torchtitan ZB-V
+    # split is placed in a V, not looped: judged under its own schedule); None: judge under the best's
+    schedule: ScheduleName | None = None
 
 
 def _counts_split(counts: list[int], mu: ModelUnits, names: Sequence[str]) -> list[int]:
@@ -92,8 +96,9 @@ def _read(path: str) -> str:
     return p.read_text(encoding="utf-8", errors="replace")
 
 
-def _torchtitan(doc: dict[str, Any], mu: ModelUnits) -> tuple[list[list[int]], int]:
-    """A torchtitan `[parallelism]` table as units per model part, computed as torchtitan does."""
+def _torchtitan(doc: dict[str, Any], mu: ModelUnits) -> tuple[list[list[int]], int, ScheduleName | None]:
+    """A torchtitan `[parallelism]` table as units per model part, computed as torchtitan does, and the
+    pipeplan schedule its `pipeline_parallel_schedule` is with that many parts a rank (None: none is)."""
     par = doc.get("parallelism")
     if not isinstance(par, dict):
         raise ValueError("no [parallelism] table")
@@ -106,7 +111,9 @@ def _torchtitan(doc: dict[str, Any], mu: ModelUnits) -> tuple[list[list[int]], i
         raise ValueError("module_fqns_per_model_part must be a list of lists of module names")
     if degree < 1 or len(parts) % degree:
         raise ValueError(f"{len(parts)} model parts do not divide over pipeline_parallel_degree {degree}")
-    return [[_unit_of_fqn(str(name), mu) for name in part] for part in parts], len(parts) // degree
+    chunks = len(parts) // degree
+    named = [k for k, v in torchtitan.SCHEDULES.items() if v == schedule and facts(k).interleaves == (chunks > 1)]
+    return [[_unit_of_fqn(str(name), mu) for name in part] for part in parts], chunks, named[0] if named else None
 
 
 def _default_parts(par: dict[str, Any], degree: int, schedule: str, layers: int) -> list[list[str]]:
@@ -151,13 +158,14 @@ def split_from_source(source: str, names: Sequence[str], param_counts: Sequence[
     has = (lambda i: param_counts[i] > 0)
     mu = model_units(names, has)
     unit_weights = [sum(param_counts[i] for i in unit.layers) for unit in mu.units]
+    schedule = None
     try:
         if source.startswith("deepspeed:"):
             _, k, *rest = source.split(":", 2)  # deepspeed:K is DeepSpeed's default, "parameters"
             method = rest[0] if rest else "parameters"
             split, chunks = _deepspeed({"num_stages": k, "partition_method": method}, mu, unit_weights), 1
         elif source.endswith(".toml"):
-            split, chunks = _torchtitan(_toml(_read(source)), mu)
+            split, chunks, schedule = _torchtitan(_toml(_read(source)), mu)
         elif source.endswith(".json"):
             _read(source)  # exists and is small
             doc = read_json(source, "DeepSpeed JSON")  # bounded nesting: a UserError naming the file
@@ -166,7 +174,7 @@ def split_from_source(source: str, names: Sequence[str], param_counts: Sequence[
             split, chunks = _deepspeed(doc, mu, unit_weights), 1
         else:
             split, chunks = megatron.split_from_args(_read(source), mu)
-        return UserSplit(assignment_from_units(mu, split), chunks, f"--split-from {source}")
+        return UserSplit(assignment_from_units(mu, split), chunks, f"--split-from {source}", schedule)
     except Inexpressible as e:
         raise ValueError(str(e)) from None
     except (json.JSONDecodeError, TypeError) as e:

@@ -29,6 +29,7 @@ from typing import Any
 from pipeplan.planner.frameworks.common import Export, plan_units, require_synchronous
 from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits
 from pipeplan.planner.plan import Plan
+from pipeplan.schedules import ScheduleName
 
 __all__ = ["SCHEDULES", "EMBEDDING_NAMES", "fqn_of", "parts_of", "default_parts", "export", "OUTPUT_TOML",
            "OUTPUT_PY", "LOOPED"]
@@ -36,7 +37,7 @@ __all__ = ["SCHEDULES", "EMBEDDING_NAMES", "fqn_of", "parts_of", "default_parts"
 # pipeplan schedule -> torch.distributed.pipelining schedule name torchtitan passes to get_schedule_class.
 # torchtitan places ZBVZeroBubble's and DualPipeV's stages in a V itself (its pipeline_module_split: style "v"),
 # as pipeplan plans them (pipeplan.schedules.stage_device).
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble",
+SCHEDULES: dict[ScheduleName, str] = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble",
              "zb-v": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 LOOPED = frozenset({"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"})
 # Token-embedding module names of the Llama family: Hugging Face, torchtitan, GPT-2, Megatron.
