@@ -190,6 +190,13 @@ def _held_activations(saved: int, inb: int, inflight: int, recompute: bool, chun
     return min(full, math.ceil(inb * inflight / chunks) + math.ceil(saved / chunks))
 
 
+def grad_buffers(schedule: str, inflight: int) -> int:
+    """Output-gradient receive buffers a stage holds: one under torch's schedules (a microbatch's, as it is
+    needed), one per in-flight microbatch in the asynchronous loop, which posts each gradient's receive when
+    its forward sends the activation (so gloo can move the gradient while the stage computes)."""
+    return 1 if facts(schedule).flushes else max(1, inflight)
+
+
 def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_mb: int, output_bytes_per_mb: int,
                  schedule: str, stages: int, stage: int, microbatches: int, optimizer: str, dtype: str,
                  recompute: bool, chunks: int = 1, mixed_precision: str = "deepspeed", sharding: str = "none",
@@ -212,7 +219,8 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     (`activation_bytes` with `inflight_microbatches`), and receive buffers: one
     microbatch's input buffer plus the buffer for the gradient of its output (the
     last stage computes the loss itself and receives no gradient; interleaved
-    devices all receive one).
+    devices all receive one), one per in-flight microbatch where the schedule does not
+    flush (runtime/pipedream.py posts each gradient's receive with its forward).
     """
     if not facts(schedule).interleaves and chunks != 1:
         raise ValueError(f"chunks={chunks} only applies to the interleaved schedule")
@@ -232,7 +240,7 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     acts = activation_bytes(saved_bytes_per_mb=saved_bytes_per_mb, input_bytes_per_mb=input_bytes_per_mb,
                             inflight=inflight, recompute=recompute, chunks=chunks)
     receives_grad = (facts(schedule).interleaves and chunks > 1) or stage < stages - 1
-    buffers = int(input_bytes_per_mb) + (int(output_bytes_per_mb) if receives_grad else 0)
+    buffers = int(input_bytes_per_mb) + (int(output_bytes_per_mb) * grad_buffers(schedule, inflight) if receives_grad else 0)
     total = weights + optimizer_bytes + gathered + acts + buffers
     return MemoryBreakdown(weights, optimizer_bytes, acts, buffers, total, inflight, versions, state.grad_bytes, gathered)
 
@@ -273,7 +281,7 @@ class RangeMemory:
         self.input = input_bytes
         self.inflight = [inflight_microbatches(schedule, P, p, microbatches, self.ch) for p in range(P)]
         self.versions = [stashed_weight_versions(schedule, x) for x in self.inflight]
-        self.receives = [rule.interleaves or p < P - 1 for p in range(P)]
+        self.receives = [(rule.interleaves or p < P - 1) * grad_buffers(schedule, x) for p, x in enumerate(self.inflight)]
         self.sharding, self.shards = sharding, shards
         unit = 4 * 2**20  # a whole number of parameters: the per-byte factors below are exact
         w, g, o = _unsharded_parts(unit, _check(optimizer, OPTIMIZERS, "optimizer"), dtype,
@@ -289,7 +297,7 @@ class RangeMemory:
         w, g, o = _shard(w, g, o, self.sharding, self.shards)
         acts = _held_activations(saved, inb, self.inflight[p], self.recompute, self.ch)
         gathered = self.gathered(largest) if self.largest is not None else 0
-        return w * self.versions[p] + g + o + gathered + acts + inb + (outb if self.receives[p] else 0)
+        return w * self.versions[p] + g + o + gathered + acts + inb + outb * self.receives[p]
 
     def __call__(self, s: int, a: int, b: int) -> int:
         """Bytes of virtual stage s holding layers [a, b)."""

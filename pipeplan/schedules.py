@@ -29,6 +29,7 @@ __all__ = [
     "facts",
     "inflight_microbatches",
     "replicated_inflight",
+    "local_order",
     "microbatch_problem",
     "stashed_weight_versions",
     "stage_device",
@@ -275,6 +276,18 @@ def replicated_inflight(replicas: Sequence[int], stage: int) -> int:
     runs this count). K - s without replication; more than K - s where later stages are more replicated,
     since that many microbatches are in flight below stage s, which each replica of s sees 1/r_s of."""
     return -(-sum(replicas[stage:]) // replicas[stage])
+
+
+def local_order(n: int, a: int) -> list[tuple[str, int]]:
+    """Asynchronous 1F1B (PipeDream, SOSP'19 §3.2) on one replica's n local microbatches with a admitted at
+    startup: ("F"|"B", local index). runtime/pipedream.py runs it; `profiles calibrate` times it
+    (hardware_profiles/pipeline_ops.py)."""
+    ops = [("F", i) for i in range(min(a, n))]
+    for i in range(n):
+        ops.append(("B", i))
+        if i + a < n:
+            ops.append(("F", i + a))
+    return ops
 
 
 def stashed_weight_versions(schedule: str, inflight: int) -> int:

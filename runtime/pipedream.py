@@ -56,25 +56,23 @@ import torch.distributed as dist
 
 from pipeplan.errors import UserError
 from pipeplan.runtime.measure import SavedTensorMeter, StageStats, StepClock, weight_storages
-from pipeplan.runtime.pipedream_comm import Outbox, recv_activations, recv_grads, send_activations, send_grads
+from pipeplan.runtime.pipedream_comm import (
+    GradRecv,
+    Inbox,
+    Outbox,
+    post_grad_recvs,
+    send_activations,
+    send_grads,
+    wait_grads,
+)
 from pipeplan.runtime.split import flat_inputs, unflatten_output
-from pipeplan.schedules import replicated_inflight
+from pipeplan.schedules import local_order, replicated_inflight
 
 
 def admitted(replicas: list[int], s: int) -> int:
     """a_s: local microbatches a replica of stage s runs forward before its first backward (see the docstring);
     the memory model charges the same count (pipeplan.schedules.replicated_inflight)."""
     return replicated_inflight(replicas, s)
-
-
-def local_order(n: int, a: int) -> list[tuple[str, int]]:
-    """1F1B on one replica's n local microbatches with a admitted at startup: ("F"|"B", local index)."""
-    ops = [("F", i) for i in range(min(a, n))]
-    for i in range(n):
-        ops.append(("B", i))
-        if i + a < n:
-            ops.append(("F", i + a))
-    return ops
 
 
 def check_async_plan(plan) -> dict[int, list[int]]:
@@ -166,8 +164,11 @@ class AsyncStage:
     updates: int = 0
     versions: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # stashed copies by version
     inflight: dict[int, tuple[dict[str, torch.Tensor], list[torch.Tensor], tuple]] = field(default_factory=dict)
+    grad_recvs: dict[int, list[GradRecv]] = field(default_factory=dict)  # microbatch -> its output gradients' receives
     losses: dict[int, float] = field(default_factory=dict)  # microbatch -> its loss (last stage)
     box: Outbox = field(default_factory=Outbox)
+    inbox: Inbox = field(default_factory=Inbox)
+    end: int = 0  # microbatches of the run (the loop sets it): none is received from `end` on
     received_s: float = 0.0  # time spent so far waiting in receives: a wait, not the op's compute (`timed_op`)
 
     @property
@@ -177,6 +178,10 @@ class AsyncStage:
     def peer(self, stage: int, m: int) -> int:
         """The rank of `stage`'s replica that runs microbatch m."""
         return self.ranks[stage][m % len(self.ranks[stage])]
+
+    def next_microbatch(self, m: int) -> int:
+        """The microbatch this replica runs after m (every r_s-th: round-robin over the stage's replicas)."""
+        return m + len(self.ranks[self.s])
 
     def input_version(self, m: int) -> int:
         """The version the input stage's forward of m used: its replica m mod r_0 had then made
@@ -208,7 +213,10 @@ class AsyncStage:
             inputs = list(flat_inputs(self.microbatches.get(m)[0], self.gm))
         else:
             t0 = time.perf_counter()
-            received = recv_activations(self.n_inputs, self.peer(self.s - 1, m))
+            received = self.inbox.receive(m, self.n_inputs, self.peer(self.s - 1, m))
+            after = self.next_microbatch(m)
+            if after < self.end:
+                self.inbox.post(after, self.peer(self.s - 1, after))
             self.received_s += time.perf_counter() - t0
             inputs = [t.requires_grad_() if t.is_floating_point() else t for t in received]
         params = self.stash(m)
@@ -220,12 +228,13 @@ class AsyncStage:
             out = (loss,)
         else:
             send_activations(tuple(out), self.peer(self.s + 1, m), self.box)
+            self.grad_recvs[m] = post_grad_recvs(tuple(out), self.peer(self.s + 1, m))
         self.inflight[m] = (params, inputs, tuple(out))
 
     def backward(self, m: int) -> None:
         params, inputs, out = self.inflight.pop(m)
         t0 = time.perf_counter()
-        grads_out: list[torch.Tensor | None] = [None] if self.last else recv_grads(out, self.peer(self.s + 1, m))
+        grads_out: list[torch.Tensor | None] = [None] if self.last else wait_grads(self.grad_recvs.pop(m))
         self.received_s += time.perf_counter() - t0
         pairs = [(o, g) for o, g in zip(out, grads_out, strict=True) if o.requires_grad]
         names = [n for n, p in params.items() if p.requires_grad]
@@ -363,6 +372,7 @@ def train_async(opts, st: AsyncStage, rs, groups: Groups, mean: bool, after_step
     r, m_per_step = len(st.ranks[st.s]), rs.plan.microbatches
     a = admitted([len(st.ranks[t]) for t in sorted(st.ranks)], st.s)
     stats, clock, meter, log = rs.stats[st.s], rs.clock, rs.meter, StepLog()
+    st.end = opts.steps * m_per_step
     dist.barrier()
     clock.start(opts.warmup == 0)
     closed = 0

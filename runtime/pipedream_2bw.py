@@ -62,6 +62,10 @@ class TwoBWStage(AsyncStage):
         """Replica j's neighbours are replica j of the adjacent stages, whatever the microbatch."""
         return self.ranks[stage][self.j]
 
+    def next_microbatch(self, m: int) -> int:
+        """Every replica of a whole pipeline runs every local microbatch."""
+        return m + 1
+
     def stash(self, m: int) -> dict[str, torch.Tensor]:
         """The shadow version of m's window. The newest version (the module, which the optimizer steps in
         place) is copied when a window first asks for it or, at the latest, just before it is stepped
@@ -93,6 +97,7 @@ def train_2bw(opts, st: TwoBWStage, rs, groups: Groups, mean: bool, after_step):
     m_per_step = st.window = rs.plan.microbatches
     a = admitted([len(st.ranks[t]) for t in sorted(st.ranks)], st.s)  # K - s: the stages have equal replicas
     stats, clock, meter, log = rs.stats[st.s], rs.clock, rs.meter, StepLog()
+    st.end = opts.steps * m_per_step
     dist.barrier()
     clock.start(opts.warmup == 0)
     for kind, m in local_order(opts.steps * m_per_step, a):
