@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pipeplan.errors import UserError
-from pipeplan.hardware_profiles import collectives, op_overhead, optimizer_overhead
+from pipeplan.hardware_profiles import collectives, op_overhead, optimizer_overhead, pipeline_ops
 from pipeplan.hardware_profiles.allocator import keep_freed_memory
 from pipeplan.hardware_profiles.loader import save_profile  # noqa: F401 - the interface names it here too
 from pipeplan.hardware_profiles.local_device import (
@@ -77,7 +77,7 @@ P2P_REPS = (200, 40, 20, 10)
 
 Progress = Callable[[str, int, int], None]
 Probe: TypeAlias = tuple[list[float], list[float]]  # local_device.concurrency_probe: (alone, together) step times
-PipelineEvents: TypeAlias = dict[str, list[list[op_overhead.Event]]]  # op_overhead.run_pipeline, one rank's
+PipelineEvents: TypeAlias = dict[str, list[list[op_overhead.Event]]]  # pipeline_ops.run_pipeline, one rank's
 P2PResult: TypeAlias = tuple[dict[int, float], list[PipelineEvents], list[Probe], dict[str, dict[int, float]]]
 _T = TypeVar("_T")
 
@@ -215,7 +215,7 @@ def _p2p_worker(rank: int, port: int, queue: Queue[tuple[str, Any]]) -> None:
             one_way[nbytes] = min(times) / 2
         collective_times = collectives.time_collectives(dist, torch)
         slowdown = concurrency_probe(rank, 2)
-        events = op_overhead.run_pipeline(rank)
+        events = pipeline_ops.run_pipeline(rank)
         gathered: list[Any] = [None, None]  # all_gather_object fills it with each rank's (probe, events)
         dist.all_gather_object(gathered, (slowdown, events))
         dist.destroy_process_group()
@@ -227,7 +227,7 @@ def _p2p_worker(rank: int, port: int, queue: Queue[tuple[str, Any]]) -> None:
 
 def measure_p2p(timeout_s: float = 60.0) -> P2PResult:
     """One-way seconds per message size between two spawned processes over gloo, both ranks'
-    op timings from `op_overhead.run_pipeline`, and each rank's `concurrency_probe` (alone, together)."""
+    op timings from `pipeline_ops.run_pipeline`, and each rank's `concurrency_probe` (alone, together)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # fork after OpenMP/MKL init can deadlock

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from pipeplan.hardware_profiles.op_overhead import CHUNKS, depends_on
+from pipeplan.schedules import local_order
 
 
 def orders(schedule: str, M: int) -> tuple[list, list]:
-    """Op order (kind, stage, microbatch) of each of 2 ranks, as torch's schedules run them for GPipe and 1F1B;
-    for interleaved (stages r and r + 2 on rank r) a valid depth-first order (forwards of stage r, then r + 2,
-    backwards the other way round: the gaps do not depend on which valid order)."""
+    """Op order (kind, stage, microbatch) of each of 2 ranks, as torch's schedules run them for GPipe and 1F1B,
+    and the asynchronous loop for PipeDream; for interleaved (stages r and r + 2 on rank r) a valid depth-first
+    order (forwards of stage r, then r + 2, backwards the other way round) and for ZB-H1 1F1B's with each W right
+    after its B (the gaps do not depend on which valid order)."""
+    if schedule == "pipedream":
+        mine = [[(kind, r, m) for kind, m in local_order(M, 2 - r)] for r in (0, 1)]
+        return mine[0], mine[1]
+    if schedule == "zb-h1":
+        one = orders("1f1b", M)
+        split = [[op for kind, s, m in one[r] for op in ([(kind, s, m)] + ([("W", s, m)] if kind == "B" else []))]
+                 for r in (0, 1)]
+        return split[0], split[1]
     if schedule == "gpipe":
         gpipe = [[("F", r, m) for m in range(M)] + [("B", r, m) for m in range(M)] for r in (0, 1)]
         return gpipe[0], gpipe[1]
@@ -43,3 +53,11 @@ def timeline(schedule: str, M: int, f: float, b: float, gap: float, transfer: fl
                 end[(kind, stage, m)] = free[r] = stop
                 ptr[r] += 1
     return events[0], events[1]
+
+
+def charged_per_op(schedule: str, M: int, gap: float) -> float:
+    """What the fit charges each forward and backward when every op (W too) starts `gap` late: the gaps' sum over
+    the forwards and backwards that have one (all ops but rank 0's first)."""
+    first, second = orders(schedule, M)
+    ops = first + second
+    return gap * (len(ops) - 1) / (sum(1 for kind, *_ in ops if kind != "W") - 1)

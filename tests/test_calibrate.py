@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 import pipeplan.hardware_profiles.calibrate as calibrate_mod
-from pipeline_timeline import timeline
+from pipeline_timeline import charged_per_op, timeline
 from pipeplan.cli.main import cli
 from pipeplan.costmodels.comm import allreduce_time_s
 from pipeplan.errors import UserError
@@ -51,7 +51,8 @@ FAKE_PROBES = [([1.0, 1.0], [1.1, 1.3]), ([2.0, 2.0], [2.6, 2.2])]
 FAKE_P2P = {4: 50e-6, 64 * 1024: 50e-6 + 64 * 1024 / 2e9, MIB: 50e-6 + MIB / 2e9, 16 * MIB: 50e-6 + 16 * MIB / 2e9}
 
 
-FAKE_GAP_S = {"gpipe": (8e-4, 0.0), "1f1b": (2e-4, 1e-10), "interleaved": (3e-4, 2e-10)}  # per op: fixed s, s per byte moved
+FAKE_GAP_S = {"gpipe": (8e-4, 0.0), "1f1b": (2e-4, 1e-10), "interleaved": (3e-4, 2e-10),  # per op: fixed s, s per byte moved
+              "zb-h1": (1e-4, 1e-10), "pipedream": (6e-4, 5e-10)}
 # gloo collectives of a 2-rank group: (bandwidth B/s, latency s) each, timed through the ring formulas
 FAKE_OPTIMIZER_S = {"sgd": 2e-6, "momentum": 6e-6, "adam": 22e-6, "adamw": 25e-6}  # per parameter tensor
 FAKE_COLLECTIVES = {"allreduce": (1e9, 100e-6), "reduce_scatter": (0.5e9, 250e-6), "all_gather": (1e9, 120e-6)}
@@ -143,8 +144,10 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
     for op, (bw, lat) in FAKE_COLLECTIVES.items():  # the fitted links give back the links the times came from
         assert p.collectives[op].bandwidth_bytes_per_s == pytest.approx(bw, rel=1e-9)
         assert p.collectives[op].latency_s == pytest.approx(lat, rel=1e-9)
-    assert p.op_overhead_s == pytest.approx({k: v[0] for k, v in FAKE_GAP_S.items()}, abs=1e-12)
-    assert p.op_overhead_s_per_byte == pytest.approx({k: v[1] for k, v in FAKE_GAP_S.items()}, abs=1e-16)
+    M = op_overhead.MICROBATCHES  # ZB-H1's Ws' gaps are charged to its forwards and backwards
+    assert p.op_overhead_s == pytest.approx({k: charged_per_op(k, M, v[0]) for k, v in FAKE_GAP_S.items()}, abs=1e-12)
+    assert p.op_overhead_s_per_byte == pytest.approx({k: charged_per_op(k, M, v[1]) for k, v in FAKE_GAP_S.items()},
+                                                     abs=1e-16)
     # each rank alone averages 1.2x slower together, but in every round one of them ran 1.3x slower,
     # and lock-stepped stages go at the slower one's pace
     assert p.concurrency_slowdown == pytest.approx(1.3)
@@ -228,7 +231,7 @@ def test_real_calibration_writes_a_loadable_local_profile(real_run):
     p2p = prof.calibration["p2p_one_way_us"]
     assert p2p[16 * MIB] > p2p[4]  # a bigger message takes longer
     # the runtime's time around each op of a real 2-rank pipeline: above zero, far below the ~4 ms ops
-    assert set(prof.op_overhead_s) == {"gpipe", "1f1b", "interleaved"}
+    assert set(prof.op_overhead_s) == set(op_overhead.SCHEDULES)
     # (the fixed part alone may fit to 0 on a quiet machine, the per-byte part carrying the gap)
     at_1mib = {k: prof.op_overhead_s[k] + prof.op_overhead_s_per_byte.get(k, 0.0) * MIB for k in prof.op_overhead_s}
     assert all(1e-6 < o < 4e-3 for o in at_1mib.values()), (prof.op_overhead_s, prof.op_overhead_s_per_byte)

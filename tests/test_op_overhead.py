@@ -7,26 +7,40 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from pipeline_timeline import timeline
+from pipeline_timeline import charged_per_op, timeline
 from pipeplan.cli.main import cli
 from pipeplan.hardware_profiles import load_profile
 from pipeplan.hardware_profiles.loader import save_profile
-from pipeplan.hardware_profiles.op_overhead import CHUNKS, SCHEDULES, SHAPES, message_bytes, op_gaps_s, op_overhead_s
+from pipeplan.hardware_profiles.op_overhead import (
+    CHUNKS,
+    SCHEDULES,
+    SHAPES,
+    SOLO,
+    message_bytes,
+    op_gaps_s,
+    op_overhead_s,
+)
+from pipeplan.schedules import SCHEDULE_NAMES
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_gaps_recover_the_delay_put_into_every_op(schedule):
     first, second = timeline(schedule, 8, f=3e-3, b=6e-3, gap=4e-4, transfer=1e-4)
     gaps = op_gaps_s(first, second, transfer_s=1e-4)
-    assert len(gaps) == 2 * 2 * 8 * CHUNKS[schedule] - 1  # every op but the very first has a "could start" time
-    assert gaps == pytest.approx([4e-4] * len(gaps), abs=1e-12)
+    assert len(first) == len(second) == 8 * CHUNKS[schedule] * (3 if schedule == "zb-h1" else 2)
+    assert len(gaps) == len(first) + len(second) - 1  # every op but the very first has a "could start" time
+    assert [g for _, g in gaps] == pytest.approx([4e-4] * len(gaps), abs=1e-12)
+    assert [k for k, _ in gaps] == [e[0] for e in first[1:] + second]
     # charging the transfer to the op instead of the link: cross-rank waits look longer by it
-    assert sum(op_gaps_s(first, second, transfer_s=0.0)) > sum(gaps)
+    assert sum(g for _, g in op_gaps_s(first, second, transfer_s=0.0)) > sum(g for _, g in gaps)
 
 
 def test_overhead_is_a_line_through_the_mean_gaps_of_the_two_message_sizes():
-    """Gaps of fixed + per_byte x message, per schedule: the fit recovers both terms exactly."""
-    truth = {"gpipe": (9e-4, 0.0), "1f1b": (2e-4, 3e-10), "interleaved": (3e-4, 2e-10)}  # s, s per byte
+    """Gaps of fixed + per_byte x message, per schedule: the fit recovers both terms exactly (ZB-H1: with its Ws'
+    gaps charged to the forwards and backwards, which is where the simulator adds them)."""
+    truth = {"gpipe": (9e-4, 0.0), "1f1b": (2e-4, 3e-10), "interleaved": (3e-4, 2e-10), "zb-h1": (1e-4, 1e-10),
+             "pipedream": (5e-4, 4e-10)}  # s, s per byte
+    assert set(truth) == set(SCHEDULES)
     link = lambda nbytes: 5e-5 + nbytes / 4e9  # noqa: E731 - the idle link's transfer time
     per_rank: list[dict] = [{}, {}]
     for schedule, (fixed, per_byte) in truth.items():
@@ -36,9 +50,33 @@ def test_overhead_is_a_line_through_the_mean_gaps_of_the_two_message_sizes():
             per_rank[0][f"{shape}/{schedule}"] = [s[0] for s in steps]
             per_rank[1][f"{shape}/{schedule}"] = [s[1] for s in steps]
     fixed, per_byte, detail = op_overhead_s(per_rank, link)
-    assert fixed == pytest.approx({k: v[0] for k, v in truth.items()}, abs=1e-12)
-    assert per_byte == pytest.approx({k: v[1] for k, v in truth.items()}, abs=1e-16)
+    assert fixed == pytest.approx({k: charged_per_op(k, 8, v[0]) for k, v in truth.items()}, abs=1e-12)
+    assert per_byte == pytest.approx({k: charged_per_op(k, 8, v[1]) for k, v in truth.items()}, abs=1e-16)
+    assert charged_per_op("zb-h1", 8, 1.0) == pytest.approx(47 / 31)  # 48 ops a step, 32 of them F or B
+    assert charged_per_op("1f1b", 8, 1.0) == 1.0
     assert detail["small_1f1b"]["compute_per_op_ms"] == pytest.approx(4.5)  # 8 F of 3 ms and 8 B of 6 ms per rank
+
+
+def test_ops_longer_than_alone_are_reported_not_charged():
+    """Pipeline ops of 3 and 6 ms that take 2.5 and 5 ms alone on the same busy cores: 0.75 ms a forward or
+    backward on average beyond the solo ops (a zero-bubble W, the timeline's 6 ms, counts whole, its B being a
+    whole backward's 6 - 5 = 1 ms), recorded in the detail; the charge stays the gap."""
+    gap = 2e-4
+    per_rank: list[dict] = [{}, {}]
+    for shape in SHAPES:
+        for rank in (0, 1):
+            solo = [op for i in range(4) for op in (("F", rank, i, 0.0, 2.5e-3), ("B", rank, i, 0.0, 5e-3))]
+            per_rank[rank][f"{shape}/{SOLO}"] = [solo]
+        for schedule in SCHEDULES:
+            steps = [timeline(schedule, 8, 3e-3, 6e-3, gap, 1e-4) for _ in range(2)]
+            per_rank[0][f"{shape}/{schedule}"] = [s[0] for s in steps]
+            per_rank[1][f"{shape}/{schedule}"] = [s[1] for s in steps]
+    fixed, per_byte, detail = op_overhead_s(per_rank, lambda nbytes: 1e-4)
+    M = 8
+    excess_us = {k: 750.0 for k in SCHEDULES} | {"zb-h1": (M * 500 + M * 1000 + M * 6000) / (2 * M)}
+    assert {k: detail[f"large_{k}"]["excess_us"] for k in SCHEDULES} == pytest.approx(excess_us)
+    assert fixed == pytest.approx({k: charged_per_op(k, M, gap) for k in SCHEDULES}, abs=1e-9)
+    assert per_byte == pytest.approx({k: 0.0 for k in SCHEDULES}, abs=1e-12)
 
 
 BASE = """format: pipeplan.profile/v1
@@ -62,12 +100,25 @@ def test_profile_keeps_overhead_per_schedule_and_falls_back_to_1f1b(tmp_path):
     assert prof.overhead_for("gpipe", 2**21) == pytest.approx(9e-4)  # no per-byte term for gpipe
     assert prof.overhead_for("1f1b", 2**21) == pytest.approx(2.505e-4 + 2 * 3e-4)  # 2 MiB at 300 µs per MiB
     assert prof.overhead_for("interleaved") == prof.overhead_for("pipedream") == pytest.approx(2.505e-4)
+    assert prof.overhead_for("zb-h1") == prof.overhead_for("pipedream-2bw") == pytest.approx(2.505e-4)
     save_profile(prof, tmp_path / "again.yaml")
     again = load_profile(str(tmp_path / "again.yaml"))
     assert again.op_overhead_s == pytest.approx(prof.op_overhead_s)
     assert again.op_overhead_s_per_byte == pytest.approx(prof.op_overhead_s_per_byte)
     path.write_text(BASE)
     assert load_profile(str(path)).overhead_for("gpipe") == 0.0  # catalogue profiles: not measured
+
+
+def test_unmeasured_schedules_take_the_nearest_measured_runtime(tmp_path):
+    """2BW runs PipeDream's loop; the V schedules post sends per op like interleaved; the rest are measured."""
+    path = tmp_path / "box.yaml"
+    path.write_text(BASE + "op_overhead_us: {gpipe: 900, 1f1b: 200, interleaved: 600, zb-h1: 300, pipedream: 700}\n"
+                    "op_overhead_us_per_mib: {pipedream: 1000}\n")
+    prof = load_profile(str(path))
+    want_us = {"gpipe": 900, "1f1b": 200, "interleaved": 600, "zb-h1": 300, "pipedream": 700 + 1000,
+               "pipedream-2bw": 700 + 1000, "zb-v": 600, "dualpipev": 600}
+    assert {k: prof.overhead_for(k, 2**20) * 1e6 for k in want_us} == pytest.approx(want_us)
+    assert set(want_us) == set(SCHEDULE_NAMES)
 
 
 def test_concurrency_slowdown_round_trips_and_defaults_to_1(tmp_path):

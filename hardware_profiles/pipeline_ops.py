@@ -1,0 +1,182 @@
+"""Running the pipelines whose op timings `op_overhead.py` turns into the runtime's cost per op.
+
+Each function runs on one of the two ranks `profiles calibrate` spawns (an initialised gloo group, each rank
+pinned to a core as the runtime's are) and returns that rank's events: torch.distributed.pipelining's
+schedules with every forward, backward and W timed, the runtime's asynchronous PipeDream loop written out
+with its messages, and the same stage ops with no pipeline around them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pipeplan.hardware_profiles.op_overhead import (
+    CHUNKS,
+    MICROBATCHES,
+    SCHEDULES,
+    SHAPES,
+    SOLO,
+    STEPS,
+    TORCH_SCHEDULES,
+    WARMUP,
+    WIDTH,
+    Event,
+)
+from pipeplan.schedules import ScheduleName, facts, local_order
+
+HEADER_LEN = 10  # int64s sent before every activation by the asynchronous loop (runtime/pipedream_comm.HEADER_LEN)
+
+
+def run_pipeline(rank: int) -> dict[str, list[list[Event]]]:
+    """Run every (shape, schedule) on an initialised 2-rank gloo group; this rank's events per measured step,
+    keyed "shape/schedule" (the asynchronous loop has no steps: one list of its measured microbatches' ops)."""
+    import torch
+    import torch.distributed as dist
+
+    out: dict[str, list[list[Event]]] = {}
+    for shape, (rows, layers) in SHAPES.items():
+        torch.manual_seed(rank)
+        dist.barrier()
+        out[f"{shape}/{SOLO}"] = [solo_events(rank, rows, layers)]
+        for name in SCHEDULES:
+            torch.manual_seed(rank)
+            dist.barrier()
+            out[f"{shape}/{name}"] = (_torch_steps(rank, name, rows, layers) if name in TORCH_SCHEDULES
+                                      else [_async_events(rank, rows, layers)])
+    return out
+
+
+def solo_events(rank: int, rows: int, layers: int) -> list[Event]:
+    """The stage's forwards and backwards with no pipeline around them, both ranks at once (so they carry the
+    slowdown of two busy cores, which the prediction has from `concurrency_slowdown`): what an op of the
+    pipelines takes beyond them is gloo's and the schedule's (`excess_us` in the calibration detail)."""
+    import torch
+
+    module = _stage_module(layers)
+    params = list(module.parameters())
+    events: list[Event] = []
+    for i in range(WARMUP + (STEPS - WARMUP) * MICROBATCHES):
+        inp = torch.randn(rows, WIDTH, requires_grad=rank == 1)  # the last stage's input gradient, as in a pipeline
+        t0 = time.perf_counter()
+        out = module(inp)
+        t1 = time.perf_counter()
+        torch.autograd.grad(out.sum(), [inp, *params] if rank == 1 else params)
+        t2 = time.perf_counter()
+        if i >= WARMUP:
+            events += [("F", rank, i, t0, t1), ("B", rank, i, t1, t2)]
+    return events
+
+
+def _stage_module(layers: int) -> Any:
+    import torch.nn as nn
+
+    return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())])
+
+
+def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int) -> list[list[Event]]:
+    """`name` under its torch.distributed.pipelining class, every forward and backward (and W) timed."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+
+    n_stages = 2 * CHUNKS[name]
+    events: list[Event] = []
+    stages: list[Any] = []
+    for index in range(rank, n_stages, 2):  # stage s on rank s % 2 (runtime/worker.stage_ranks)
+        stage = pipelining.PipelineStage(_stage_module(layers), index, n_stages, torch.device("cpu"))
+
+        def timed(fn: Callable[..., Any], kind: str, index: int = index,
+                  events: list[Event] = events) -> Callable[..., Any]:
+            def run(chunk: int, *args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                result = fn(chunk, *args, **kwargs)
+                events.append((kind, index, int(chunk), t0, time.perf_counter()))
+                return result
+            return run
+
+        # Instance attributes shadowing torch's methods, to time each call (mypy forbids assigning to a method).
+        stage.forward_one_chunk = timed(stage.forward_one_chunk, "F")  # type: ignore[method-assign]
+        stage.backward_one_chunk = timed(stage.backward_one_chunk, "B")  # type: ignore[method-assign]
+        stage.backward_weight_one_chunk = timed(stage.backward_weight_one_chunk, "W")  # type: ignore[method-assign]
+        stages.append(stage)
+    loss = lambda output, target: output.sum()  # noqa: E731
+    cls = getattr(pipelining, str(facts(name).torch_class))
+    # as runtime/worker.build_schedule: the multi-stage classes take the rank's stage list (ZB-H1: one stage)
+    schedule = cls(stages if name in ("interleaved", "zb-h1") else stages[0], MICROBATCHES, loss_fn=loss)
+    x = torch.randn(rows * MICROBATCHES, WIDTH)
+    steps = []
+    for i in range(STEPS):
+        dist.barrier()
+        events.clear()
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=torch.zeros(rows * MICROBATCHES))
+        if i >= WARMUP:
+            steps.append(list(events))
+    return steps
+
+
+def _async_events(rank: int, rows: int, layers: int) -> list[Event]:
+    """PipeDream's asynchronous 1F1B on two ranks as runtime/pipedream.py runs it: `local_order` with K - s
+    admitted, no flush; each activation an isend of a header and the tensor, its gradient's receive posted
+    with it; each gradient an isend; the next activation's receives posted when one arrives
+    (runtime/pipedream_comm.py). Ops of the first WARMUP x M microbatches are not kept. An op's span is its
+    compute alone: from when its receive returned to before its sends, which gloo starts in the caller's thread
+    once the peer has posted the receive (2 MiB cost ~1.5-3 ms of a traced 6-12 ms op in examples/gpt.py), so
+    they fall in the gaps with the waiting. No optimizer step (the simulator prices it in the backward)."""
+    import torch
+    import torch.distributed as dist
+
+    module, peer = _stage_module(layers), 1 - rank
+    params = list(module.parameters())
+    x, header = torch.randn(rows, WIDTH), torch.zeros(HEADER_LEN, dtype=torch.int64)
+    events: list[Event] = []
+    sent: list[tuple[Any, torch.Tensor]] = []  # (request, the tensor it reads): kept until the sends complete
+    inflight: dict[int, tuple[torch.Tensor, torch.Tensor, Any]] = {}
+
+    def post_activation() -> tuple[Any, Any, torch.Tensor]:
+        head, data = torch.empty(HEADER_LEN, dtype=torch.int64), torch.empty(rows, WIDTH)
+        return dist.irecv(head, peer), dist.irecv(data, peer), data
+
+    ahead = post_activation() if rank == 1 else None  # the next activation's receives, posted a microbatch ahead
+    n = STEPS * MICROBATCHES
+    for kind, m in local_order(n, 2 - rank):
+        if kind == "F":
+            if ahead is not None:
+                ahead[0].wait()
+                ahead[1].wait()
+                inp = ahead[2].requires_grad_()
+                ahead = post_activation() if m + 1 < n else None
+            else:
+                inp = x
+            t0 = time.perf_counter()
+            out = module(inp)
+            t1 = time.perf_counter()
+            grad: Any = None
+            if rank == 0:  # the activation out, its gradient's receive posted with it
+                act, grad = out.detach(), torch.empty_like(out)
+                sent += [(dist.isend(header, peer), header), (dist.isend(act, peer), act)]
+                grad = (dist.irecv(grad, peer), grad)
+            inflight[m] = (inp, out, grad)
+        else:
+            inp, out, grad = inflight.pop(m)
+            if rank == 0:
+                grad[0].wait()
+            t0 = time.perf_counter()
+            if rank == 1:
+                grads = torch.autograd.grad(out.sum(), [inp, *params])
+                t1 = time.perf_counter()
+                sent.append((dist.isend(grads[0], peer), grads[0]))
+            else:
+                torch.autograd.grad(out, params, grad[1])
+                t1 = time.perf_counter()
+        if m >= WARMUP * MICROBATCHES:
+            events.append((kind, rank, m, t0, t1))
+        if len(sent) > 64:
+            sent = [(w, t) for w, t in sent if not w.is_completed()]
+    for w, _ in sent:
+        w.wait()
+    return events
