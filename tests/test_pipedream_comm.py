@@ -78,3 +78,12 @@ def test_posted_receives_survive_shape_and_dtype_changes():
     assert results[0][0] == [True] * len(SHAPES)  # every gradient back through its posted receive
     assert results[1][1] == []  # no receive left posted
 
+
+
+def test_calibration_sends_the_runtime_header():
+    """`profiles calibrate` writes the asynchronous loop out (hardware_profiles sits below runtime, so it keeps its
+    own copy of the header length): the messages it times must be the runtime's."""
+    from pipeplan.hardware_profiles import pipeline_ops
+    from pipeplan.runtime import pipedream_comm
+
+    assert pipeline_ops.HEADER_LEN == pipedream_comm.HEADER_LEN == 2 + pipedream_comm.MAX_DIMS
