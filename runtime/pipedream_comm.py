@@ -6,11 +6,11 @@ dtype, shape) because a stage learns its inputs' shapes only from what it receiv
 gradient needs none (it has the shape of the activation the receiver sent). Sends are
 non-blocking (`isend`), each kept until a reaper thread has seen it complete (`Outbox`):
 a stage never waits on a downstream receive, so the only waits are the schedule's own
-data dependencies. A gradient's
-receive is posted when the forward sends its activation (`post_grad_recvs`), so it
-can arrive while the stage computes. Messages between two ranks go in one direction
-per kind (activations downstream, gradients upstream) and in microbatch order on
-both sides, so the default tag suffices (gloo keeps a pair's messages in order).
+data dependencies. A gradient's receive is posted when the forward sends its activation
+(`post_grad_recvs`), so it can arrive while the stage computes. Messages between two
+ranks go in one direction per kind (activations downstream, gradients upstream) and in
+microbatch order on both sides, so the default tag suffices (gloo keeps a pair's
+messages in order).
 """
 
 from __future__ import annotations
