@@ -316,6 +316,24 @@ def _node_bytes(node: torch.fx.Node) -> int:
     return tensor_bytes(node.meta.get("val")) + sum(tensor_bytes(a.meta.get("val")) for a in node.all_input_nodes)
 
 
+def _channels_first_bytes(node: torch.fx.Node) -> int:
+    """A 2-D convolution's input + output bytes when its input is laid out channels-first (NCHW), else 0.
+
+    PyTorch's default layout is NCHW; a model moved to `torch.channels_last` (NHWC) has strides with the channels
+    innermost, which the export's fake tensors keep. A tensor that is both (1x1 spatial) needs no transpose.
+    """
+    val, inp = node.meta.get("val"), node.args[0] if node.args else None
+    x = getattr(inp, "meta", {}).get("val")
+    if not isinstance(x, torch.Tensor) or not isinstance(val, torch.Tensor) or x.dim() != 4:
+        return 0
+    try:
+        if x.is_contiguous(memory_format=torch.channels_last):
+            return 0
+    except Exception:  # symbolic strides that cannot be decided: assume the native layout, no transpose
+        return 0
+    return tensor_bytes(x) + tensor_bytes(val)
+
+
 def _dropout_mask_bytes(node: torch.fx.Node) -> int:
     """The mask dropout writes in training, one byte per element (aten native_dropout's bool mask)."""
     val = node.meta.get("val")  # aten.dropout: the output alone (native_dropout's mask output is counted already)
@@ -336,20 +354,21 @@ def cost_parts(nodes: list[torch.fx.Node], node_flops: dict[str, int], param_inp
         kind = part_kind(n) if n.op == "call_function" else None
         if kind is None:
             continue
-        a = acc.setdefault(kind, [0, 0, 0, 0])
+        a = acc.setdefault(kind, [0, 0, 0, 0, 0])
         a[0] += node_flops.get(n.name, 0)
         a[1] += _node_bytes(n) + (_dropout_mask_bytes(n) if kind == "dropout" else 0)
         a[2] += sum(tensor_bytes(x.meta.get("val")) for x in n.all_input_nodes if x.name in param_inputs)
         a[3] += 1
+        a[4] += _channels_first_bytes(n) if kind in ("conv", "conv3x3") else 0
     fwd_total = sum(a[0] for a in acc.values())
     ops_total = sum(a[3] for a in acc.values())
     parts = []
     for kind in PART_KINDS:
         if kind in acc:
-            f, b, w, ops = acc[kind]
+            f, b, w, ops, layout = acc[kind]
             share = f / fwd_total if fwd_total else ops / ops_total
             parts.append(CostPart(kind=kind, fwd_flops=f, bwd_flops=round(bwd_flops * share), bytes_moved=b,
-                                  param_bytes=min(w, b), ops=ops))
+                                  param_bytes=min(w, b), ops=ops, layout_bytes=min(layout, b)))
     return parts
 
 

@@ -48,6 +48,9 @@ class CostPart:
     bytes_moved: int = 0  # one forward's traffic of these ops, inputs + outputs + weights read
     param_bytes: int = 0  # of bytes_moved: parameter reads
     ops: int = 0
+    # Convolutions only: input + output bytes of the ones traced channels-first (NCHW), which cuDNN's tensor-core
+    # kernels transpose to NHWC and back (costmodels/part_costs.layout_traffic); 0 for channels-last (NHWC) ones.
+    layout_bytes: int = 0
 
 
 @dataclass

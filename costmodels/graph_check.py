@@ -18,7 +18,7 @@ TIMES = ("fwd_s", "bwd_s")
 HINT = "re-run `pipeplan trace` (docs/graph-format.md)"
 
 
-PART_COUNTS = ("fwd_flops", "bwd_flops", "bytes_moved", "param_bytes", "ops")
+PART_COUNTS = ("fwd_flops", "bwd_flops", "bytes_moved", "param_bytes", "ops", "layout_bytes")
 
 
 def check_graph_doc(doc: dict[str, Any], path: str | os.PathLike[str], layer_kinds: tuple[str, ...],
@@ -105,3 +105,5 @@ def _check_parts(f: Fields, layer: Any, field: str, part_kinds: tuple[str, ...])
             f.integer(part.get(key, 0), f"{at}.{key}")
         if part.get("param_bytes", 0) > part.get("bytes_moved", 0):
             raise f.fail(f"{at}.param_bytes", part["param_bytes"], "at most the part's bytes_moved")
+        if part.get("layout_bytes", 0) > part.get("bytes_moved", 0):
+            raise f.fail(f"{at}.layout_bytes", part["layout_bytes"], "at most the part's bytes_moved")

@@ -18,6 +18,9 @@ Three effects that a FLOP and byte count alone misses, each with its source:
   gradient and one saved tensor and writes one gradient.
 * Winograd 3x3 convolutions (`WINOGRAD_SPEEDUP`): fewer multiplies than the direct
   FLOPs on the FP32 (CUDA-core) path.
+* Channels-first convolutions on tensor cores (`layout_traffic`): cuDNN's tensor-core
+  kernels work in NHWC, so an NCHW (PyTorch's default) convolution in fp16, bf16 or
+  tf32 transposes its tensors there and back, memory traffic the FLOPs do not show.
 * Per-kernel time (`kernel_overhead_s`, `dispatch_s`): a GPU kernel cannot take less
   than its launch and tail, and eager PyTorch spends host time per op; with small
   microbatches (deep pipelines) these dominate. A fixed time t0 per kernel is the
@@ -64,6 +67,16 @@ TRAFFIC_FACTORS: dict[str, tuple[float, float]] = {
 # convolutions as implicit GEMMs on tensor cores (NVIDIA cuDNN developer guide, "Tensor Core
 # operations"). Judgement: the F(2x2) figure, not F(4x4)'s 4x, as the typical gain.
 WINOGRAD_SPEEDUP = 2.25
+
+# NVIDIA's tensor cores run convolutions natively in NHWC; with PyTorch's default NCHW tensors cuDNN transposes the
+# input to NHWC before each convolution and the output back after (MosaicML Composer, "Channels Last" method card:
+# "the NCHW tensor must be transposed to NHWC before the convolution and transposed back to NCHW after"; NVIDIA's
+# DeepLearningExamples run their mixed-precision ResNet-50 with --memory-format nhwc for this reason, configs.yml).
+# On the FP32 CUDA-core path cuDNN has NCHW kernels and no transpose. Each transpose reads and writes its tensor:
+# forward moves input and output twice more; backward transposes the output gradient in, the input gradient out and
+# the input again for the weight gradient, three tensors against forward's two (Judgement: 1.5x forward's).
+LAYOUT_DTYPES = ("fp16", "bf16", "tf32")
+LAYOUT_FACTORS = (2.0, 3.0)
 
 # Kernels a backward runs per forward kernel: a GEMM's or convolution's backward computes the input
 # gradient and the weight gradient as two kernels (Narayanan et al. 2021, App.); elementwise ops one.
@@ -112,6 +125,20 @@ def part_bytes(part: CostPart, ratio: float) -> tuple[float, float]:
     return fwd * f_factor, fwd * b_factor
 
 
+def layout_traffic(part: CostPart, profile: HardwareProfile, dtype: str, ratio: float) -> tuple[float, float]:
+    """(forward, backward) traced (fp32) bytes a channels-first convolution part moves transposing to NHWC and back.
+
+    Only on an NVIDIA GPU profile (cuDNN; a calibrated CPU runs its own kernels, TPUs and AMD GPUs other libraries),
+    in a tensor-core dtype, and not where the profile has a measured efficiency curve for the kind: that
+    measurement holds whatever the library did with the layout it was timed in (as `effective_flops`).
+    """
+    if (not part.layout_bytes or dtype not in LAYOUT_DTYPES or profile.gpu_vendor() != "nvidia"
+            or efficiency_curve_for(profile, part.kind, dtype)):
+        return 0.0, 0.0
+    moved = part.layout_bytes * ratio
+    return LAYOUT_FACTORS[0] * moved, LAYOUT_FACTORS[1] * moved
+
+
 def effective_flops(part: CostPart, profile: HardwareProfile, dtype: str) -> tuple[float, float]:
     """(forward, backward) FLOPs the hardware really executes for a part (Winograd: fewer).
 
@@ -144,6 +171,8 @@ def parts_roofline_s(parts: Sequence[CostPart], profile: HardwareProfile, *, dty
         peak = peak_flops_for_kind(profile, base, dtype)
         f_flops, b_flops = effective_flops(part, profile, dtype)
         f_bytes, b_bytes = part_bytes(part, ratio)
+        f_layout, b_layout = layout_traffic(part, profile, dtype, ratio)
+        f_bytes, b_bytes = f_bytes + f_layout, b_bytes + b_layout
         kernels = max(part.ops, 1)
         ce, me = efficiency_for(profile, part.kind, dtype, f_flops * ratio / kernels)
         fwd += roofline_time_s(f_flops * ratio, f_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce, me)

@@ -69,6 +69,13 @@ class HardwareProfile:
     # a CPU; hardware_profiles/optimizer_overhead.py). Measured by `profiles calibrate`; empty = bytes alone.
     optimizer_tensor_s: dict[str, float] = field(default_factory=dict)
 
+    def gpu_vendor(self) -> str | None:
+        """"nvidia" or "amd" where `device` starts with a GPU maker's name (every catalogue GPU and every profile
+        `profiles calibrate` writes on CUDA does), else None: TPUs and this machine's cores. Costs that come from a
+        GPU library (cuDNN's layouts, NCCL's kernels sharing SMs with compute) apply only where it says which."""
+        maker = self.device.split()[0].lower() if self.device.strip() else ""
+        return maker if not self.local and maker in ("nvidia", "amd") else None
+
     def overhead_for(self, schedule: str, nbytes: int = 0) -> float:
         """Runtime seconds for one op of `schedule` that sends and receives `nbytes` in all: the schedule's
         own measurement (`profiles calibrate` measures GPipe, 1F1B, interleaved, ZB-H1 and PipeDream), else

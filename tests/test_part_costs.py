@@ -114,6 +114,7 @@ def test_parts_survive_graph_json(graph, tmp_path):
     ({"kind": "norm", "ops": -1}, "ops"),
     ({"kind": "norm", "bytes_moved": 4, "param_bytes": 8}, "param_bytes"),
     ({"kind": "norm", "bytes": 4}, "only the keys"),
+    ({"kind": "conv", "bytes_moved": 4, "layout_bytes": 8}, "layout_bytes"),
 ])
 def test_bad_parts_are_refused_naming_the_field(graph, tmp_path, bad, says):
     doc = graph.to_dict()
@@ -168,6 +169,68 @@ def test_winograd_applies_to_fp32_3x3_convolutions_only():
     assert fp32 == pytest.approx(10**12 / 2.25 / (A100.flops_for("fp32") * DEFAULT_EFFICIENCY["conv"]) + k)
     bf16, _ = layer_roofline_s(layer, A100, dtype="bf16")
     assert bf16 == pytest.approx(10**12 / (A100.flops_for("bf16") * DEFAULT_EFFICIENCY["conv"]) + k)
+
+
+CONV = textwrap.dedent("""
+    import torch, torch.nn as nn
+
+    class Net(nn.Module):
+        def __init__(self, channels_last):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 8, 3, padding=1)
+            self.point = nn.Conv2d(8, 8, 1)
+            self.channels_last = channels_last
+            if channels_last:
+                self.to(memory_format=torch.channels_last)
+
+        def forward(self, x):
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            return self.point(torch.relu(self.conv(x))).flatten(1)
+
+    def build_nchw():
+        return Net(False)
+
+    def build_nhwc():
+        return Net(True)
+
+    def example_inputs(batch_size):
+        return (torch.randn(batch_size, 4, 6, 6),)
+""")
+
+
+@pytest.mark.parametrize("entry, transposed", [("build_nchw", True), ("build_nhwc", False)])
+def test_the_trace_records_the_bytes_of_channels_first_convolutions(tmp_path, entry, transposed):
+    import pipeplan
+
+    path = tmp_path / "conv.py"
+    path.write_text(CONV)
+    g = pipeplan.trace(str(path), B, depth=1, repeats=1, time_layers=False, fvcore_check=False, entry=entry)
+    # input + output of each convolution, fp32: (B,4,6,6) -> (B,8,6,6) and (B,8,6,6) -> (B,8,6,6)
+    want = {"conv": B * (4 + 8) * 36 * 4, "point": B * (8 + 8) * 36 * 4}
+    for name, layout in want.items():
+        layer = next(l for l in g.layers if l.name.endswith(name))
+        convs = [p for p in layer.parts if p.kind in ("conv", "conv3x3")]
+        assert [p.layout_bytes for p in convs] == [layout if transposed else 0], name
+        assert all(p.layout_bytes == 0 for p in layer.parts if p not in convs)
+
+
+def test_channels_first_convolutions_pay_transposes_on_nvidia_tensor_cores_only():
+    conv = CostPart(kind="conv", fwd_flops=10**6, bwd_flops=2 * 10**6, bytes_moved=10**9, layout_bytes=6 * 10**8,
+                    ops=1)
+    layer = Layer(name="c", kind="conv", fwd_flops=10**6, bwd_flops=2 * 10**6, bytes_moved=10**9, parts=[conv])
+    plain = replace(layer, parts=[replace(conv, layout_bytes=0)])
+    k = part_costs.DEFAULT_KERNEL_OVERHEAD_S
+    for dtype, scale in (("fp16", 0.5), ("bf16", 0.5), ("tf32", 1.0)):
+        bw = A100.mem_bw_bytes_per_s * DEFAULT_MEMORY_EFFICIENCY
+        fwd, bwd = layer_roofline_s(layer, A100, dtype=dtype)
+        # memory-bound: traffic / bandwidth; the transposes read and write input and output (2x forward, 3x backward)
+        assert fwd == pytest.approx((10**9 + 2 * 6 * 10**8) * scale / bw + k), dtype
+        assert bwd == pytest.approx((2 * 10**9 + 3 * 6 * 10**8) * scale / bw + 2 * k), dtype
+    assert layer_roofline_s(layer, A100, dtype="fp32") == layer_roofline_s(plain, A100, dtype="fp32")  # CUDA cores
+    for other in ("mi300x", "tpu-v5p"):  # not cuDNN
+        prof = load_profile(other)
+        assert layer_roofline_s(layer, prof, dtype="bf16") == layer_roofline_s(plain, prof, dtype="bf16"), other
 
 
 def _profile(extra: str):
