@@ -22,7 +22,7 @@ from pipeplan.planner.cluster import Cluster
 from pipeplan.planner.configs import Config
 from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import Evaluation, _microbatch_size, _simulate, _stage_count, graph_summary
-from pipeplan.planner.predict_inputs import StageInputs, collectives_overlap, stage_inputs
+from pipeplan.planner.predict_inputs import StageInputs, collectives_overlap, overlap_slowdown, stage_inputs
 from pipeplan.planner.predict_report import assemble_plan
 from pipeplan.planner.problem import Problem, build_problem
 from pipeplan.planner.request import PlanRequest
@@ -85,12 +85,15 @@ def mixed_predict(graph: Graph, cluster: Cluster, assignment: Sequence[int], typ
             x.send[s] = p2p_time_s(x.send_bytes[s], cluster.link) if x.send_bytes[s] else 0.0
     overhead_s = [cluster.groups[g].profile.overhead_for(config.schedule, n) for g, n in zip(types, x.msg_bytes,
                                                                                              strict=True)]
-    sim = _simulate(config, x, overhead_s, keep_events,
-                    overlap=all(collectives_overlap(cluster.groups[g].profile) for g in set(types)))
+    group_profiles = [cluster.groups[g].profile for g in set(types)]
+    slowdown = max(overlap_slowdown(p) for p in group_profiles)
+    sim = _simulate(config, x, overhead_s, keep_events, overlap=all(collectives_overlap(p) for p in group_profiles),
+                    slowdown=slowdown)
     first = types[0]
     plan = assemble_plan(graph, cluster.groups[first].profile, problems[first], assignment, config, request, x, sim,
                          ranks=ranks, reps=reps, dp=dp, mb=mb, devices=S * dp, slow=1.0, overhead_s=overhead_s,
                          solver=dict(solver or {}), graph_info=graph_summary(graph))
+    plan.overlap_slowdown = slowdown  # the cluster's, as simulated (assemble_plan took the first group's)
     _own_times(plan, problems, assignment, types, config.recompute)
     return Evaluation(_mixed_record(plan, cluster, types, x, request, graph), sim)
 

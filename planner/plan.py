@@ -95,6 +95,7 @@ class Plan:
     sharding: Sharding = "none"  # ZeRO level over each stage's replicas (costmodels/memory.py)
     mixed_precision: MixedPrecision = "deepspeed"  # bf16/fp16 gradient dtype recipe (costmodels/memory.py)
     collectives_overlap: bool = True  # ZeRO collectives beside compute (GPU frameworks) or in series (local runtime)
+    overlap_slowdown: float = 0.0  # compute beside those collectives runs this much slower (predict_inputs.op_times)
     tied_stages: list[list[int]] = field(default_factory=list)  # stages holding one tied parameter (simulate)
 
     def __post_init__(self) -> None:

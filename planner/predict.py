@@ -31,7 +31,14 @@ from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.plan import Plan
-from pipeplan.planner.predict_inputs import StageInputs, boundary_bytes, collectives_overlap, op_times, stage_inputs
+from pipeplan.planner.predict_inputs import (
+    StageInputs,
+    boundary_bytes,
+    collectives_overlap,
+    op_times,
+    overlap_slowdown,
+    stage_inputs,
+)
 from pipeplan.planner.predict_report import assemble_plan
 from pipeplan.planner.problem import Problem, build_problem
 from pipeplan.planner.request import PlanRequest
@@ -128,15 +135,16 @@ def _microbatch_size(request: PlanRequest, M: int, dp: int) -> int:
 
 
 def _simulate(config: Config, x: StageInputs, overhead_s: Sequence[float], keep_events: bool, *,
-              overlap: bool = True) -> SimResult:
+              overlap: bool = True, slowdown: float = 0.0) -> SimResult:
     """The event simulation of one iteration; the runtime's per-op time is part of every op.
 
     A sharded stage's per-microbatch collectives run beside its compute on GPUs and in series with it in
-    pipeplan's runtime on a local profile (`overlap`; predict_inputs.op_times)."""
+    pipeplan's runtime on a local profile (`overlap`), slowing the compute they overlap by `slowdown`
+    (predict_inputs.op_times)."""
     rule = facts(config.schedule)
     rc = config.recompute
-    fwd = op_times(x.fwd, x.fwd_comm, overhead_s, overlap=overlap)
-    bwd = op_times(x.bwd, x.bwd_comm, overhead_s, overlap=overlap)
+    fwd = op_times(x.fwd, x.fwd_comm, overhead_s, overlap=overlap, slowdown=slowdown)
+    bwd = op_times(x.bwd, x.bwd_comm, overhead_s, overlap=overlap, slowdown=slowdown)
     return simulate(config.schedule, fwd, bwd, x.send, config.microbatches,
                     chunks=config.chunks if rule.interleaves else 1,
                     static_bytes=x.static, activation_bytes_per_mb=x.act,
@@ -174,7 +182,8 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], c
     # The runtime's own time around every op (calibrated on local profiles, else 0) is part of
     # the iteration but not of the stage's compute: simulated, reported apart from fwd_s/bwd_s.
     overhead_s = [profile.overhead_for(config.schedule, nbytes) for nbytes in x.msg_bytes]
-    sim = _simulate(config, x, overhead_s, keep_events, overlap=collectives_overlap(profile))
+    sim = _simulate(config, x, overhead_s, keep_events, overlap=collectives_overlap(profile),
+                    slowdown=overlap_slowdown(profile))
     plan = assemble_plan(graph, profile, problem, assignment, config, request, x, sim, ranks=ranks, reps=reps,
                          dp=dp, mb=mb, devices=devices, slow=slow, overhead_s=overhead_s, solver=solver,
                          graph_info=dict(summary) if summary is not None else graph_summary(graph))

@@ -23,7 +23,14 @@ from pipeplan.planner.request import PlanRequest
 from pipeplan.schedules import device_stages, facts
 
 __all__ = ["StageInputs", "stage_inputs", "boundary_bytes", "contiguous", "shared_stages", "op_times",
-           "collectives_overlap"]
+           "collectives_overlap", "overlap_slowdown"]
+
+
+# Compute running beside a collective on the same GPU is slower than alone: Lee et al., "Characterizing
+# Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv 2507.03114, 2025), abstract:
+# "an average computational slowdown of 18.9%, with a maximum of 40.0%", GPT and LLaMA training on A100, H100,
+# MI250 and MI210 (NCCL/RCCL kernels occupy SMs: a GEMM sized to one wave spills into a second).
+OVERLAP_COMPUTE_SLOWDOWN = 0.189
 
 
 def collectives_overlap(profile: HardwareProfile) -> bool:
@@ -32,8 +39,15 @@ def collectives_overlap(profile: HardwareProfile) -> bool:
     return not profile.local
 
 
+def overlap_slowdown(profile: HardwareProfile) -> float:
+    """How much slower compute runs beside a collective on `profile`: `OVERLAP_COMPUTE_SLOWDOWN` on a GPU (its
+    source measured GPUs), 0 where nothing was measured (TPUs, whose collectives run on their own links' engines)
+    or nothing overlaps (a local profile)."""
+    return OVERLAP_COMPUTE_SLOWDOWN if collectives_overlap(profile) and profile.gpu_vendor() else 0.0
+
+
 def op_times(compute_s: Sequence[float], comm_s: Sequence[float], overhead_s: Sequence[float], *,
-             overlap: bool) -> list[float]:
+             overlap: bool, slowdown: float = 0.0) -> list[float]:
     """Each stage's simulated op: its compute with its per-microbatch collectives (ZeRO-2/3), plus the runtime's time.
 
     GPU frameworks run the collectives beside the compute (FSDP prefetches the next all-gather and DeepSpeed
@@ -42,9 +56,13 @@ def op_times(compute_s: Sequence[float], comm_s: Sequence[float], overhead_s: Se
     gather, compute, reduce-scatter on one thread over gloo): the op takes the sum. Measured on this machine's
     2 cores (GPT example, 1 stage x 2 replicas, ZeRO-3): a backward of 22.3 ms unsharded took 27.2 ms sharded,
     while max() predicted 21.5 ms.
+    Overlap is not free on a GPU: the collective's kernels take SMs and memory bandwidth from the compute they run
+    beside, so that compute runs `slowdown` (`overlap_slowdown`) slower for as long as they overlap; the op takes
+    max(compute + slowdown x min(compute, comm), comm).
     """
     if overlap:
-        return [max(c, m) + oh for c, m, oh in zip(compute_s, comm_s, overhead_s, strict=True)]
+        return [max(c + slowdown * min(c, m), m) + oh
+                for c, m, oh in zip(compute_s, comm_s, overhead_s, strict=True)]
     return [c + m + oh for c, m, oh in zip(compute_s, comm_s, overhead_s, strict=True)]
 
 

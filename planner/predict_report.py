@@ -18,7 +18,7 @@ from pipeplan.hardware_profiles.loader import profile_reference
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.plan import Plan, Prediction, Stage, StagePrediction
-from pipeplan.planner.predict_inputs import StageInputs, collectives_overlap, shared_stages
+from pipeplan.planner.predict_inputs import StageInputs, collectives_overlap, overlap_slowdown, shared_stages
 from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.simulate import SimResult
@@ -126,5 +126,6 @@ def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assi
         sharding=config.sharding,
         mixed_precision=request.mixed_precision,
         collectives_overlap=collectives_overlap(profile),
+        overlap_slowdown=overlap_slowdown(profile),
         tied_stages=[list(g) for g in x.tied],
     )

@@ -79,9 +79,9 @@ def simulate_from_plan(plan: Plan) -> SimResult:
     # a sharded stage's per-microbatch collectives beside or after its compute, as the plan was predicted
     overhead = [x.op_overhead_s for x in p]
     fwd = op_times([x.fwd_s / k for x, k in zip(p, r, strict=True)], [x.fwd_comm_s for x in p], overhead,
-                   overlap=plan.collectives_overlap)
+                   overlap=plan.collectives_overlap, slowdown=plan.overlap_slowdown)
     bwd = op_times([(x.bwd_s + a) / k for x, a, k in zip(p, folded, r, strict=True)], [x.bwd_comm_s for x in p],
-                   overhead, overlap=plan.collectives_overlap)
+                   overhead, overlap=plan.collectives_overlap, slowdown=plan.overlap_slowdown)
     recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) / k for x, k in zip(p, r, strict=True)]
     return simulate(
         plan.schedule,
