@@ -11,18 +11,21 @@ bandwidth figure contains.
 
 So we run (pipeline_ops.py) the schedules the runtime uses on two processes with
 identical MLP stages, each pinned to a core as the runtime's ranks are: GPipe, 1F1B
-and ZB-H1 (one stage a rank) and interleaved 1F1B (two stages a rank, r and r + 2,
-as the runtime places them) under torch.distributed.pipelining, and PipeDream's
-asynchronous 1F1B the way runtime/pipedream.py runs it (its own loop and messages,
-no flush; PipeDream-2BW runs the same). We record when every op starts and ends,
+and ZB-H1 (one stage a rank), interleaved 1F1B (two stages a rank, r and r + 2)
+and ZB-V (two stages a rank in a V, r and 3 - r: the first and last stage on rank
+0, the turn from stage 1 to 2 on rank 1 with no transfer), each placed as the
+runtime places it (pipeplan.schedules.stage_device), under
+torch.distributed.pipelining, and PipeDream's asynchronous 1F1B the way
+runtime/pipedream.py runs it (its own loop and messages, no flush; PipeDream-2BW
+runs the same). We record when every op starts and ends,
 and charge each op the time between "could start" and "started": ready = max(end of
 the rank's previous op, end of the op it depends on + the idle link's transfer time
 when that op ran on the other rank). That gap grows with the tensors the op sends
 and receives, so two stage shapes with the same compute but 4x different
 activations are run, and per schedule the gaps are fitted as `fixed + per_byte x
 bytes the op sends and receives`. The schedule simulator adds that to every forward
-and backward (planner/predict.py; a zero-bubble W's gap is charged to the
-backwards, which the simulator splits into B and W).
+and backward (planner/predict.py; a zero-bubble W's gap, ZB-H1's and ZB-V's, is
+charged to the forwards and backwards, which is where the simulator adds it).
 
 How much longer the ops ran than the same ops with no pipeline around them (both
 ranks computing alone at once) is recorded beside it (`excess_us`), not charged:
@@ -47,13 +50,17 @@ MICROBATCHES = 8
 STEPS, WARMUP = 6, 2
 # The schedules measured here: GPipe, 1F1B and ZB-H1 (one stage a rank), interleaved 1F1B (two a rank: twice
 # the ops, each posting its own sends and receives; taking 1F1B's figure for it left examples/gpt.py's
-# interleaved plans 16-20% slower than predicted) and asynchronous PipeDream (the runtime's own loop and
-# messages, not torch's; its figure had been 1F1B's). The others take the nearest measured one
-# (HardwareProfile.overhead_for).
-TORCH_SCHEDULES: Final[tuple[ScheduleName, ...]] = ("gpipe", "1f1b", "interleaved", "zb-h1")
+# interleaved plans 16-20% slower than predicted), ZB-V (two a rank in a V, the turn a hand-over on one rank,
+# split backwards: with interleaved's figure its examples/gpt.py iteration ran ~12% slower than predicted,
+# benchmarks/RESULTS.md) and asynchronous PipeDream (the runtime's own loop and messages, not
+# torch's; its figure had been 1F1B's). The others take the nearest measured one (HardwareProfile.overhead_for:
+# DualPipeV ZB-V's).
+TORCH_SCHEDULES: Final[tuple[ScheduleName, ...]] = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 SCHEDULES: Final[tuple[ScheduleName, ...]] = (*TORCH_SCHEDULES, "pipedream")
 assert all(facts(s).torch_class is not None for s in TORCH_SCHEDULES) and facts("pipedream").torch_class is None
-CHUNKS: Final[dict[str, int]] = {"gpipe": 1, "1f1b": 1, "interleaved": 2, "zb-h1": 1, "pipedream": 1}  # stages per rank
+# stages per rank; ZB-V's is the only count its torch class runs (ScheduleFacts.fixed_chunks)
+CHUNKS: Final[dict[str, int]] = {"gpipe": 1, "1f1b": 1, "interleaved": 2, "zb-h1": 1, "zb-v": 2, "pipedream": 1}
+assert CHUNKS["zb-v"] == facts("zb-v").fixed_chunks
 SOLO = "solo"  # the key of the ops timed outside any pipeline (pipeline_ops.solo_events)
 
 Event: TypeAlias = tuple[str, int, int, float, float]
@@ -69,7 +76,8 @@ def message_bytes(shape: str) -> int:
 def depends_on(kind: str, stage: int, mb: int, stages: int) -> tuple[str, int, int] | None:
     """The op (kind, stage, microbatch) an op waits for besides its rank's previous one: a forward for the
     previous stage's forward, a backward for the next stage's backward (the last stage's for its own forward), a
-    zero-bubble W for its own B (on the same rank)."""
+    zero-bubble W for its own B (on the same rank). Placement-free: whether the dependency crossed ranks is
+    `op_gaps_s`'s question (the V's stages 1 and 2 share a rank)."""
     if kind == "W":
         return ("B", stage, mb)
     if kind == "F":
@@ -81,7 +89,9 @@ def op_gaps_s(first: list[Event], second: list[Event], transfer_s: float) -> lis
     """Per op of one step of a pipeline on 2 ranks: (its kind, start - the time it could have started (>= 0)).
 
     Every op waits for its rank's previous op and for the op it depends on (`depends_on`); a dependency on
-    the other rank includes the transfer (`transfer_s`), which the simulator already charges to the link.
+    the other rank includes the transfer (`transfer_s`), which the simulator already charges to the link. Each
+    stage's rank is read off the events, so any placement works: round-robin, or ZB-V's V, where the last
+    stage is on rank 0 and stage 1 hands its output to stage 2 on the same rank (no transfer).
     """
     end, rank_of = {}, {}
     for rank, events in ((0, first), (1, second)):
@@ -110,7 +120,8 @@ def op_overhead_s(
 
     An op's charge is its mean gap (`op_gaps_s`), per forward or backward: a zero-bubble W's gap is charged to
     them, where the simulator adds it. `transfer_s(nbytes)` is the idle link's time for a message. Every op of
-    the 2-stage pipeline sends or receives exactly one activation or gradient, so the two shapes' mean gaps
+    the 2-stage pipeline (and of ZB-V's V: its hand-over from stage 1 to 2 stays on the rank) sends or receives
+    exactly one activation or gradient, so the two shapes' mean gaps
     give a line through (bytes, gap); its parts are clamped at 0 (a noisy run may make the larger messages look
     cheaper). The detail also keeps how much longer the ops ran than alone (`pipeline_ops.solo_events`; the module doc
     says why it is not charged).

@@ -24,7 +24,7 @@ from pipeplan.hardware_profiles.op_overhead import (
     WIDTH,
     Event,
 )
-from pipeplan.schedules import ScheduleName, facts, local_order
+from pipeplan.schedules import ScheduleName, device_stages, facts, local_order
 
 HEADER_LEN = 10  # int64s sent before every activation by the asynchronous loop (runtime/pipedream_comm.HEADER_LEN)
 
@@ -76,15 +76,18 @@ def _stage_module(layers: int) -> Any:
 
 
 def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int) -> list[list[Event]]:
-    """`name` under its torch.distributed.pipelining class, every forward and backward (and W) timed."""
+    """`name` under its torch.distributed.pipelining class, every forward and backward (and W) timed, its stages
+    where the runtime puts them (pipeplan.schedules.stage_device): stage s on rank s % 2, or ZB-V's V (stages 0 and
+    3 on rank 0, 1 and 2 on rank 1, the hand-over from 1 to 2 without a transfer)."""
     import torch
     import torch.distributed as dist
     from torch.distributed import pipelining
 
     n_stages = 2 * CHUNKS[name]
+    mine = device_stages(name, rank, 2, CHUNKS[name])  # the runtime's placement (runtime/worker.stage_ranks)
     events: list[Event] = []
     stages: list[Any] = []
-    for index in range(rank, n_stages, 2):  # stage s on rank s % 2 (runtime/worker.stage_ranks)
+    for index in mine:  # in model order, as the runtime lists a rank's stages
         stage = pipelining.PipelineStage(_stage_module(layers), index, n_stages, torch.device("cpu"))
 
         def timed(fn: Callable[..., Any], kind: str, index: int = index,
@@ -103,17 +106,18 @@ def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int) -> list[
         stages.append(stage)
     loss = lambda output, target: output.sum()  # noqa: E731
     cls = getattr(pipelining, str(facts(name).torch_class))
-    # as runtime/worker.build_schedule: the multi-stage classes take the rank's stage list (ZB-H1: one stage)
-    schedule = cls(stages if name in ("interleaved", "zb-h1") else stages[0], MICROBATCHES, loss_fn=loss)
-    x = torch.randn(rows * MICROBATCHES, WIDTH)
+    # as runtime/worker.build_schedule: the multi-stage classes (interleaving, zero bubble) take the rank's stage
+    # list, the others its one stage
+    multi = facts(name).interleaves or facts(name).splits_backward
+    schedule = cls(stages if multi else stages[0], MICROBATCHES, loss_fn=loss)
+    # the rank with stage 0 feeds the inputs, the one with the last stage the targets (ZB-V's rank 0: both)
+    args = (torch.randn(rows * MICROBATCHES, WIDTH),) if 0 in mine else ()
+    kwargs = {"target": torch.zeros(rows * MICROBATCHES)} if n_stages - 1 in mine else {}
     steps = []
     for i in range(STEPS):
         dist.barrier()
         events.clear()
-        if rank == 0:
-            schedule.step(x)
-        else:
-            schedule.step(target=torch.zeros(rows * MICROBATCHES))
+        schedule.step(*args, **kwargs)
         if i >= WARMUP:
             steps.append(list(events))
     return steps

@@ -78,14 +78,17 @@ class HardwareProfile:
 
     def overhead_for(self, schedule: str, nbytes: int = 0) -> float:
         """Runtime seconds for one op of `schedule` that sends and receives `nbytes` in all: the schedule's
-        own measurement (`profiles calibrate` measures GPipe, 1F1B, interleaved, ZB-H1 and PipeDream), else
-        the nearest measured runtime: PipeDream's for PipeDream-2BW (the same asynchronous loop and messages),
-        interleaved's for the other schedules with several stages a rank (the V schedules: each op posting its
-        own sends), else 1F1B's (and 1F1B's for all of them in a profile calibrated before the others were
-        measured); 0 where nothing was measured."""
+        own measurement (`profiles calibrate` measures GPipe, 1F1B, interleaved, ZB-H1, ZB-V and PipeDream),
+        else the nearest measured runtime: PipeDream's for PipeDream-2BW (the same asynchronous loop and
+        messages), ZB-V's for DualPipeV (the same V placement, its turn a hand-over on one rank, and split
+        backwards, under the same torch runtime posting each op's sends and receives), interleaved's for the schedules with several stages a rank
+        (the V schedules in a profile calibrated before ZB-V was measured: each op posting its own sends), else
+        1F1B's (and 1F1B's for all of them in a profile calibrated before the others were measured); 0 where
+        nothing was measured."""
         f = facts(schedule)
-        key = next((k for k, ok in ((f.name, True), ("pipedream", not f.flushes), ("interleaved", f.interleaves))
-                    if ok and k in self.op_overhead_s), "1f1b")
+        nearest = ((f.name, True), ("pipedream", not f.flushes), ("zb-v", f.placement == "v"),
+                   ("interleaved", f.interleaves))
+        key = next((k for k, ok in nearest if ok and k in self.op_overhead_s), "1f1b")
         return float(self.op_overhead_s.get(key, 0.0) + self.op_overhead_s_per_byte.get(key, 0.0) * nbytes)
 
     def link_between(self, device_a: int, device_b: int) -> Link:

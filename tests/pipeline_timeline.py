@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from pipeplan.hardware_profiles.op_overhead import CHUNKS, depends_on
-from pipeplan.schedules import local_order
+from pipeplan.schedules import local_order, stage_device
+from pipeplan.v_orders import zbv_order
 
 
 def orders(schedule: str, M: int) -> tuple[list, list]:
-    """Op order (kind, stage, microbatch) of each of 2 ranks, as torch's schedules run them for GPipe and 1F1B,
-    and the asynchronous loop for PipeDream; for interleaved (stages r and r + 2 on rank r) a valid depth-first
-    order (forwards of stage r, then r + 2, backwards the other way round) and for ZB-H1 1F1B's with each W right
+    """Op order (kind, stage, microbatch) of each of 2 ranks, as torch's schedules run them for GPipe, 1F1B and
+    ZB-V (rank r holds stages r and 3 - r; pipeplan/v_orders.py, checked op for op against torch), and the
+    asynchronous loop for PipeDream; for interleaved (stages r and r + 2 on rank r) a valid depth-first order
+    (forwards of stage r, then r + 2, backwards the other way round) and for ZB-H1 1F1B's with each W right
     after its B (the gaps do not depend on which valid order)."""
+    if schedule == "zb-v":
+        v = [zbv_order(r, 2, M) for r in (0, 1)]
+        return v[0], v[1]
     if schedule == "pipedream":
         mine = [[(kind, r, m) for kind, m in local_order(M, 2 - r)] for r in (0, 1)]
         return mine[0], mine[1]
@@ -32,7 +37,8 @@ def orders(schedule: str, M: int) -> tuple[list, list]:
 
 
 def timeline(schedule: str, M: int, f: float, b: float, gap: float, transfer: float) -> tuple[list, list]:
-    """Events of a pipeline in which every op starts exactly `gap` after it could have."""
+    """Events of a pipeline in which every op starts exactly `gap` after it could have (a dependency on the other
+    rank: `transfer` after it ended; the schedule's placement says which rank a stage is on)."""
     order = orders(schedule, M)
     stages = 2 * CHUNKS[schedule]
     events: list[list] = [[], []]
@@ -45,7 +51,7 @@ def timeline(schedule: str, M: int, f: float, b: float, gap: float, transfer: fl
                 dep = depends_on(kind, stage, m, stages)
                 if dep is not None and dep not in end:
                     break
-                cross = dep is not None and dep[1] % 2 != r
+                cross = dep is not None and stage_device(schedule, dep[1], 2) != r
                 ready = [t for t in (free[r], end[dep] + (transfer if cross else 0.0) if dep else None) if t is not None]
                 start = (max(ready) if ready else 0.0) + gap
                 stop = start + (f if kind == "F" else b)

@@ -52,7 +52,7 @@ FAKE_P2P = {4: 50e-6, 64 * 1024: 50e-6 + 64 * 1024 / 2e9, MIB: 50e-6 + MIB / 2e9
 
 
 FAKE_GAP_S = {"gpipe": (8e-4, 0.0), "1f1b": (2e-4, 1e-10), "interleaved": (3e-4, 2e-10),  # per op: fixed s, s per byte moved
-              "zb-h1": (1e-4, 1e-10), "pipedream": (6e-4, 5e-10)}
+              "zb-h1": (1e-4, 1e-10), "zb-v": (4e-4, 3e-10), "pipedream": (6e-4, 5e-10)}
 # gloo collectives of a 2-rank group: (bandwidth B/s, latency s) each, timed through the ring formulas
 FAKE_OPTIMIZER_S = {"sgd": 2e-6, "momentum": 6e-6, "adam": 22e-6, "adamw": 25e-6}  # per parameter tensor
 FAKE_COLLECTIVES = {"allreduce": (1e9, 100e-6), "reduce_scatter": (0.5e9, 250e-6), "all_gather": (1e9, 120e-6)}
@@ -144,10 +144,12 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
     for op, (bw, lat) in FAKE_COLLECTIVES.items():  # the fitted links give back the links the times came from
         assert p.collectives[op].bandwidth_bytes_per_s == pytest.approx(bw, rel=1e-9)
         assert p.collectives[op].latency_s == pytest.approx(lat, rel=1e-9)
-    M = op_overhead.MICROBATCHES  # ZB-H1's Ws' gaps are charged to its forwards and backwards
+    M = op_overhead.MICROBATCHES  # ZB-H1's and ZB-V's Ws' gaps are charged to their forwards and backwards
     assert p.op_overhead_s == pytest.approx({k: charged_per_op(k, M, v[0]) for k, v in FAKE_GAP_S.items()}, abs=1e-12)
     assert p.op_overhead_s_per_byte == pytest.approx({k: charged_per_op(k, M, v[1]) for k, v in FAKE_GAP_S.items()},
                                                      abs=1e-16)
+    # ZB-V, written out: 96 ops a step (2 ranks x 2 stages x M x F, B, W), 95 with a gap, 63 of those F or B
+    assert M == 8 and p.op_overhead_s["zb-v"] == pytest.approx(4e-4 * 95 / 63, abs=1e-12)
     # each rank alone averages 1.2x slower together, but in every round one of them ran 1.3x slower,
     # and lock-stepped stages go at the slower one's pace
     assert p.concurrency_slowdown == pytest.approx(1.3)

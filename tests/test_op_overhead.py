@@ -27,7 +27,8 @@ from pipeplan.schedules import SCHEDULE_NAMES
 def test_gaps_recover_the_delay_put_into_every_op(schedule):
     first, second = timeline(schedule, 8, f=3e-3, b=6e-3, gap=4e-4, transfer=1e-4)
     gaps = op_gaps_s(first, second, transfer_s=1e-4)
-    assert len(first) == len(second) == 8 * CHUNKS[schedule] * (3 if schedule == "zb-h1" else 2)
+    # per rank: M microbatches x its stages x F and B (zero bubble: and W); ZB-V 8 x 2 x 3 = 48
+    assert len(first) == len(second) == 8 * CHUNKS[schedule] * (3 if schedule in ("zb-h1", "zb-v") else 2)
     assert len(gaps) == len(first) + len(second) - 1  # every op but the very first has a "could start" time
     assert [g for _, g in gaps] == pytest.approx([4e-4] * len(gaps), abs=1e-12)
     assert [k for k, _ in gaps] == [e[0] for e in first[1:] + second]
@@ -35,11 +36,25 @@ def test_gaps_recover_the_delay_put_into_every_op(schedule):
     assert sum(g for _, g in op_gaps_s(first, second, transfer_s=0.0)) > sum(g for _, g in gaps)
 
 
+def test_v_placement_charges_no_transfer_at_its_turn_and_one_to_the_last_stage_on_rank_0():
+    """One microbatch through ZB-V's V, written out: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2; 1 s ops,
+    each started 0.1 s after it could have, a 0.5 s transfer where a dependency crossed ranks (0 -> 1, 2 -> 3 and
+    back), none from stage 1 to 2 or back (the same rank) nor from a B to its W. A gap finder that charged the
+    turn a transfer would see F2 and B1 start before they could (gap clamped to 0)."""
+    first = [("F", 0, 0, 0.0, 1.0), ("F", 3, 0, 4.3, 5.3), ("B", 3, 0, 5.4, 6.4), ("W", 3, 0, 6.5, 7.5),
+             ("B", 0, 0, 9.7, 10.7), ("W", 0, 0, 10.8, 11.8)]  # F3: F2's end 3.7 + 0.5; B0: B1's end 9.1 + 0.5
+    second = [("F", 1, 0, 1.6, 2.6), ("F", 2, 0, 2.7, 3.7), ("B", 2, 0, 7.0, 8.0), ("B", 1, 0, 8.1, 9.1),
+              ("W", 2, 0, 9.2, 10.2), ("W", 1, 0, 10.3, 11.3)]  # F1: F0's end 1 + 0.5; B2: B3's end 6.4 + 0.5
+    gaps = op_gaps_s(first, second, transfer_s=0.5)
+    assert [k for k, _ in gaps] == ["F", "B", "W", "B", "W", "F", "F", "B", "B", "W", "W"]
+    assert [g for _, g in gaps] == pytest.approx([0.1] * 11, abs=1e-12)
+
+
 def test_overhead_is_a_line_through_the_mean_gaps_of_the_two_message_sizes():
-    """Gaps of fixed + per_byte x message, per schedule: the fit recovers both terms exactly (ZB-H1: with its Ws'
-    gaps charged to the forwards and backwards, which is where the simulator adds them)."""
+    """Gaps of fixed + per_byte x message, per schedule: the fit recovers both terms exactly (ZB-H1 and ZB-V: with
+    their Ws' gaps charged to the forwards and backwards, which is where the simulator adds them)."""
     truth = {"gpipe": (9e-4, 0.0), "1f1b": (2e-4, 3e-10), "interleaved": (3e-4, 2e-10), "zb-h1": (1e-4, 1e-10),
-             "pipedream": (5e-4, 4e-10)}  # s, s per byte
+             "zb-v": (7e-4, 6e-10), "pipedream": (5e-4, 4e-10)}  # s, s per byte
     assert set(truth) == set(SCHEDULES)
     link = lambda nbytes: 5e-5 + nbytes / 4e9  # noqa: E731 - the idle link's transfer time
     per_rank: list[dict] = [{}, {}]
@@ -53,6 +68,9 @@ def test_overhead_is_a_line_through_the_mean_gaps_of_the_two_message_sizes():
     assert fixed == pytest.approx({k: charged_per_op(k, 8, v[0]) for k, v in truth.items()}, abs=1e-12)
     assert per_byte == pytest.approx({k: charged_per_op(k, 8, v[1]) for k, v in truth.items()}, abs=1e-16)
     assert charged_per_op("zb-h1", 8, 1.0) == pytest.approx(47 / 31)  # 48 ops a step, 32 of them F or B
+    assert charged_per_op("zb-v", 8, 1.0) == pytest.approx(95 / 63)  # 2 ranks x 2 stages x 8 x (F, B, W) = 96
+    assert fixed["zb-v"] == pytest.approx(7e-4 * 95 / 63, abs=1e-12)
+    assert per_byte["zb-v"] == pytest.approx(6e-10 * 95 / 63, abs=1e-16)
     assert charged_per_op("1f1b", 8, 1.0) == 1.0
     assert detail["small_1f1b"]["compute_per_op_ms"] == pytest.approx(4.5)  # 8 F of 3 ms and 8 B of 6 ms per rank
 
@@ -60,7 +78,8 @@ def test_overhead_is_a_line_through_the_mean_gaps_of_the_two_message_sizes():
 def test_ops_longer_than_alone_are_reported_not_charged():
     """Pipeline ops of 3 and 6 ms that take 2.5 and 5 ms alone on the same busy cores: 0.75 ms a forward or
     backward on average beyond the solo ops (a zero-bubble W, the timeline's 6 ms, counts whole, its B being a
-    whole backward's 6 - 5 = 1 ms), recorded in the detail; the charge stays the gap."""
+    whole backward's 6 - 5 = 1 ms; ZB-V has one F, B and W per stage and microbatch like ZB-H1, on twice the
+    stages), recorded in the detail; the charge stays the gap."""
     gap = 2e-4
     per_rank: list[dict] = [{}, {}]
     for shape in SHAPES:
@@ -73,7 +92,8 @@ def test_ops_longer_than_alone_are_reported_not_charged():
             per_rank[1][f"{shape}/{schedule}"] = [s[1] for s in steps]
     fixed, per_byte, detail = op_overhead_s(per_rank, lambda nbytes: 1e-4)
     M = 8
-    excess_us = {k: 750.0 for k in SCHEDULES} | {"zb-h1": (M * 500 + M * 1000 + M * 6000) / (2 * M)}
+    excess_us = {k: 750.0 for k in SCHEDULES} | {"zb-h1": (M * 500 + M * 1000 + M * 6000) / (2 * M),
+                                                 "zb-v": (2 * M * 500 + 2 * M * 1000 + 2 * M * 6000) / (4 * M)}
     assert {k: detail[f"large_{k}"]["excess_us"] for k in SCHEDULES} == pytest.approx(excess_us)
     assert fixed == pytest.approx({k: charged_per_op(k, M, gap) for k in SCHEDULES}, abs=1e-9)
     assert per_byte == pytest.approx({k: 0.0 for k in SCHEDULES}, abs=1e-12)
@@ -101,6 +121,7 @@ def test_profile_keeps_overhead_per_schedule_and_falls_back_to_1f1b(tmp_path):
     assert prof.overhead_for("1f1b", 2**21) == pytest.approx(2.505e-4 + 2 * 3e-4)  # 2 MiB at 300 µs per MiB
     assert prof.overhead_for("interleaved") == prof.overhead_for("pipedream") == pytest.approx(2.505e-4)
     assert prof.overhead_for("zb-h1") == prof.overhead_for("pipedream-2bw") == pytest.approx(2.505e-4)
+    assert prof.overhead_for("zb-v") == prof.overhead_for("dualpipev") == pytest.approx(2.505e-4)
     save_profile(prof, tmp_path / "again.yaml")
     again = load_profile(str(tmp_path / "again.yaml"))
     assert again.op_overhead_s == pytest.approx(prof.op_overhead_s)
@@ -110,15 +131,27 @@ def test_profile_keeps_overhead_per_schedule_and_falls_back_to_1f1b(tmp_path):
 
 
 def test_unmeasured_schedules_take_the_nearest_measured_runtime(tmp_path):
-    """2BW runs PipeDream's loop; the V schedules post sends per op like interleaved; the rest are measured."""
+    """2BW runs PipeDream's loop; DualPipeV ZB-V's V (same placement, split backwards); the rest are measured."""
     path = tmp_path / "box.yaml"
-    path.write_text(BASE + "op_overhead_us: {gpipe: 900, 1f1b: 200, interleaved: 600, zb-h1: 300, pipedream: 700}\n"
-                    "op_overhead_us_per_mib: {pipedream: 1000}\n")
+    path.write_text(BASE + "op_overhead_us: {gpipe: 900, 1f1b: 200, interleaved: 600, zb-h1: 300, zb-v: 800, "
+                    "pipedream: 700}\nop_overhead_us_per_mib: {pipedream: 1000, zb-v: 400}\n")
     prof = load_profile(str(path))
     want_us = {"gpipe": 900, "1f1b": 200, "interleaved": 600, "zb-h1": 300, "pipedream": 700 + 1000,
-               "pipedream-2bw": 700 + 1000, "zb-v": 600, "dualpipev": 600}
+               "pipedream-2bw": 700 + 1000, "zb-v": 800 + 400, "dualpipev": 800 + 400}
     assert {k: prof.overhead_for(k, 2**20) * 1e6 for k in want_us} == pytest.approx(want_us)
     assert set(want_us) == set(SCHEDULE_NAMES)
+
+
+def test_a_profile_calibrated_before_zb_v_was_measured_gives_the_v_schedules_interleaved(tmp_path):
+    """A profile without zb-v (calibrated before it was measured) still loads, and both V schedules take
+    interleaved's figure (two stages a rank, each op posting its own sends), its per-byte part included."""
+    path = tmp_path / "box.yaml"
+    path.write_text(BASE + "op_overhead_us: {gpipe: 900, 1f1b: 200, interleaved: 600, zb-h1: 300, pipedream: 700}\n"
+                    "op_overhead_us_per_mib: {interleaved: 250}\n")
+    prof = load_profile(str(path))
+    assert "zb-v" not in prof.op_overhead_s
+    assert prof.overhead_for("zb-v", 2**21) * 1e6 == pytest.approx(600 + 2 * 250)
+    assert prof.overhead_for("dualpipev", 2**21) * 1e6 == pytest.approx(600 + 2 * 250)
 
 
 def test_concurrency_slowdown_round_trips_and_defaults_to_1(tmp_path):
