@@ -285,8 +285,11 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     static = [m.weights_bytes + m.optimizer_bytes + m.gathered_bytes + m.buffer_bytes for m in memory]
     act = [in_bytes[s] if rc else sums.saved[s] for s in range(S)]
     rbytes = [sums.saved[s] if rc else 0 for s in range(S)]
-    # An op's messages: a forward receives its input and sends its output, a backward the gradients of both.
-    msg = [(in_bytes[s] if s > 0 else 0) + (out_bytes[s] if s < S - 1 else 0) for s in range(S)]
+    # An op's messages: a forward receives its input and sends its output, a backward the gradients of both; a
+    # boundary between two stages on the same devices (the turn of a V) is a hand-over in memory, no message.
+    remote = [list(ranks[s]) != list(ranks[s + 1]) for s in range(S - 1)]
+    msg = [(in_bytes[s] if s > 0 and remote[s - 1] else 0) + (out_bytes[s] if s < S - 1 and remote[s] else 0)
+           for s in range(S)]
     wgrad = _wgrad(problem, graph, assignment, S, slow) if facts(config.schedule).splits_backward else []
     return StageInputs(fwd, bwd, rec, send, allreduce, sync.fwd, sync.bwd, out_bytes, static, act, rbytes, memory,
                        msg, opt, wgrad, [list(used) for _, used in shared])

@@ -202,3 +202,26 @@ def test_plan_report_says_the_runtime_overhead_is_in_the_iteration_time(tmp_path
     assert "incl. the runtime's 250 µs per op" in " ".join(r.stdout.split())
     stages = json.loads((tmp_path / "plan.json").read_text())["stages"]
     assert [s["predicted"]["op_overhead_s"] for s in stages] == pytest.approx([2.5e-4, 2.5e-4])
+
+
+def test_the_turn_of_a_v_is_charged_no_message_bytes(tmp_path):
+    """ZB-V on 2 devices: stages 1 and 2 share device 1, so the 1 -> 2 hand-over is in memory. Each stage's op is
+    charged per byte for the messages that cross devices only: 0 and 3 one boundary each, 1 and 2 one each (not
+    two), as the calibration's 2-rank V measured (one remote message per op)."""
+    import json
+
+    from cli_fixtures import chain_graph
+
+    chain_graph().save(tmp_path / "graph.json")
+    (tmp_path / "box.yaml").write_text(BASE + "op_overhead_us: {zb-v: 0}\nop_overhead_us_per_mib: {zb-v: 1000}\n")
+    args = ["plan", str(tmp_path / "graph.json"), "-p", str(tmp_path / "box.yaml"), "--gpus", "2", "--stages", "2",
+            "-m", "4", "-b", "16", "--schedule", "zb-v", "-o", str(tmp_path / "plan.json")]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    stages = json.loads((tmp_path / "plan.json").read_text())["stages"]
+    assert len(stages) == 4
+    sent = [s["predicted"]["send_bytes"] for s in stages]
+    assert all(b > 0 for b in sent[:3])
+    crossing = [sent[0], sent[0], sent[2], sent[2]]  # in or out across devices; stage 1's output stays on device 1
+    want = [1000 * b / 2**20 for b in crossing]  # µs
+    assert [s["predicted"]["op_overhead_s"] * 1e6 for s in stages] == pytest.approx(want)
