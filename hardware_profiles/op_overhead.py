@@ -23,7 +23,8 @@ the rank's previous op, end of the op it depends on + the idle link's transfer t
 when that op ran on the other rank). That gap grows with the tensors the op sends
 and receives, so two stage shapes with the same compute but 4x different
 activations are run, and per schedule the gaps are fitted as `fixed + per_byte x
-bytes the op sends and receives`. The schedule simulator adds that to every forward
+bytes the op sends and receives` (per shape, the median over steps of a step's mean gap,
+as the runtime reports its median step). The schedule simulator adds that to every forward
 and backward (planner/predict.py; a zero-bubble W's gap, ZB-H1's and ZB-V's, is
 charged to the forwards and backwards, which is where the simulator adds it).
 
@@ -118,12 +119,12 @@ def op_overhead_s(
 ) -> tuple[dict[str, float], dict[str, float], dict[str, Any]]:
     """Per schedule: (fixed seconds per op, seconds per byte the op sends or receives), and the raw figures.
 
-    An op's charge is its mean gap (`op_gaps_s`), per forward or backward: a zero-bubble W's gap is charged to
-    them, where the simulator adds it. `transfer_s(nbytes)` is the idle link's time for a message. Every op of
-    the 2-stage pipeline (and of ZB-V's V: its hand-over from stage 1 to 2 stays on the rank) sends or receives
-    exactly one activation or gradient, so the two shapes' mean gaps
-    give a line through (bytes, gap); its parts are clamped at 0 (a noisy run may make the larger messages look
-    cheaper). The detail also keeps how much longer the ops ran than alone (`pipeline_ops.solo_events`; the module doc
+    An op's charge is its gap (`op_gaps_s`; per shape the median over steps of a step's mean, `_charge_parts`),
+    per forward or backward: a zero-bubble W's gap is charged to them, where the simulator adds it.
+    `transfer_s(nbytes)` is the idle link's time for a message. Every op of the 2-stage pipeline (and of ZB-V's V:
+    its hand-over from stage 1 to 2 stays on the rank) sends or receives exactly one activation or gradient, so
+    the two shapes' gaps give a line through (bytes, gap); its parts are clamped at 0 (a noisy run may make the
+    larger messages look cheaper). The detail also keeps how much longer the ops ran than alone (`pipeline_ops.solo_events`; the module doc
     says why it is not charged).
     """
     fixed: dict[str, float] = {}
@@ -146,20 +147,35 @@ def op_overhead_s(
 
 def _charge_parts(per_rank: list[dict[str, list[list[Event]]]], shape: str, name: str,
                   transfer_s: float) -> tuple[float, float, float]:
-    """(mean gap, mean time beyond the solo ops, mean op time), per forward or backward of `name` at `shape`."""
+    """(gap, mean time beyond the solo ops, mean op time), per forward or backward of `name` at `shape`."""
     solo_key = f"{shape}/{SOLO}"
     solo = [{kind: statistics.mean(t1 - t0 for k, *_, t0, t1 in rank[solo_key][0] if k == kind) for kind in "FB"}
             for rank in per_rank] if solo_key in per_rank[0] else None
-    gaps: list[tuple[str, float]] = []
+    step_gaps: list[float] = []
     durations: list[float] = []
     excess, ops = 0.0, 0
-    # Both ranks record the same STEPS - WARMUP steps (pipeline_ops.run_pipeline).
-    for a, b in zip(per_rank[0][f"{shape}/{name}"], per_rank[1][f"{shape}/{name}"], strict=True):
-        gaps += op_gaps_s(a, b, transfer_s)
+    for a, b in _steps(per_rank, f"{shape}/{name}"):
+        gaps = op_gaps_s(a, b, transfer_s)
+        step_gaps.append(sum(g for _, g in gaps) / max(1, sum(1 for kind, _ in gaps if kind != "W")))
         for rank, events in enumerate((a, b)):
             for kind, *_, t0, t1 in events:
                 durations.append(t1 - t0)
                 excess += (t1 - t0) - (solo[rank].get(kind, 0.0) if solo else t1 - t0)  # a W: all of it
                 ops += kind != "W"
-    gap = sum(g for _, g in gaps) / sum(1 for kind, _ in gaps if kind != "W")
-    return gap, excess / ops, statistics.mean(durations)
+    # The runtime reports the median step (runtime/report.py), so a step whose ops met a hiccup of the OS or of
+    # gloo's threads (single gaps of 5-18 ms here, against a typical 0.2-1 ms) is not what it measures: the
+    # charge is the median over steps of each step's mean gap. The mean over all ops swung 2-10x between
+    # calibrations with one such hiccup in or out.
+    return statistics.median(step_gaps), excess / ops, statistics.mean(durations)
+
+
+def _steps(per_rank: list[dict[str, list[list[Event]]]], key: str) -> list[tuple[list[Event], list[Event]]]:
+    """Both ranks' events of `key`, step by step (both record the same STEPS - WARMUP steps,
+    pipeline_ops.run_pipeline); the asynchronous loop, which has no steps, cut into runs of MICROBATCHES
+    microbatches, as long as a flushing schedule's step."""
+    first, second = per_rank[0][key], per_rank[1][key]
+    if len(first) != 1:
+        return list(zip(first, second, strict=True))
+    runs = sorted({mb // MICROBATCHES for _, _, mb, _, _ in first[0] + second[0]})
+    return [([e for e in first[0] if e[2] // MICROBATCHES == r], [e for e in second[0] if e[2] // MICROBATCHES == r])
+            for r in runs]

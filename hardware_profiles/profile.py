@@ -81,10 +81,10 @@ class HardwareProfile:
         own measurement (`profiles calibrate` measures GPipe, 1F1B, interleaved, ZB-H1, ZB-V and PipeDream),
         else the nearest measured runtime: PipeDream's for PipeDream-2BW (the same asynchronous loop and
         messages), ZB-V's for DualPipeV (the same V placement, its turn a hand-over on one rank, and split
-        backwards, under the same torch runtime posting each op's sends and receives), interleaved's for the schedules with several stages a rank
-        (the V schedules in a profile calibrated before ZB-V was measured: each op posting its own sends), else
-        1F1B's (and 1F1B's for all of them in a profile calibrated before the others were measured); 0 where
-        nothing was measured."""
+        backwards, under the same torch runtime posting each op's sends and receives), interleaved's for the
+        schedules with several stages a rank (the V schedules in a profile calibrated before ZB-V was measured:
+        each op posting its own sends), else 1F1B's (and 1F1B's for all of them in a profile calibrated before
+        the others were measured); 0 where nothing was measured."""
         f = facts(schedule)
         nearest = ((f.name, True), ("pipedream", not f.flushes), ("zb-v", f.placement == "v"),
                    ("interleaved", f.interleaves))

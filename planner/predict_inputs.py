@@ -41,8 +41,7 @@ def collectives_overlap(profile: HardwareProfile) -> bool:
 
 def overlap_slowdown(profile: HardwareProfile) -> float:
     """How much slower compute runs beside a collective on `profile`: `OVERLAP_COMPUTE_SLOWDOWN` on a GPU (its
-    source measured GPUs), 0 where nothing was measured (TPUs, whose collectives run on their own links' engines)
-    or nothing overlaps (a local profile)."""
+    source measured GPUs), 0 where that source measured nothing (TPUs) or nothing overlaps (a local profile)."""
     return OVERLAP_COMPUTE_SLOWDOWN if collectives_overlap(profile) and profile.gpu_vendor() else 0.0
 
 

@@ -225,3 +225,35 @@ def test_the_turn_of_a_v_is_charged_no_message_bytes(tmp_path):
     crossing = [sent[0], sent[0], sent[2], sent[2]]  # in or out across devices; stage 1's output stays on device 1
     want = [1000 * b / 2**20 for b in crossing]  # µs
     assert [s["predicted"]["op_overhead_s"] * 1e6 for s in stages] == pytest.approx(want)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])
+def test_a_step_that_met_a_hiccup_is_not_charged(schedule):
+    """The runtime reports its median step, so the charge is the median over steps of each step's mean gap: of 3
+    steps, one whose every op started 20 ms late (the OS, gloo's threads) leaves the fitted figures those of the
+    2 clean ones. The asynchronous loop records one unbroken run, cut here into runs of 8 microbatches."""
+    link = lambda nbytes: 5e-5 + nbytes / 4e9  # noqa: E731
+    per_rank: list[dict] = [{}, {}]
+    for shape in SHAPES:
+        clean = 3e-4 + 2e-10 * message_bytes(shape)
+        steps = [timeline(schedule, 8, 3e-3, 6e-3, gap, link(message_bytes(shape))) for gap in (clean, 0.02, clean)]
+        if schedule == "pipedream":  # one list per rank: microbatches 0-23, each run 1 s after the one before
+            steps = [tuple([[(k, s, m + 8 * i, t0 + i, t1 + i) for k, s, m, t0, t1 in step[r]] for r in (0, 1)])
+                     for i, step in enumerate(steps)]
+            steps = [([e for st in steps for e in st[0]], [e for st in steps for e in st[1]])]
+        for r in (0, 1):
+            per_rank[r][f"{shape}/{schedule}"] = [s[r] for s in steps]
+    fixed, per_byte = _fit_one(per_rank, schedule, link)
+    assert fixed == pytest.approx(charged_per_op(schedule, 8, 3e-4), rel=1e-6)
+    assert per_byte == pytest.approx(charged_per_op(schedule, 8, 2e-10), rel=1e-6)
+
+
+def _fit_one(per_rank, schedule, link):
+    """`op_overhead_s` on one schedule's timelines (the others filled with copies, which it also fits)."""
+    full: list[dict] = [{}, {}]
+    for r in (0, 1):
+        for name in SCHEDULES:
+            for shape in SHAPES:
+                full[r][f"{shape}/{name}"] = per_rank[r][f"{shape}/{schedule}"]
+    fixed, per_byte, _ = op_overhead_s(full, link)
+    return fixed[schedule], per_byte[schedule]
