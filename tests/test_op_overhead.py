@@ -188,19 +188,25 @@ def test_bad_overhead_exits_2_naming_the_field(tmp_path, value, words, field):
     assert field in r.stderr and words.replace("op_overhead_us", field) in r.stderr
 
 
-def test_plan_report_says_the_runtime_overhead_is_in_the_iteration_time(tmp_path):
+def _plan_chain(tmp_path, schedule: str, overhead_yaml: str) -> tuple[str, list[dict]]:
+    """`pipeplan plan` of a small chain on 2 devices (M = 4) with a profile carrying `overhead_yaml`: (stdout, the
+    plan file's stages)."""
     import json
 
     from cli_fixtures import chain_graph
 
     chain_graph().save(tmp_path / "graph.json")
-    (tmp_path / "box.yaml").write_text(BASE + "op_overhead_us: {gpipe: 900, 1f1b: 250}\n")
+    (tmp_path / "box.yaml").write_text(BASE + overhead_yaml)
     args = ["plan", str(tmp_path / "graph.json"), "-p", str(tmp_path / "box.yaml"), "--gpus", "2", "--stages", "2",
-            "-m", "4", "-b", "16", "--schedule", "1f1b", "-o", str(tmp_path / "plan.json")]
+            "-m", "4", "-b", "16", "--schedule", schedule, "-o", str(tmp_path / "plan.json")]
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
-    assert "incl. the runtime's 250 µs per op" in " ".join(r.stdout.split())
-    stages = json.loads((tmp_path / "plan.json").read_text())["stages"]
+    return r.stdout, json.loads((tmp_path / "plan.json").read_text())["stages"]
+
+
+def test_plan_report_says_the_runtime_overhead_is_in_the_iteration_time(tmp_path):
+    stdout, stages = _plan_chain(tmp_path, "1f1b", "op_overhead_us: {gpipe: 900, 1f1b: 250}\n")
+    assert "incl. the runtime's 250 µs per op" in " ".join(stdout.split())
     assert [s["predicted"]["op_overhead_s"] for s in stages] == pytest.approx([2.5e-4, 2.5e-4])
 
 
@@ -208,17 +214,7 @@ def test_the_turn_of_a_v_is_charged_no_message_bytes(tmp_path):
     """ZB-V on 2 devices: stages 1 and 2 share device 1, so the 1 -> 2 hand-over is in memory. Each stage's op is
     charged per byte for the messages that cross devices only: 0 and 3 one boundary each, 1 and 2 one each (not
     two), as the calibration's 2-rank V measured (one remote message per op)."""
-    import json
-
-    from cli_fixtures import chain_graph
-
-    chain_graph().save(tmp_path / "graph.json")
-    (tmp_path / "box.yaml").write_text(BASE + "op_overhead_us: {zb-v: 0}\nop_overhead_us_per_mib: {zb-v: 1000}\n")
-    args = ["plan", str(tmp_path / "graph.json"), "-p", str(tmp_path / "box.yaml"), "--gpus", "2", "--stages", "2",
-            "-m", "4", "-b", "16", "--schedule", "zb-v", "-o", str(tmp_path / "plan.json")]
-    r = CliRunner().invoke(cli, args)
-    assert r.exit_code == 0, r.output
-    stages = json.loads((tmp_path / "plan.json").read_text())["stages"]
+    _, stages = _plan_chain(tmp_path, "zb-v", "op_overhead_us: {zb-v: 0}\nop_overhead_us_per_mib: {zb-v: 1000}\n")
     assert len(stages) == 4
     sent = [s["predicted"]["send_bytes"] for s in stages]
     assert all(b > 0 for b in sent[:3])
