@@ -124,8 +124,8 @@ def op_overhead_s(
     `transfer_s(nbytes)` is the idle link's time for a message. Every op of the 2-stage pipeline (and of ZB-V's V:
     its hand-over from stage 1 to 2 stays on the rank) sends or receives exactly one activation or gradient, so
     the two shapes' gaps give a line through (bytes, gap); its parts are clamped at 0 (a noisy run may make the
-    larger messages look cheaper). The detail also keeps how much longer the ops ran than alone (`pipeline_ops.solo_events`; the module doc
-    says why it is not charged).
+    larger messages look cheaper). The detail also keeps how much longer the ops ran than alone
+    (`pipeline_ops.solo_events`; the module doc says why it is not charged).
     """
     fixed: dict[str, float] = {}
     per_byte: dict[str, float] = {}

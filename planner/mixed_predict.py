@@ -86,14 +86,14 @@ def mixed_predict(graph: Graph, cluster: Cluster, assignment: Sequence[int], typ
     overhead_s = [cluster.groups[g].profile.overhead_for(config.schedule, n) for g, n in zip(types, x.msg_bytes,
                                                                                              strict=True)]
     group_profiles = [cluster.groups[g].profile for g in set(types)]
+    overlap = all(collectives_overlap(p) for p in group_profiles)
     slowdown = max(overlap_slowdown(p) for p in group_profiles)
-    sim = _simulate(config, x, overhead_s, keep_events, overlap=all(collectives_overlap(p) for p in group_profiles),
-                    slowdown=slowdown)
+    sim = _simulate(config, x, overhead_s, keep_events, overlap=overlap, slowdown=slowdown)
     first = types[0]
     plan = assemble_plan(graph, cluster.groups[first].profile, problems[first], assignment, config, request, x, sim,
                          ranks=ranks, reps=reps, dp=dp, mb=mb, devices=S * dp, slow=1.0, overhead_s=overhead_s,
-                         solver=dict(solver or {}), graph_info=graph_summary(graph))
-    plan.overlap_slowdown = slowdown  # the cluster's, as simulated (assemble_plan took the first group's)
+                         solver=dict(solver or {}), graph_info=graph_summary(graph), overlap=overlap,
+                         slowdown=slowdown)
     _own_times(plan, problems, assignment, types, config.recompute)
     return Evaluation(_mixed_record(plan, cluster, types, x, request, graph), sim)
 

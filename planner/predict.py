@@ -182,11 +182,12 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], c
     # The runtime's own time around every op (calibrated on local profiles, else 0) is part of
     # the iteration but not of the stage's compute: simulated, reported apart from fwd_s/bwd_s.
     overhead_s = [profile.overhead_for(config.schedule, nbytes) for nbytes in x.msg_bytes]
-    sim = _simulate(config, x, overhead_s, keep_events, overlap=collectives_overlap(profile),
-                    slowdown=overlap_slowdown(profile))
+    overlap, slowdown = collectives_overlap(profile), overlap_slowdown(profile)
+    sim = _simulate(config, x, overhead_s, keep_events, overlap=overlap, slowdown=slowdown)
     plan = assemble_plan(graph, profile, problem, assignment, config, request, x, sim, ranks=ranks, reps=reps,
                          dp=dp, mb=mb, devices=devices, slow=slow, overhead_s=overhead_s, solver=solver,
-                         graph_info=dict(summary) if summary is not None else graph_summary(graph))
+                         graph_info=dict(summary) if summary is not None else graph_summary(graph),
+                         overlap=overlap, slowdown=slowdown)
     return Evaluation(plan, sim)
 
 

@@ -18,7 +18,7 @@ from pipeplan.hardware_profiles.loader import profile_reference
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.plan import Plan, Prediction, Stage, StagePrediction
-from pipeplan.planner.predict_inputs import StageInputs, collectives_overlap, overlap_slowdown, shared_stages
+from pipeplan.planner.predict_inputs import StageInputs, shared_stages
 from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.simulate import SimResult
@@ -102,8 +102,10 @@ def _notes(graph: Graph, profile: HardwareProfile, request: PlanRequest, problem
 def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assignment: Sequence[int], config: Config,
                   request: PlanRequest, x: StageInputs, sim: SimResult, *, ranks: Sequence[Sequence[int]],
                   reps: Sequence[int], dp: int, mb: int, devices: int, slow: float, overhead_s: Sequence[float],
-                  solver: dict[str, Any] | None, graph_info: dict[str, Any]) -> Plan:
-    """The `Plan` of a predicted partition."""
+                  solver: dict[str, Any] | None, graph_info: dict[str, Any], overlap: bool,
+                  slowdown: float) -> Plan:
+    """The `Plan` of a predicted partition; `overlap` and `slowdown` as it was simulated (predict._simulate), so
+    `show` and `run` replay the same timeline."""
     stages = _stages(problem, assignment, x, schedule=config.schedule, chunks=config.chunks, recompute=config.recompute, ranks=ranks,
                      reps=reps, slow=slow, overhead_s=overhead_s)
     return Plan(
@@ -125,7 +127,7 @@ def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assi
         times=request.times,
         sharding=config.sharding,
         mixed_precision=request.mixed_precision,
-        collectives_overlap=collectives_overlap(profile),
-        overlap_slowdown=overlap_slowdown(profile),
+        collectives_overlap=overlap,
+        overlap_slowdown=slowdown,
         tied_stages=[list(g) for g in x.tied],
     )

@@ -180,7 +180,8 @@ def post_grad_recvs(outputs: tuple[torch.Tensor, ...], src: int) -> list[GradRec
     gradient received when the backward starts crosses then, with both cores busy: on examples/gpt.py cut
     inside the attention (2 MiB a message) that made every asynchronous op 20-70% slower than traced, and
     PipeDream-2BW 40-80% slower than predicted; posted here, as torch's schedules post theirs, ~+15% in a
-    direct probe (docs/runtime.md). Messages of a pair stay in order (posted in microbatch order, sent in microbatch order).
+    direct probe (docs/runtime.md). Messages of a pair stay in order (posted in microbatch order, sent in
+    microbatch order).
     """
     return [(dist.irecv(g, src), g) if o.is_floating_point() else None
             for o in outputs for g in [torch.empty(o.shape, dtype=o.dtype)]]
