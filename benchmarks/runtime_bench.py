@@ -19,9 +19,12 @@ benchmarks/RESULTS.md):
    slower (6.0 s: every layer's activations no longer stay in cache), 2 x 4096
    fastest (5.36 s), 8 x 1024 within ~5% of it.
 3. Prediction: measured vs predicted iteration time for GPipe, 1F1B and interleaved
-   pipelines and data parallelism (CONFIGS) on three examples (target within 10%). Each example is traced once per round, on one thread (a
-   local device), so the local profile's cost model uses the tracer's measured
-   layer times for both schedules (docs/cost-models.md).
+   pipelines and data parallelism (CONFIGS) on three examples (target within 10%). Each
+   configuration is planned from a trace taken just before its run, on one thread (a
+   local device), so the local profile's cost model uses the tracer's measured layer
+   times (docs/cost-models.md) as the machine runs at that minute: its speed drifts by
+   10-20% over minutes (other tenants), and one trace per example shared by nine
+   runs put up to five minutes between a trace and the last run.
 Everything runs --rounds times (default 3); the table shows medians over rounds
 and each round's error, and the machine-load probe runs before and after every round.
 """
@@ -42,10 +45,10 @@ SECTION = "## Runtime (`benchmarks/runtime_bench.py`)"
 # a run without wide_mlp (no speed-up to report) keeps the full run's section and writes this one
 SUBSET_SECTION = "## Runtime, every schedule on the smaller examples (`benchmarks/runtime_bench.py --examples`)"
 # (example, batch size, microbatches, trace repeats, run steps); each a 2-stage plan on 2 devices.
-# Repeats and steps make the trace and each run last ~8-20 s: this machine's speed drifts by
+# Repeats and steps make the trace and each run last ~8-30 s: this machine's speed drifts by
 # +-10-15% from one second to the next (other tenants), and a 0.5 s trace against a 2 s run
 # would compare two different machines.
-CASES = [("wide_mlp", 8192, 8, 8, 8), ("mlp", 2048, 8, 40, 20), ("gpt", 256, 8, 200, 50)]
+CASES = [("wide_mlp", 8192, 8, 8, 8), ("mlp", 2048, 8, 40, 20), ("gpt", 256, 8, 100, 50)]
 # (label, schedule, pipeline stages, data-parallel replicas, chunks per device): what users run on 2 devices.
 # Data parallelism halves the microbatch count so the microbatch size, and so the trace, stays the same.
 # (Pipeline x data parallel needs 4 devices: 4 ranks on this machine's 2 cores cannot each have a core.)
@@ -128,8 +131,7 @@ def trace_one_device(model_file: str, microbatch: int, repeats: int):
     The local profile's cost model uses the graph's measured times only when they
     were taken with the device's thread count (docs/cost-models.md), so tracing
     with torch's default (all cores) would silently switch the prediction to the
-    roofline. Both schedules of an example share this one trace, so their
-    predictions differ only by the schedule, not by timing noise.
+    roofline.
     """
     import torch
 
@@ -162,20 +164,20 @@ def run_plan(plan_path: Path, steps: int, warmup: int) -> dict:
 
 
 def run_round(profile, args, console, tmp: Path, rnd: int) -> tuple[list[dict], dict]:
-    """Every case once: trace, plan and run GPipe and 1F1B; then the single-process baseline."""
+    """Every case once: per configuration trace, plan and run; then the single-process baseline."""
     rows, speedup = [], {}
     for name, batch, m, repeats, steps in CASES:
         if name not in args.examples:
             continue
         steps = args.steps or steps
         model_file = str(EXAMPLES / f"{name}.py")
-        console.print(f"round {rnd}: {name}: tracing at the microbatch size {batch // m} (one thread, {repeats} repeats) ...")
-        graph = trace_one_device(model_file, batch // m, repeats)
         for config in CONFIGS:
             schedule = config[0]
             if schedule not in args.configs:
                 continue
-            console.print(f"round {rnd}: {name} {schedule}: planning and running {steps} steps ...")
+            console.print(f"round {rnd}: {name} {schedule}: tracing at the microbatch size {batch // m} (one thread, "
+                          f"{repeats} repeats), planning and running {steps} steps ...")
+            graph = trace_one_device(model_file, batch // m, repeats)
             plan_path = tmp / f"{name}-{schedule.replace(' ', '-')}.json"
             plan = make_plan(graph, profile, batch, m, config, plan_path)
             doc = run_plan(plan_path, steps, args.warmup)
@@ -361,13 +363,14 @@ def write_results(rows, speedups, profiles, profile_desc, args, capacities) -> N
                + (f" --examples {','.join(args.examples)}" if subset else "") + f" --rounds {args.rounds} --write-results")
     lines = [f"Command: `{command}` ({args.rounds} rounds, warm-up {args.warmup} steps; profile: {profile_desc}).", "",
              f"Machine: {machine()}.", "",
-             f"Each round traces every example ({', '.join(args.examples)}) on one thread, plans on 2 devices with the "
-             f"local profile {_configs()} (CONFIGS; pipeline x data parallel needs 4 devices, and this machine has 2 "
-             "cores), runs each with `pipeplan run`"
-             + ("" if subset else ", and times single-process training of wide_mlp") + ". Trace repeats "
-             "and run steps per example (CASES in the script) make each measurement last ~8-20 s, because this "
-             "machine's speed drifts by +-10-15% from second to second (other tenants); the table shows medians "
-             "over the rounds and every round's error.", "",
+             f"Each round, for every example ({', '.join(args.examples)}) and configuration, traces the example on "
+             f"one thread, plans on 2 devices with the local profile and runs the plan with `pipeplan run`, trace "
+             f"and run back to back; the configurations are {_configs()} (CONFIGS; pipeline x data parallel needs 4 "
+             "devices, and this machine has 2 cores)"
+             + ("" if subset else "; then it times single-process training of wide_mlp") + ". Trace repeats "
+             "and run steps per example (CASES in the script) make each measurement last ~8-30 s, because this "
+             "machine's speed drifts by +-10-15% from second to second and by 10-20% over minutes (other tenants); "
+             "the table shows medians over the rounds and every round's error.", "",
              f"The profile's runtime overhead per op (`op_overhead_us` + `op_overhead_us_per_mib` x MiB the op sends and "
              f"receives) by round: {overhead}. Its "
              f"`concurrency_slowdown` (compute time with both cores busy / one core alone) by round: {slowdowns}.", "",
