@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -59,7 +60,7 @@ def example_target(batch_size):
 def loss_fn(output, target):
     return nn.functional.cross_entropy(output, target)
 '''
-# (label, model file relative to the repository or "<encoder>", flags, in examples/, steps)
+# (label, model file relative to the repository or "<encoder>", flags, in examples/, steps at least)
 CASES = [
     ("mlp", "examples/mlp.py", [], True, 40),
     ("mlp", "examples/mlp.py", ["--schedule", "gpipe"], True, 40),
@@ -75,6 +76,17 @@ CASES = [
     ("unet (tests/)", "tests/runtime_model_unet.py", [], False, 30),
     ("encoder (torch nn.TransformerEncoder)", "<encoder>", [], False, 20),
 ]
+
+
+# A run lasts at least this long (more steps than the case's where the predicted iteration is short): the median
+# step of 30 six-millisecond steps is 0.2 s of a machine whose speed drifts by 10-15% from second to second.
+MIN_RUN_S = 4.0
+MAX_STEPS = 2000
+
+
+def run_steps(least: int, predicted_s: float) -> int:
+    """The case's steps, or as many as make the run last MIN_RUN_S by the prediction (at most MAX_STEPS)."""
+    return max(least, min(MAX_STEPS, math.ceil(MIN_RUN_S / max(predicted_s, 1e-6))))
 
 
 def pipeplan(*args: str, out: Path | None = None) -> dict:
@@ -99,9 +111,11 @@ def run_case(case: tuple, profile: Path, tmp: Path, encoder: Path) -> dict:
     plan_path = tmp / "plan.json"
     plan = pipeplan("analyze", path, "--profile", str(profile), "--gpus", "2", *flags, "-o", str(plan_path),
                     "--json")["plan"]
+    pred = plan["predicted"]["iteration_s"]
+    steps = run_steps(steps, pred)
     run = pipeplan("run", str(plan_path), "--steps", str(steps), "--json")
-    meas, pred = run["measured"]["iteration_s"], plan["predicted"]["iteration_s"]
-    return {"plan": describe(plan), "measured_s": meas, "predicted_s": pred, "error": meas / pred - 1}
+    meas = run["measured"]["iteration_s"]
+    return {"plan": describe(plan), "steps": steps, "measured_s": meas, "predicted_s": pred, "error": meas / pred - 1}
 
 
 def main(argv=None) -> int:
@@ -125,7 +139,7 @@ def main(argv=None) -> int:
             for case in CASES:
                 rows.append(run_case(case, profile, tmp, encoder))
                 r = rows[-1]
-                print(f"  {case[0]} {' '.join(case[2]) or '(no flags)'}: {r['plan']}: measured "
+                print(f"  {case[0]} {' '.join(case[2]) or '(no flags)'}: {r['plan']}, {r['steps']} steps: measured "
                       f"{r['measured_s'] * 1e3:.1f} ms, predicted {r['predicted_s'] * 1e3:.1f} ms ({r['error']:+.1%})",
                       flush=True)
             rounds.append(rows)
@@ -142,8 +156,8 @@ def main(argv=None) -> int:
 
 def summarize(rounds: list[list[dict]]) -> list[str]:
     """The table: per case the plan analyze chose (round 1), medians over rounds, every round's error."""
-    lines = ["| model | flags | plan analyze chose | predicted ms/iter | measured ms/iter | error | errors by round | "
-             "target |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | flags | plan analyze chose | steps | predicted ms/iter | measured ms/iter | error | "
+             "errors by round | target |", "|---|---|---|---|---|---|---|---|---|"]
     errors = {True: [], False: []}
     for i, (label, _, flags, in_examples, _) in enumerate(CASES):
         runs = [r[i] for r in rounds]
@@ -151,7 +165,8 @@ def summarize(rounds: list[list[dict]]) -> list[str]:
         target = 0.10 if in_examples else 0.15
         errors[in_examples].append(abs(err))
         plans = {x["plan"] for x in runs}
-        lines.append(f"| {label} | {' '.join(f'`{f}`' for f in flags) or '(none)'} | {'; '.join(sorted(plans))} | "
+        steps = "/".join(dict.fromkeys(str(x["steps"]) for x in runs))
+        lines.append(f"| {label} | {' '.join(f'`{f}`' for f in flags) or '(none)'} | {'; '.join(sorted(plans))} | {steps} | "
                      f"{statistics.median(x['predicted_s'] for x in runs) * 1e3:.1f} | "
                      f"{statistics.median(x['measured_s'] for x in runs) * 1e3:.1f} | {err:+.1%} | "
                      f"{' '.join(format(x['error'], '+.1%') for x in runs)} | {'within' if abs(err) <= target else 'MISSES'} "
@@ -169,7 +184,8 @@ def header(args, capacities: list[float], machine_desc: str) -> list[str]:
             f"{', '.join(f'{c:.2f}' for c in capacities)}.", "",
             "What a new user gets with no tuning flags: each round calibrates a profile (`pipeplan profiles "
             "calibrate -o local.yaml`), then per case `pipeplan analyze MODEL --profile local.yaml --gpus 2 [flags] "
-            "-o plan.json` and `pipeplan run plan.json --steps N` (the installed CLI, as README runs it). Error = "
+            "-o plan.json` and `pipeplan run plan.json --steps N` (the installed CLI, as README runs it; N is the "
+            f"case's count or as many steps as make the run last {MIN_RUN_S:g} s by the prediction). Error = "
             "measured / predicted - 1, median over rounds; target 10% for the examples, 15% for models outside "
             "examples/ (`tests/runtime_model_unet.py`, and a classifier over torch's `nn.TransformerEncoder` that "
             "the script writes: nothing in pipeplan was tuned on either).", ""]
