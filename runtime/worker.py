@@ -43,6 +43,7 @@ from pipeplan.runtime.measure import (
     median,
     optimizer_state_bytes,
     tensor_bytes,
+    timed_loss,
     weight_storages,
 )
 from pipeplan.runtime.sharding import ShardedParams, wrap_stage
@@ -520,7 +521,9 @@ def build_pipeline(plan, spec, gm, modules: dict[int, torch.nn.Module], group, d
         # zero bubble's stage_backward_input detaches the loss in place (torch _backward.py), which a view refuses
         return loss.clone() if isinstance(loss, torch.Tensor) and loss._is_view() else loss
 
-    return build_schedule(plan, pipe_stages, loss_fn, scale_grads=mean_loss), mean_loss
+    last = len(plan.stages) - 1
+    timed = timed_loss(loss_fn, stats[last], clock, device) if last in stats else loss_fn
+    return build_schedule(plan, pipe_stages, timed, scale_grads=mean_loss), mean_loss
 
 
 def train(opts: Options, st: RunState, after_step: StepHook) -> StepLog:

@@ -221,6 +221,38 @@ def test_meter_disabled_steps_run_without_hooks():
     del out
 
 
+def test_the_loss_counts_in_the_last_stages_forward():
+    """torch's schedules compute the loss after forward_one_chunk; its time joins that forward (the trace's
+    accounting), on recorded steps only, and the forward's event ends when the loss does."""
+    import time
+
+    from pipeplan.runtime.measure import StageStats, StepClock, instrument, timed_loss
+
+    class FakeStage:
+        def forward_one_chunk(self, i, *a, **k):
+            return torch.ones(3)
+
+        def backward_one_chunk(self, i, *a, **k):
+            return None
+
+    def slow_loss(output, target):
+        time.sleep(0.05)
+        return output.sum()
+
+    stats, clock, st = StageStats(index=1), StepClock(), FakeStage()
+    instrument(st, stats, clock)
+    loss_fn = timed_loss(slow_loss, stats, clock)
+    st.forward_one_chunk(0)
+    assert float(loss_fn(torch.ones(3), None)) == 3.0 and stats.fwd_s == []  # not recording: nothing timed
+    clock.start(recording=True)
+    st.forward_one_chunk(0)
+    alone = stats.fwd_s[0]
+    loss_fn(torch.ones(3), None)
+    assert stats.fwd_s[0] >= alone + 0.05
+    kind, mb, start, end = stats.events[0]
+    assert (kind, mb) == ("fwd", 0) and end - start >= 0.05
+
+
 def test_checkpointing_a_sharded_plan_is_refused_before_launch(tmp_path):
     from pipeplan.runtime.launch import check_plan
 
