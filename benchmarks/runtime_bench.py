@@ -18,8 +18,8 @@ benchmarks/RESULTS.md):
    fell on the pipeline, not on the baseline, at batch 4096. At 8192 one pass is
    slower (6.0 s: every layer's activations no longer stay in cache), 2 x 4096
    fastest (5.36 s), 8 x 1024 within ~5% of it.
-3. Prediction: measured vs predicted iteration time for GPipe, 1F1B and interleaved
-   pipelines and data parallelism (CONFIGS) on three examples (target within 10%). Each
+3. Prediction: measured vs predicted iteration time for every schedule's pipeline and
+   data parallelism (CONFIGS) on three examples (target within 10%). Each
    configuration is planned from a trace taken just before its run, on one thread (a
    local device), so the local profile's cost model uses the tracer's measured layer
    times (docs/cost-models.md) as the machine runs at that minute: its speed drifts by

@@ -7,7 +7,8 @@ predicts (compute vs. bubble + communication), so the two can be compared.
 
 Timing wraps the `PipelineStage` instance's `forward_one_chunk` /
 `backward_one_chunk` (and zero bubble's `backward_weight_one_chunk`), which every torch.distributed.pipelining schedule calls
-around the pure computation (receives are waited for before, sends issued after).
+around the pure computation (receives are waited for before, sends issued after). The loss, which the
+schedule computes after the last stage's forward, is added to that forward (`timed_loss`).
 """
 
 from __future__ import annotations
