@@ -41,6 +41,13 @@ class StepClock:
         self.recording = recording
 
 
+def _synchronize(device) -> None:
+    """On a GPU the calls return before their kernels finish: wait for them, so the host clock reads the
+    compute, not its launch time (timed calls of recorded steps only). Nothing to wait for elsewhere."""
+    if getattr(device, "type", "cpu") == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def instrument(stage, stats: StageStats, clock: StepClock, meter: "SavedTensorMeter | None" = None) -> None:
     """Time forward/backward of one PipelineStage (patches the instance, not the class).
 
@@ -49,13 +56,11 @@ def instrument(stage, stats: StageStats, clock: StepClock, meter: "SavedTensorMe
     model's step), so the worker enables the meter only on steps it does not time.
     """
     fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
-    # On a GPU the calls return before their kernels finish: synchronize around each timed one so the
-    # host clock reads the stage's compute, not its launch time (only on recorded steps).
-    cuda = getattr(getattr(stage, "device", None), "type", "cpu") == "cuda"
+    device = getattr(stage, "device", None)
 
     def sync() -> None:
-        if cuda and clock.recording:
-            torch.cuda.synchronize(stage.device)
+        if clock.recording:
+            _synchronize(device)
 
     def record(kind: str, durations: list, chunk_id, t0: float, t1: float) -> None:
         if clock.recording:
@@ -101,18 +106,17 @@ def timed_loss(loss_fn, stats: StageStats, clock: StepClock, device: torch.devic
     forward, so without this the last stage's measured forward looked faster than
     predicted by the loss (0.9 ms of 2.2 in examples/gpt.py's interleaved plan).
     """
-    cuda = device is not None and device.type == "cuda"
 
     def run(output, target):
         if not clock.recording or not stats.fwd_s:
             return loss_fn(output, target)
         t0 = time.perf_counter()
         loss = loss_fn(output, target)
-        if cuda:
-            torch.cuda.synchronize(device)
+        _synchronize(device)
         dt = time.perf_counter() - t0
         stats.fwd_s[-1] += dt  # the schedule calls the loss right after the microbatch's forward
-        last = max(i for i, e in enumerate(stats.events) if e[0] == "fwd")
+        # its event, searched from the end (events accumulate over the run; it is the latest forward)
+        last = next(i for i in range(len(stats.events) - 1, -1, -1) if stats.events[i][0] == "fwd")
         kind, mb, start, end = stats.events[last]
         stats.events[last] = (kind, mb, start, end + dt)
         return loss
