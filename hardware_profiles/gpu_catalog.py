@@ -27,6 +27,7 @@ CUDA_NAMES: tuple[tuple[str, str], ...] = (
     (r"\bL4\b", "l4"),
     (r"RTX 4090", "rtx-4090"),
     (r"\bT4\b", "t4"),
+    (r"\bP40\b", "p40"),  # "Tesla P40"
     (r"V100.*32", "v100-32gb-sxm2"),
     (r"V100", "v100-16gb-sxm2"),
 )
