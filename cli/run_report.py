@@ -23,7 +23,9 @@ def render_table(doc: dict[str, Any], console) -> None:
     k, steps = plan["stages"], m["steps_measured"]
     t = Table(title=f"pipeplan run: {plan['schedule']}, {k} stage{'s' if k != 1 else ''}, M={mb}{sharded}, "
                     f"{steps} measured step{'s' if steps != 1 else ''}",
-              caption="ms/mb: one microbatch; device peak: the whole device (all its stages), as the plan predicts it")
+              caption="ms/mb: one microbatch; device peak: the whole device (all its stages), as the plan predicts it"
+                      + ("; bwd: with the recomputed forward" if plan.get("recompute") else ""))
+    rerun = 1.0 if plan.get("recompute") else 0.0  # the backward re-runs the forward (runtime/recompute.py)
     for col in ("stage", "rank", "fwd ms/mb", "pred", "bwd ms/mb", "pred", "compute ms/step", "wait ms/step",
                 "device peak MiB", "pred"):
         t.add_column(col, justify="right")
@@ -31,7 +33,8 @@ def render_table(doc: dict[str, Any], console) -> None:
         ps = pstages.get(s["index"], {})
         t.add_row(
             str(s["index"]), str(s["rank"]),
-            _ms(s["fwd_s"]), _ms(ps.get("fwd_s")), _ms(s["bwd_s"]), _ms(ps.get("bwd_s")),
+            _ms(s["fwd_s"]), _ms(ps.get("fwd_s")), _ms(s["bwd_s"]),
+            _ms(ps["bwd_s"] + rerun * ps["fwd_s"]) if ps else _ms(None),
             _ms(s["compute_s"]), _ms(s["wait_s"]),
             f"{s.get('device_peak_bytes', s['peak_memory_bytes']) / 2**20:.1f}",
             f"{ps.get('memory_bytes', 0) / 2**20:.1f}" if ps else "-",

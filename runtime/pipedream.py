@@ -65,6 +65,7 @@ from pipeplan.runtime.pipedream_comm import (
     send_grads,
     wait_grads,
 )
+from pipeplan.runtime.recompute import functional_forward
 from pipeplan.runtime.split import flat_inputs, unflatten_output
 from pipeplan.schedules import local_order, replicated_inflight
 
@@ -161,6 +162,7 @@ class AsyncStage:
     gm: Any
     n_inputs: int  # tensors received per microbatch (split.infos[s].inputs)
     vertical_sync: bool = False
+    recompute: bool = False  # the plan's recomputation: each forward re-runs inside its backward
     updates: int = 0
     versions: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # stashed copies by version
     inflight: dict[int, tuple[dict[str, torch.Tensor], list[torch.Tensor], tuple]] = field(default_factory=dict)
@@ -220,7 +222,7 @@ class AsyncStage:
             self.received_s += time.perf_counter() - t0
             inputs = [t.requires_grad_() if t.is_floating_point() else t for t in received]
         params = self.stash(m)
-        out = torch.func.functional_call(self.module, params, tuple(inputs))
+        out = functional_forward(self.module, params, tuple(inputs), self.recompute)
         if self.last:
             assert self.microbatches is not None
             loss = self.loss(out, self.microbatches.get(m)[1])
@@ -338,7 +340,7 @@ def setup_async(opts, plan_path: str):
     mbs = Microbatches(data, plan.microbatches) if needs_data else None
     st = kind(s=s, j=j, ranks=ranks, module=module, optimizer=optimizers.get(s), loss=loss_fn,
               microbatches=mbs, gm=gm, n_inputs=len(split.infos[s].inputs),
-              vertical_sync=opts.vertical_sync)
+              vertical_sync=opts.vertical_sync, recompute=plan.recompute)
     device = torch.device("cpu")
     meter = SavedTensorMeter(weight_storages([module]))
     rs = w.RunState(plan=plan, spec=spec, gm=gm, device=device, rank=rank, world=world, replica=j, dp=len(ranks[s]),

@@ -33,7 +33,7 @@ def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
                 "rank": r["rank"],
                 "replica": r.get("replica", 0),
                 "fwd_s": st["fwd_s"],  # one microbatch, median
-                "bwd_s": st["bwd_s"],  # zero bubble: the input-gradient pass B only
+                "bwd_s": st["bwd_s"],  # zero bubble: the input-gradient pass B only; recomputation: with the re-run
                 "wgrad_s": st.get("wgrad_s", 0.0),  # zero bubble's weight-gradient pass W (0 elsewhere)
                 "compute_s": compute_s,  # all microbatches of one step
                 "wait_s": max(0.0, iteration_s - rank_compute),  # the rank's idle + communication time per step
@@ -55,7 +55,7 @@ def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
         "format": "pipeplan.run/v1",
         "plan": {"schedule": plan.schedule, "microbatches": plan.microbatches, "batch_size": plan.batch_size,
                  "stages": len(plan.stages), "devices": len(set(stage_to_rank.values())), "fingerprint": plan.graph.get("fingerprint"),
-                 "data_parallel": plan.data_parallel, "sharding": plan.sharding},
+                 "data_parallel": plan.data_parallel, "sharding": plan.sharding, "recompute": plan.recompute},
         "measured": {
             "iteration_s": iteration_s,
             "samples_per_s": plan.batch_size / iteration_s if iteration_s > 0 else 0.0,

@@ -46,6 +46,7 @@ from pipeplan.runtime.measure import (
     timed_loss,
     weight_storages,
 )
+from pipeplan.runtime.recompute import recompute
 from pipeplan.runtime.sharding import ShardedParams, wrap_stage
 from pipeplan.runtime.split import Split, flat_inputs, split_program, unflatten_output
 from pipeplan.schedules import facts, stage_device
@@ -327,6 +328,8 @@ def setup(opts: Options, plan_path: str) -> RunState:
     own = facts(plan.schedule).splits_backward
     copy = any(len([s for s in holders if s in mine]) > 1 for holders in shared.values())
     modules = {s: on_device(split.module(s, own_outputs=own, copy=copy), device) for s in mine}
+    if plan.recompute:
+        modules = {s: recompute(m) for s, m in modules.items()}
     sharded = shard_stages(opts, plan, modules, shared, dp_groups, dp)
     optimizers = make_optimizers(opts, plan, modules, sharded)
     tied = tied_groups(ranks, dp, shared)

@@ -48,3 +48,14 @@ def test_piped_trace_summary_keeps_cells_whole(monkeypatch, capsys):
     cell = fmt_flops(heaviest.fwd_flops)
     assert " " in cell  # "4.19 MFLOP": the value and its unit, which a narrow table splits
     assert any(cell in line and "│" in line for line in lines)
+
+
+def test_recompute_plans_compare_the_backward_with_its_rerun(monkeypatch):
+    """With recomputation the measured backward re-runs the forward (runtime/recompute.py), so its prediction
+    column is backward + forward: 206.90 + 109.62 = 316.52 ms."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    console = stdout_console()
+    console.file = io.StringIO()
+    render_table({**DOC, "plan": {**DOC["plan"], "recompute": True}}, console)
+    text = console.file.getvalue()
+    assert "316.52" in text and "206.90" not in text and "recomputed forward" in text
