@@ -49,16 +49,20 @@ SUBSET_SECTION = "## Runtime, every schedule on the smaller examples (`benchmark
 # +-10-15% from one second to the next (other tenants), and a 0.5 s trace against a 2 s run
 # would compare two different machines.
 CASES = [("wide_mlp", 8192, 8, 8, 8), ("mlp", 2048, 8, 40, 20), ("gpt", 256, 8, 100, 50)]
-# (label, schedule, pipeline stages, data-parallel replicas, chunks per device): what users run on 2 devices.
+# (label, schedule, pipeline stages, data-parallel replicas, chunks per device, recomputation): what users run on 2
+# devices.
 # Data parallelism halves the microbatch count so the microbatch size, and so the trace, stays the same.
 # (Pipeline x data parallel needs 4 devices: 4 ranks on this machine's 2 cores cannot each have a core.)
 # Issue 19's schedules too: zero bubble's ZB-H1, ZB-V and DualPipeV (two stages a device in a V), asynchronous
 # PipeDream (whose iteration is M microbatches in the steady state, without a flush; its training semantics differ:
 # stale weights) and PipeDream-2BW (one window of M).
-CONFIGS = [("gpipe", "gpipe", 2, 1, 1), ("1f1b", "1f1b", 2, 1, 1), ("interleaved", "interleaved", 2, 1, 2),
-           ("zb-h1", "zb-h1", 2, 1, 1), ("zb-v", "zb-v", 2, 1, 2), ("dualpipev", "dualpipev", 2, 1, 2),
-           ("pipedream", "pipedream", 2, 1, 1), ("pipedream-2bw", "pipedream-2bw", 2, 1, 1),
-           ("data parallel", "1f1b", 1, 2, 1)]
+# Recomputation (each stage's forward re-run in its backward, runtime/recompute.py) under GPipe and 1F1B.
+CONFIGS = [("gpipe", "gpipe", 2, 1, 1, False), ("1f1b", "1f1b", 2, 1, 1, False),
+           ("interleaved", "interleaved", 2, 1, 2, False), ("zb-h1", "zb-h1", 2, 1, 1, False),
+           ("zb-v", "zb-v", 2, 1, 2, False), ("dualpipev", "dualpipev", 2, 1, 2, False),
+           ("pipedream", "pipedream", 2, 1, 1, False), ("pipedream-2bw", "pipedream-2bw", 2, 1, 1, False),
+           ("data parallel", "1f1b", 1, 2, 1, False), ("gpipe recompute", "gpipe", 2, 1, 1, True),
+           ("1f1b recompute", "1f1b", 2, 1, 1, True)]
 BASELINE_CHUNKS = (1, 2, 4, 8)  # single-process: one pass, or gradient accumulation over this many slices
 BASELINE_STEPS = 4  # timed steps per baseline variant (~5-6 s each at batch 8192), after one warm-up
 
@@ -145,9 +149,10 @@ def make_plan(graph, profile, batch: int, m: int, config: tuple, out: Path):
     from pipeplan.planner.request import PlanRequest
     from pipeplan.planner.search import search
 
-    _, schedule, stages, dp, chunks = config
+    _, schedule, stages, dp, chunks, rc = config
     request = PlanRequest(devices=2, batch_size=batch, schedule=schedule, stages=stages, data_parallel=dp,
-                          chunks=chunks, microbatches=m // dp, optimizer="sgd", recompute="off", sharding="none",
+                          chunks=chunks, microbatches=m // dp, optimizer="sgd", recompute="on" if rc else "off",
+                          sharding="none",
                           times="model")
     result = search(graph, profile, request)
     result.best.save(out)
@@ -348,9 +353,9 @@ def _speedup(speedups: list[dict]) -> list[str]:
 
 def _configs() -> str:
     """CONFIGS in words, for the section's description."""
-    def one(label, schedule, stages, dp, chunks):
+    def one(label, schedule, stages, dp, chunks, rc):
         what = f"{stages} stage{'s' if stages > 1 else ''}" + (f" x {dp} replicas" if dp > 1 else "")
-        return f"{label} ({what}{f', {chunks} chunks per device' if chunks > 1 else ''})"
+        return f"{label} ({what}{f', {chunks} chunks per device' if chunks > 1 else ''}{', recomputation' if rc else ''})"
     return ", ".join(one(*c) for c in CONFIGS)
 
 
