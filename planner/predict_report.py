@@ -22,7 +22,7 @@ from pipeplan.planner.predict_inputs import StageInputs, shared_stages
 from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.simulate import SimResult
-from pipeplan.schedules import stage_device
+from pipeplan.schedules import facts, stage_device
 from pipeplan.units import GIB, MIB
 
 __all__ = ["assemble_plan"]
@@ -34,6 +34,9 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, sche
             overhead_s: Sequence[float]) -> list[Stage]:
     n, S = problem.n, len(reps)
     P = S // chunks
+    # recomputation re-runs the forward once per backward pass: twice where B and W run apart (simulate._busy_s;
+    # DualPipeV's whole backwards re-run it once, so there this per-microbatch figure is an upper bound)
+    reruns = (2 if facts(schedule).splits_backward else 1) if recompute else 0
     stages = []
     for s in range(S):
         mem = x.memory[stage_device(schedule, s, P)]
@@ -45,7 +48,7 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, sche
             devices=list(ranks[s]),
             replicas=reps[s],
             predicted=StagePrediction(
-                fwd_s=f_s, bwd_s=b_s, compute_s=f_s + b_s + (f_s if recompute else 0.0),
+                fwd_s=f_s, bwd_s=b_s, compute_s=f_s + b_s + reruns * f_s,
                 send_s=float(x.send[s]), send_bytes=int(x.send_bytes[s]), allreduce_s=float(x.allreduce[s]),
                 optimizer_s=float(x.optimizer[s]),
                 memory_bytes=int(mem.total_bytes), weights_bytes=int(mem.weights_bytes),

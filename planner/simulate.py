@@ -8,7 +8,8 @@ be drawn (`cli/plots.py`) and exported (`planner/timeline.py`).
 Model of execution (docs/plan-format.md repeats it for users):
 
 - Each device runs its compute ops (forward "F", backward "B", and "recompute"
-  just before a B) one at a time, in the fixed order the schedule prescribes.
+  just before a B, and again before a zero-bubble W: the runtime's checkpointing
+  re-runs the forward for each pass) one at a time, in the fixed order the schedule prescribes.
   An op starts when the device is free and its input has arrived.
 - A forward of microbatch m on stage s needs the forward of m on stage s-1; a
   backward of m on stage s needs the backward of m on stage s+1 (and its own
@@ -459,6 +460,9 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
                     if b_done is None:
                         break
                     start = max(free[d], b_done)
+                    if rec[s] and events is not None:  # recomputation re-runs the forward for W too (_busy_s)
+                        events.append(Event(d, s, s // K, m, "recompute", start, start + rec[s]))
+                    start += rec[s]
                     end = start + wgrad[s]
                     w_end[s][m] = end
                     mem_deltas[d].append((end, 0, -(act[s] + rbytes[s])))
@@ -517,10 +521,20 @@ def _device_stages(inp: _SimInputs) -> list[list[int]]:
 
 
 def _busy_s(inp: _SimInputs) -> list[float]:
-    """Compute time of each device in one iteration of M microbatches."""
+    """Compute time of each device in one iteration of M microbatches.
+
+    With recomputation a backward split into B and W re-runs the forward for each pass (non-reentrant
+    checkpointing frees the re-run's tensors after B, so W makes them again: runtime/recompute.py), so every
+    split W of the schedule's orders adds one more re-run; a whole backward ("BW") re-runs it once.
+    """
     busy: list[float] = [0] * inp.devices
     for s in range(inp.stages):
         busy[inp.device_of[s]] += inp.microbatches * (inp.fwd[s] + inp.bwd[s] + inp.recompute[s])
+    if inp.schedule.splits_backward and any(inp.recompute):
+        for order in _orders(inp.schedule.name, inp.devices, inp.chunks, inp.microbatches):
+            for kind, s, _ in order:
+                if kind == "W":
+                    busy[inp.device_of[s]] += inp.recompute[s]
     return busy
 
 

@@ -169,3 +169,19 @@ def test_stage_inputs_wgrad_is_each_layers_share_of_its_backward():
     expected = [sum(problem.bwd_s[i] * share[i] for i in range(n) if assignment[i] == s) for s in range(2)]
     assert x.wgrad == pytest.approx(expected) and all(0 < w < b for w, b in zip(x.wgrad, x.bwd, strict=True))
     assert share[1] == 0.25
+
+
+@pytest.mark.parametrize("schedule,p,chunks,M", [("zb-h1", 2, 1, 5), ("zb-h1", 4, 1, 8), ("zb-v", 4, 2, 6)])
+@pytest.mark.parametrize("tf,tb,tw", TIMES[:3])
+def test_recomputation_reruns_the_forward_before_b_and_again_before_w(schedule, p, chunks, M, tf, tb, tw):
+    """The runtime's non-reentrant checkpoint frees the re-run's tensors after B, so W re-runs the forward again
+    (runtime/recompute.py). Folding each re-run into the op it precedes must give the same timeline: B lasts
+    r + (T_B) and W lasts r + T_W, i.e. bwd T_B + T_W + 2r with T_W + r of it deferred."""
+    S, r = p * chunks, tf
+    sends = [Fr(1, 3)] * S
+    with_rc = simulate(schedule, [tf] * S, [tb + tw] * S, sends, M, chunks=chunks, wgrad_s=[tw] * S,
+                       recompute_s=[r] * S, keep_events=False)
+    folded = simulate(schedule, [tf] * S, [tb + tw + 2 * r] * S, sends, M, chunks=chunks, wgrad_s=[tw + r] * S,
+                      keep_events=False)
+    assert with_rc.iteration_s == folded.iteration_s
+    assert sum(with_rc.busy_s) == M * S * (tf + tb + tw + 2 * r)
