@@ -332,7 +332,7 @@ def _evaluate(case: dict[str, Any], graph, profile, assignment: list[int]):
                              mixed_precision=case["mixed_precision"])
 
 
-def _summarise(plan, profile, fits: bool | None) -> dict[str, Any]:
+def _summarise(plan, profile, fits: bool) -> dict[str, Any]:
     """The row's prediction and where its iteration goes (`fits`: False where the memory model says it does not)."""
     fits = fits and plan.predicted.peak_memory_bytes <= profile.usable_memory_bytes
     st = [s.predicted for s in plan.stages]
