@@ -13,8 +13,28 @@ script started by path (tests/runtime_fault_worker.py) has its folder on sys.pat
 """
 
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 TESTS = str(Path(__file__).resolve().parent)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
+
+
+@pytest.fixture(scope="session")
+def real_calibration(tmp_path_factory):
+    """One real `pipeplan profiles calibrate` (budget 8 s): (CliRunner result, YAML path, seconds it took).
+
+    The slowest fixture of the suite (~35 s on 2 cores, link processes included), so every test that needs a
+    measured local profile shares this one (test_calibrate.py, test_calibrated_prediction.py).
+    """
+    from click.testing import CliRunner
+
+    from pipeplan.cli.main import cli
+
+    out = tmp_path_factory.mktemp("cal") / "local.yaml"
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(cli, ["profiles", "calibrate", "-o", str(out), "--budget-s", "8", "--json", "--quiet"])
+    return r, out, time.perf_counter() - t0

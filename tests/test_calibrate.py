@@ -208,12 +208,9 @@ def test_failed_link_measurement_writes_nothing(fake_measurements, tmp_path, mon
 
 # ---------------------------------------------------------------- one real calibration
 @pytest.fixture(scope="module")
-def real_run(tmp_path_factory):
-    """One real `pipeplan profiles calibrate` (budget 8 s; ~10 s with the link processes)."""
-    out = tmp_path_factory.mktemp("cal") / "local.yaml"
-    t0 = time.perf_counter()
-    r = CliRunner().invoke(cli, ["profiles", "calibrate", "-o", str(out), "--budget-s", "8", "--json", "--quiet"])
-    return r, out, time.perf_counter() - t0
+def real_run(real_calibration):
+    """One real `pipeplan profiles calibrate` (budget 8 s), shared with test_calibrated_prediction.py (conftest)."""
+    return real_calibration
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """A calibrated local profile predicts real layer times through the roofline (issue 3).
 
-The profile comes from `calibrate(budget_s=10)`. The layers are timed here on one
+The profile comes from one real `pipeplan profiles calibrate --budget-s 8`, shared with test_calibrate.py
+(conftest.real_calibration). The layers are timed here on one
 thread (as the calibration measures, and as the runtime runs one rank per core),
 best of several repeats after warm-up, as calibration itself times. The prediction
 uses `layer_times_s(..., times="roofline")`, never the measured-times shortcut,
@@ -17,7 +18,7 @@ doubled) is a factor of 2 or more, outside that band. Noise only ever adds time:
 CI hosts have measured layers 12-40% (and a copy 56%) slower than the calibration
 predicted, from neighbours and sustained-load clocks no in-VM check can see.
 Layers are re-measured (up to 3 windows, per-layer best kept) before a miss counts.
-Cost: one calibration (~12 s idle) plus ~5-15 s of layer timing.
+Cost: the shared calibration plus ~5-15 s of layer timing.
 """
 
 from __future__ import annotations
@@ -131,14 +132,16 @@ def _best_of(a, b):
 
 
 @pytest.fixture(scope="module")
-def outcome():
+def outcome(real_calibration):
     """(profile, measured, ratios) after up to WINDOWS measurement windows."""
-    from pipeplan.hardware_profiles.calibrate import calibrate
+    from pipeplan.hardware_profiles import load_profile
 
+    result, path, _ = real_calibration
+    assert result.exit_code == 0, result.stderr
+    profile = load_profile(str(path))
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        profile = calibrate(budget_s=10.0)
         measured = _measure_all()
         for _ in range(WINDOWS - 1):
             if _inside(_ratios(profile, measured)):
