@@ -313,11 +313,9 @@ def balance_assignment(graph, balance: list[int]) -> list[int]:
     stashes) leave no layer, so the map goes by index, not by position.
     """
     bounds = list(itertools.accumulate(balance))
-    out = []
-    for layer in graph.layers:
-        index = int(layer.name.split(".")[1])
-        out.append(bisect.bisect_right(bounds, index))
-    if bounds[-1] != max(int(layer.name.split(".")[1]) for layer in graph.layers) + 1 or out[-1] != len(balance) - 1:
+    indices = [int(layer.name.split(".")[1]) for layer in graph.layers]
+    out = [bisect.bisect_right(bounds, i) for i in indices]
+    if bounds[-1] != max(indices) + 1 or out[-1] != len(balance) - 1:
         raise ValueError(f"balance {balance} does not cover the traced sequence")
     return out
 
@@ -609,13 +607,13 @@ def source_split_lines(predicted: list[dict[str, Any]], graphs: dict[str, Any]) 
         if not c.get("balance") or c["pp"] == 1:
             continue
         own = predict_case({k: v for k, v in c.items() if k != "balance"}, graphs[c["model"]])
+        own_metric = to_metric(c, r["model"], own["samples_per_s"])
 
         def ms(plan) -> str:
             return ", ".join(f"{s.predicted.compute_s * 1e3:.0f}" for s in plan.stages)
 
         out.append(f"| {r['id']} | {fmt_num(r['published'])} | {fmt_num(r['predicted'])} ({r['ratio']:.2f}) | "
-                   f"{ms(r['plan'])} | {fmt_num(to_metric(c, r['model'], own['samples_per_s']))} "
-                   f"({to_metric(c, r['model'], own['samples_per_s']) / r['published']:.2f}) | {ms(own['plan'])} |")
+                   f"{ms(r['plan'])} | {fmt_num(own_metric)} ({own_metric / r['published']:.2f}) | {ms(own['plan'])} |")
     return out
 
 

@@ -520,20 +520,20 @@ def _device_stages(inp: _SimInputs) -> list[list[int]]:
     return [device_stages(inp.schedule.name, d, inp.devices, inp.chunks) for d in range(inp.devices)]
 
 
-def _busy_s(inp: _SimInputs) -> list[float]:
-    """Compute time of each device in one iteration of M microbatches.
+def _busy_s(inp: _SimInputs, orders: list[Order]) -> list[float]:
+    """Compute time of each device in one iteration of M microbatches (`orders`: the ops `_play` ran).
 
     With recomputation a backward split into B and W re-runs the forward for each pass (non-reentrant
     checkpointing frees the re-run's tensors after B, so W makes them again: runtime/recompute.py), so every
-    split W of the schedule's orders adds one more re-run; a whole backward ("BW") re-runs it once.
+    split W of the iteration adds one more re-run; a whole backward ("BW") re-runs it once.
     """
     busy: list[float] = [0] * inp.devices
     for s in range(inp.stages):
         busy[inp.device_of[s]] += inp.microbatches * (inp.fwd[s] + inp.bwd[s] + inp.recompute[s])
     if inp.schedule.splits_backward and any(inp.recompute):
-        for order in _orders(inp.schedule.name, inp.devices, inp.chunks, inp.microbatches):
-            for kind, s, _ in order:
-                if kind == "W":
+        for order in orders:
+            for kind, s, m in order:
+                if kind == "W" and m < inp.microbatches:
                     busy[inp.device_of[s]] += inp.recompute[s]
     return busy
 
@@ -665,7 +665,8 @@ def simulate(
                     allreduce_s, recompute_s, recompute_bytes, optimizer_s, wgrad_s, tied_stages)
     stream = _stream_length(inp)
     run = _Run.empty(inp.stages, inp.devices, stream)
-    _play(inp, _update_points(inp, stream), run, keep_events)
+    orders = _update_points(inp, stream)
+    _play(inp, orders, run, keep_events)
     # every op has run, so every slot is filled
     f_start = cast(list[list[float]], run.f_start)
     b_end = cast(list[list[float]], run.w_end)  # a stage's backward (and its gradients) end with its W
@@ -679,7 +680,7 @@ def simulate(
         iteration_s = pipeline_s + _window_update_s(inp)
     timeline, peaks = _memory_timeline(inp.static_bytes, run.mem_deltas)
     S, K = inp.stages, inp.devices
-    busy = _busy_s(inp)
+    busy = _busy_s(inp, orders)
     bubble_fraction, bubble_overhead = _bubbles(busy, pipeline_s, K)
     events.sort(key=lambda e: (e.start_s, e.device, e.kind))
     return SimResult(
