@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeplan.planner.configs import SHARDING_NAMES
+from pipeplan.schedules import facts
 
 
 def render_table(doc: dict[str, Any], console) -> None:
@@ -25,7 +26,8 @@ def render_table(doc: dict[str, Any], console) -> None:
                     f"{steps} measured step{'s' if steps != 1 else ''}",
               caption="ms/mb: one microbatch; device peak: the whole device (all its stages), as the plan predicts it"
                       + ("; bwd: with the recomputed forward" if plan.get("recompute") else ""))
-    rerun = 1.0 if plan.get("recompute") else 0.0  # the backward re-runs the forward (runtime/recompute.py)
+    # the backward re-runs the forward up to its last save (runtime/recompute.py); compute_s counts every re-run
+    reruns = 2 if facts(plan["schedule"]).splits_backward else 1
     for col in ("stage", "rank", "fwd ms/mb", "pred", "bwd ms/mb", "pred", "compute ms/step", "wait ms/step",
                 "device peak MiB", "pred"):
         t.add_column(col, justify="right")
@@ -34,7 +36,7 @@ def render_table(doc: dict[str, Any], console) -> None:
         t.add_row(
             str(s["index"]), str(s["rank"]),
             _ms(s["fwd_s"]), _ms(ps.get("fwd_s")), _ms(s["bwd_s"]),
-            _ms(ps["bwd_s"] + rerun * ps["fwd_s"]) if ps else _ms(None),
+            _ms(ps["bwd_s"] + max(0.0, ps["compute_s"] - ps["fwd_s"] - ps["bwd_s"]) / reruns) if ps else _ms(None),
             _ms(s["compute_s"]), _ms(s["wait_s"]),
             f"{s.get('device_peak_bytes', s['peak_memory_bytes']) / 2**20:.1f}",
             f"{ps.get('memory_bytes', 0) / 2**20:.1f}" if ps else "-",

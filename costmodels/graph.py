@@ -72,6 +72,10 @@ class Layer:
     parts: list[CostPart] = field(default_factory=list)  # per op kind; empty: priced as one op of `kind`
     bwd_weight_flops: int | None = None  # of bwd_flops, the weight-gradient part (zero bubble's W); None: not split
     bwd_weight_s: float | None = None  # of bwd_s, the measured weight-gradient time W; None: not timed apart
+    # Recomputation's re-run stops after the last saved tensor (costmodels/recompute.py): of fwd_s, the time up to
+    # this layer's last save, and how many tensors it saves; None: not timed (the re-run is priced as a whole forward).
+    last_save_s: float | None = None
+    saved_tensors: int | None = None
 
 
 def weight_grad_share(layer: Layer) -> float:

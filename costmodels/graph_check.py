@@ -70,6 +70,7 @@ def _check_layer(f: Fields, layer: Any, i: int, layer_kinds: tuple[str, ...]) ->
     f.strings(layer.get("params", []), f"{field}.params")
     f.strings(layer.get("nodes", []), f"{field}.nodes")
     _check_weight_grad(f, layer, field)
+    _check_save_point(f, layer, field)
     return name
 
 
@@ -86,6 +87,19 @@ def _check_weight_grad(f: Fields, layer: Any, field: str) -> None:
     f.number(ws, f"{field}.bwd_weight_s")
     if ws > layer.get("bwd_s", 0.0):
         raise f.fail(f"{field}.bwd_weight_s", ws, "at most the layer's bwd_s (W is part of the backward)")
+
+
+def _check_save_point(f: Fields, layer: Any, field: str) -> None:
+    """Optional `last_save_s` (within the forward) and `saved_tensors` (a count), null or absent: not timed."""
+    n = layer.get("saved_tensors")
+    if n is not None:
+        f.integer(n, f"{field}.saved_tensors")
+    t = layer.get("last_save_s")
+    if t is None:
+        return
+    f.number(t, f"{field}.last_save_s")
+    if t > layer.get("fwd_s", 0.0):
+        raise f.fail(f"{field}.last_save_s", t, "at most the layer's fwd_s (the save is part of the forward)")
 
 
 def _check_parts(f: Fields, layer: Any, field: str, part_kinds: tuple[str, ...]) -> None:

@@ -352,6 +352,8 @@ class Timing:
     warmup_s: float
     repeats: int
     node_overhead_s: float = 0.0  # the interpreter's time per node, taken out of the forward times (`_compiled_forward`)
+    last_save_share: list[float] = field(default_factory=list)  # of each layer's forward, the part up to its last save
+    saved_tensors: list[int] = field(default_factory=list)  # tensors each layer's forward saves for backward
 
 
 def _one_step(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, args: list[Any], target: Any,
@@ -465,8 +467,64 @@ def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
     # W paired within each step (its backward less its B pass), so a slow step shifts both alike.
     wgrad = [statistics.median(r[1][i] - r[3][i] for r in runs) for i in range(nlayers)]
     fwd, per_node = _compiled_forward(ep, spec, args, target, fwd, layer_of, repeats, marks)
+    share, saves = save_points(ep, spec, args, target, layer_of, nlayers, marks, passes=min(3, repeats))
     return Timing(fwd_s=fwd, bwd_s=bwd, bwd_weight_s=wgrad, step_s=[r[2] for r in runs], warmup_s=warm,
-                  repeats=repeats, node_overhead_s=per_node)
+                  repeats=repeats, node_overhead_s=per_node, last_save_share=share, saved_tensors=saves)
+
+
+def save_points(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[Any], target: Any,
+                layer_of: dict[str, int], nlayers: int, marks: Marks, *, passes: int) -> tuple[list[float], list[int]]:
+    """Per layer: the share of its forward that runs before its last tensor saved for backward, and how many it saves.
+
+    Why: torch's non-reentrant checkpoint (the runtime's recomputation, runtime/recompute.py) stops its re-run
+    as soon as every tensor the forward saved has been saved again ("early stop", the default of
+    `torch.utils.checkpoint.set_checkpoint_early_stop`). What a stage's forward computes after its last save
+    is never re-run: a Linear saves its input and weight before it multiplies, so a stage that ends in one
+    re-runs everything but that matmul (measured here: 14.6 ms of a 30 ms forward). A pack hook marks each
+    save; separate forward-only passes, because the hooks' Python calls would slow the timed steps (and their
+    unpack twins the backward). The share, not the time, is kept: the timed forward is the cleaner clock.
+    """
+    runs = [_save_pass(ep, args, layer_of, nlayers, marks) for _ in range(max(1, passes))]
+    fwd = [statistics.median(r[0][i] for r in runs) for i in range(nlayers)]
+    up = [statistics.median(r[1][i] for r in runs) for i in range(nlayers)]
+    return [min(1.0, u / f) if f > 0 else 0.0 for u, f in zip(up, fwd, strict=True)], runs[-1][2]
+
+
+def _save_pass(ep: torch.export.ExportedProgram, args: list[Any], layer_of: dict[str, int], nlayers: int,
+               marks: Marks) -> tuple[list[float], list[float], list[int]]:
+    """One forward with a pack hook: per layer its forward time, its time up to its last save, and its saves.
+
+    The hook only records marks (its own time lands after the mark it reads); sums are made after the pass.
+    """
+    forward = Ledger(marks, nlayers)
+    cur: dict[str, Any] = {"layer": None, "start": None}
+    count = [0] * nlayers
+    last: dict[int, tuple[int, Any, Any]] = {}  # layer -> (its charged nodes so far, the node's start, the save)
+
+    def before(layer: int) -> None:
+        cur["layer"], cur["start"] = layer, marks.mark()
+
+    def after(layer: int, node: torch.fx.Node, out: Any) -> None:
+        forward.charge(layer, cur["start"], marks.mark())
+        cur["layer"] = None
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        layer = cur["layer"]
+        if layer is not None:  # inside a layer's node (the loss is outside every stage)
+            last[layer] = (len(forward.entries), cur["start"], marks.mark())
+            count[layer] += 1
+        return t
+
+    gc.collect()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = _LayerInterpreter(ep.graph_module, layer_of, before, after).run(*args)
+    del out
+    fwd = forward.totals()  # waits for the device
+    upto = [0.0] * nlayers
+    for layer, (k, start, mark) in last.items():
+        upto[layer] = sum(marks.elapsed_s(a, b) for lay, a, b in forward.entries[:k] if lay == layer)
+        upto[layer] += marks.elapsed_s(start, mark)
+    return fwd, upto, count
 
 
 def _compiled_forward(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[Any], target: Any,

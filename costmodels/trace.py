@@ -261,6 +261,7 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
 
     fwd_s, bwd_s = [0.0] * n, [0.0] * n
     bwd_weight_s: list[float] | None = None
+    timing: measure.Timing | None = None
     if time_layers:
         keep_freed_memory()  # as the runtime's ranks run: see hardware_profiles/allocator.py
         with out_of_memory_as_user_error(spec.path, "timing the layers"):
@@ -285,6 +286,9 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
             layer.bwd_weight_flops = max(0, min(layer.bwd_flops, layer.bwd_flops - counts.bwd_input_flops[i]))
         if bwd_weight_s is not None:
             layer.bwd_weight_s = _weight_grad_s(layer, bwd_weight_s[i])
+        if timing is not None and timing.saved_tensors:
+            layer.last_save_s = layer.fwd_s * timing.last_save_share[i]
+            layer.saved_tensors = timing.saved_tensors[i]
         layer.saved_bytes = int(counts.saved_bytes[i])
         layer.kind = _refine_kind(layer, counts.node_flops, family)
         layer.parts = with_loss(cost_parts([nodes[x] for x in layer.nodes if x in nodes], counts.node_flops,

@@ -52,6 +52,7 @@ from pipeplan.hardware_profiles.local_device import (
     slowdown_from_probes,
 )
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
+from pipeplan.hardware_profiles.recompute_overhead import checkpoint_overhead_s
 from pipeplan.units import KIB, MIB
 
 if TYPE_CHECKING:
@@ -349,6 +350,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         attn = step("attention", lambda: measure_attention(cap))
         copy_bw, elem = step("memory bandwidth", lambda: measure_memory(3 * cap))
         optimizer_s = step("optimizer step", optimizer_overhead.per_tensor_s)
+        recompute_s, recompute_tensor_s = step("recomputation's checkpoint", checkpoint_overhead_s)
     finally:
         torch.set_num_threads(prev_threads)
     share = cpu_share(wall0, cpu0)
@@ -396,6 +398,8 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         concurrency_slowdown=min(4.0, max(1.0, slowdown_from_probes(slowdowns))),
         collectives=collectives.links_from_times(collective_times),
         optimizer_tensor_s=optimizer_s,
+        recompute_overhead_s=recompute_s,
+        recompute_tensor_s=recompute_tensor_s,
         notes=(
             "One device = one CPU core running one thread. Memory is MemTotal split evenly over the cores; "
             "usable is 80% of that (the OS, Python and torch need the rest). The inter-node link is the "
@@ -424,6 +428,8 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
                                for op, ts in collective_times.items()},
             "op_overhead": overhead_detail,
             "optimizer_us_per_tensor": {k: round(v * 1e6, 2) for k, v in optimizer_s.items()},
+            "recompute_us": {"per_region": round(recompute_s * 1e6, 1),
+                             "per_saved_tensor": round(recompute_tensor_s * 1e6, 2)},
             "concurrency_slowdown_per_rank": [round(x, 3) for x in rank_slowdowns(slowdowns)],
             "memory_total_bytes": mem_total,
         },

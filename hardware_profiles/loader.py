@@ -65,6 +65,8 @@ _UNITS = {
     "kernel_overhead_us": ("µs", 1e4),
     "dispatch_us": ("µs", 1e4),
     "optimizer_us_per_tensor": ("µs", 1e4),
+    "recompute_overhead_us": ("µs", 1e6),
+    "recompute_us_per_saved_tensor": ("µs", 1e4),
     "peak_tflops": ("TFLOP/s", 1e5),
 }
 
@@ -89,6 +91,8 @@ _TOP_KEYS = {
     "dispatch_us": False,
     "op_overhead_us_per_mib": False,
     "optimizer_us_per_tensor": False,
+    "recompute_overhead_us": False,
+    "recompute_us_per_saved_tensor": False,
     "concurrency_slowdown": False,
     "sources": False,
     "confidence": False,
@@ -297,6 +301,9 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     c.keys(optimizer_us, {k: False for k in OPTIMIZERS}, prefix="optimizer_us_per_tensor.")
     optimizer_s = {k: c.number(v, f"optimizer_us_per_tensor.{k}", "optimizer_us_per_tensor", allow_zero=True) * 1e-6
                    for k, v in optimizer_us.items()}
+    recompute_s = c.number(doc.get("recompute_overhead_us", 0), "recompute_overhead_us", allow_zero=True) * 1e-6
+    recompute_tensor_s = c.number(doc.get("recompute_us_per_saved_tensor", 0), "recompute_us_per_saved_tensor",
+                                  allow_zero=True) * 1e-6
 
     sources = c.string_list(doc.get("sources", []), "sources")
     confidence = c.mapping(doc.get("confidence") or {}, "confidence")
@@ -337,6 +344,8 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         dispatch_s=dispatch_s,
         efficiency_curve=curves,
         optimizer_tensor_s=optimizer_s,
+        recompute_overhead_s=recompute_s,
+        recompute_tensor_s=recompute_tensor_s,
     )
 
 
@@ -381,6 +390,9 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         doc["op_overhead_us_per_mib"] = {k: _num(v * 1e6 * MIB) for k, v in profile.op_overhead_s_per_byte.items()}
     if profile.optimizer_tensor_s:
         doc["optimizer_us_per_tensor"] = {k: _num(v * 1e6) for k, v in profile.optimizer_tensor_s.items()}
+    if profile.recompute_overhead_s or profile.recompute_tensor_s:
+        doc["recompute_overhead_us"] = _num(profile.recompute_overhead_s * 1e6)
+        doc["recompute_us_per_saved_tensor"] = _num(profile.recompute_tensor_s * 1e6)
     if profile.local:
         doc["local"] = True
     if profile.collectives:

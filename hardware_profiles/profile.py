@@ -68,6 +68,11 @@ class HardwareProfile:
     # Host seconds per parameter tensor of one optimizer step, by optimizer name (torch.optim's per-tensor loop on
     # a CPU; hardware_profiles/optimizer_overhead.py). Measured by `profiles calibrate`; empty = bytes alone.
     optimizer_tensor_s: dict[str, float] = field(default_factory=dict)
+    # Host time torch's checkpoint spends around a recomputed stage beyond re-running its forward: per region and
+    # per tensor its forward saves (hardware_profiles/recompute_overhead.py). Measured by `profiles calibrate`;
+    # 0 = none (catalogue GPUs: host work that overlaps the kernels).
+    recompute_overhead_s: float = 0.0
+    recompute_tensor_s: float = 0.0
 
     def gpu_vendor(self) -> str | None:
         """"nvidia" or "amd" where `device` starts with a GPU maker's name (every catalogue GPU and every profile

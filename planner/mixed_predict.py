@@ -94,18 +94,20 @@ def mixed_predict(graph: Graph, cluster: Cluster, assignment: Sequence[int], typ
                          ranks=ranks, reps=reps, dp=dp, mb=mb, devices=S * dp, slow=1.0, overhead_s=overhead_s,
                          solver=dict(solver or {}), graph_info=graph_summary(graph), overlap=overlap,
                          slowdown=slowdown)
-    _own_times(plan, problems, assignment, types, config.recompute)
+    _own_times(plan, problems, assignment, types, x.rec)
     return Evaluation(_mixed_record(plan, cluster, types, x, request, graph), sim)
 
 
 def _own_times(plan: Plan, problems: dict[int, Problem], assignment: Sequence[int], types: Sequence[int],
-               recompute: bool) -> None:
-    """Each stage's reported fwd/bwd from its own type's problem (`assemble_plan` sums one problem's)."""
+               rec: Sequence[float]) -> None:
+    """Each stage's reported fwd/bwd from its own type's problem (`assemble_plan` sums one problem's); `rec`: each
+    stage's re-run under recomputation, from its own type's inputs (0 without)."""
+    reruns = 2 if facts(plan.schedule).splits_backward else 1  # B and W each re-run the forward (predict_report)
     for s, g in enumerate(types):
         f = float(sum(problems[g].fwd_s[i] for i, a in enumerate(assignment) if a == s))
         b = float(sum(problems[g].bwd_s[i] for i, a in enumerate(assignment) if a == s))
         plan.stages[s].predicted = replace(plan.stages[s].predicted, fwd_s=f, bwd_s=b,
-                                           compute_s=f + b + (f if recompute else 0.0))
+                                           compute_s=f + b + reruns * rec[s])
 
 
 def _mixed_record(plan: Plan, cluster: Cluster, types: Sequence[int], x: StageInputs, request: PlanRequest,

@@ -50,6 +50,7 @@ class StagePrediction:
     gathered_bytes: int = 0  # ZeRO-2/3: full-size layer weights/gradients held while computing (in memory_bytes)
     fwd_comm_s: float = 0.0  # ZeRO-3: all-gather of every forward (overlapped: the op takes the longer)
     bwd_comm_s: float = 0.0  # ZeRO-2/3: collectives of every backward (likewise)
+    wgrad_s: float = 0.0  # zero bubble: of bwd_s, the weight-gradient pass W (0 elsewhere)
 
 
 @dataclass

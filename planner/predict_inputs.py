@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_ring_time_s, p2p_time_s
-from pipeplan.costmodels.graph import Graph, SharedParam, weight_grad_time_share
+from pipeplan.costmodels.graph import Graph, Layer, SharedParam, weight_grad_time_share
 from pipeplan.costmodels.memory import MemoryBreakdown, is_mixed_precision, model_state_bytes, stage_memory
 from pipeplan.costmodels.optimizer_step import optimizer_step_s, stash_copy_s
+from pipeplan.costmodels.recompute import checkpoint_overhead_s, rerun_forward_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.problem import Problem
@@ -273,7 +274,7 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     if not facts(config.schedule).flushes:  # each update also stashes a new weight version (optimizer_step.py)
         opt = [o + slow * stash_copy_s(sums.params[s], profile=profile) for s, o in enumerate(opt)]
     rc = config.recompute
-    rec = [sums.f[s] if rc else 0.0 for s in range(S)]
+    rec = rerun_times(problem, graph, profile, assignment, S, slow) if rc else [0.0] * S
     fwd, bwd = list(sums.f), list(sums.b)
     if not facts(config.schedule).replicates_whole_pipeline:  # a stage with r replicas takes every r-th microbatch
         fwd = [sums.f[s] / reps[s] for s in range(S)]
@@ -292,6 +293,20 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     wgrad = _wgrad(problem, graph, assignment, S, slow) if facts(config.schedule).splits_backward else []
     return StageInputs(fwd, bwd, rec, send, allreduce, sync.fwd, sync.bwd, out_bytes, static, act, rbytes, memory,
                        msg, opt, wgrad, [list(used) for _, used in shared])
+
+
+def rerun_times(problem: Problem, graph: Graph, profile: HardwareProfile, assignment: Sequence[int], S: int,
+                slow: float = 1.0) -> list[float]:
+    """Each stage's re-run under recomputation: its forward up to its last saved tensor, plus the host time of
+    torch's checkpoint around it, per stage and per tensor its forward saves (costmodels/recompute.py)."""
+    layers: list[list[Layer]] = [[] for _ in range(S)]
+    fwd: list[list[float]] = [[] for _ in range(S)]
+    for i, name in enumerate(problem.names):
+        layers[assignment[i]].append(graph.layer(name))
+        fwd[assignment[i]].append(slow * problem.fwd_s[i])
+    return [rerun_forward_s(layers[s], fwd[s])
+            + slow * checkpoint_overhead_s(layers[s], profile.recompute_overhead_s, profile.recompute_tensor_s)
+            for s in range(S)]
 
 
 def _param_tensors(graph: Graph, names: Sequence[str], assignment: Sequence[int], S: int, sharding: str) -> list[int]:

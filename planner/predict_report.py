@@ -37,18 +37,20 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, sche
     # recomputation re-runs the forward once per backward pass: twice where B and W run apart (simulate._busy_s;
     # DualPipeV's whole backwards re-run it once, so there this per-microbatch figure is an upper bound)
     reruns = (2 if facts(schedule).splits_backward else 1) if recompute else 0
+    whole = facts(schedule).replicates_whole_pipeline
     stages = []
     for s in range(S):
         mem = x.memory[stage_device(schedule, s, P)]
         f_s = slow * float(sum(problem.fwd_s[i] for i in range(n) if assignment[i] == s))
         b_s = slow * float(sum(problem.bwd_s[i] for i in range(n) if assignment[i] == s))
+        rec_s = float(x.rec[s]) * (1 if whole else reps[s])  # x.rec is per replica where replicas share a stage's work
         stages.append(Stage(
             index=s,
             layers=[problem.names[i] for i in range(n) if assignment[i] == s],
             devices=list(ranks[s]),
             replicas=reps[s],
             predicted=StagePrediction(
-                fwd_s=f_s, bwd_s=b_s, compute_s=f_s + b_s + reruns * f_s,
+                fwd_s=f_s, bwd_s=b_s, compute_s=f_s + b_s + reruns * rec_s,
                 send_s=float(x.send[s]), send_bytes=int(x.send_bytes[s]), allreduce_s=float(x.allreduce[s]),
                 optimizer_s=float(x.optimizer[s]),
                 memory_bytes=int(mem.total_bytes), weights_bytes=int(mem.weights_bytes),
@@ -56,6 +58,7 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, sche
                 gathered_bytes=int(mem.gathered_bytes),
                 activation_bytes=int(mem.activation_bytes + mem.buffer_bytes), op_overhead_s=float(overhead_s[s]),
                 fwd_comm_s=float(x.fwd_comm[s]), bwd_comm_s=float(x.bwd_comm[s]),
+                wgrad_s=float(x.wgrad[s]) if x.wgrad else 0.0,
             ),
         ))
     return stages

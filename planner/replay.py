@@ -82,7 +82,9 @@ def simulate_from_plan(plan: Plan) -> SimResult:
                    overlap=plan.collectives_overlap, slowdown=plan.overlap_slowdown)
     bwd = op_times([(x.bwd_s + a) / k for x, a, k in zip(p, folded, r, strict=True)], [x.bwd_comm_s for x in p],
                    overhead, overlap=plan.collectives_overlap, slowdown=plan.overlap_slowdown)
-    recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) / k for x, k in zip(p, r, strict=True)]
+    # compute_s counts every re-run of the forward: two per microbatch where B and W run apart (predict_report)
+    reruns = 2 if rule.splits_backward else 1
+    recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) / (k * reruns) for x, k in zip(p, r, strict=True)]
     return simulate(
         plan.schedule,
         fwd,
@@ -92,6 +94,7 @@ def simulate_from_plan(plan: Plan) -> SimResult:
         chunks=plan.chunks if rule.interleaves else 1,
         allreduce_s=allreduce if any(allreduce) and not per_stage else None,
         recompute_s=recompute if any(recompute) else None,
+        wgrad_s=[x.wgrad_s for x in p] if rule.splits_backward and any(x.wgrad_s for x in p) else None,
         optimizer_s=None if rule.updates_each_microbatch else [x.optimizer_s for x in p],
         tied_stages=plan.tied_stages or None,
     )

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 HAS_HF = importlib.util.find_spec("transformers") is not None
 needs_hf = pytest.mark.skipif(not HAS_HF, reason="transformers not installed")
-TIMES = ("fwd_s", "bwd_s", "bwd_weight_s")  # bwd_weight_s: null when a trace is not timed
+TIMES = ("fwd_s", "bwd_s", "bwd_weight_s", "last_save_s")  # bwd_weight_s, last_save_s: null when not timed
 
 
 def comparable(graph):

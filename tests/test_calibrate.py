@@ -55,6 +55,7 @@ FAKE_GAP_S = {"gpipe": (8e-4, 0.0), "1f1b": (2e-4, 1e-10), "interleaved": (3e-4,
               "zb-h1": (1e-4, 1e-10), "zb-v": (4e-4, 3e-10), "pipedream": (6e-4, 5e-10)}
 # gloo collectives of a 2-rank group: (bandwidth B/s, latency s) each, timed through the ring formulas
 FAKE_OPTIMIZER_S = {"sgd": 2e-6, "momentum": 6e-6, "adam": 22e-6, "adamw": 25e-6}  # per parameter tensor
+FAKE_CHECKPOINT_S = (4e-4, 3e-5)  # torch's checkpoint: per recomputed region, per saved tensor
 FAKE_COLLECTIVES = {"allreduce": (1e9, 100e-6), "reduce_scatter": (0.5e9, 250e-6), "all_gather": (1e9, 120e-6)}
 
 
@@ -119,6 +120,7 @@ def fake_measurements(monkeypatch):
     monkeypatch.setattr(calibrate_mod, "measure_conv", lambda cap: [120e9, 90e9])
     monkeypatch.setattr(calibrate_mod, "measure_attention", lambda cap: 50e9)
     monkeypatch.setattr(calibrate_mod.optimizer_overhead, "per_tensor_s", lambda: dict(FAKE_OPTIMIZER_S))
+    monkeypatch.setattr(calibrate_mod, "checkpoint_overhead_s", lambda: FAKE_CHECKPOINT_S)
     monkeypatch.setattr(calibrate_mod, "measure_memory", lambda cap: (20e9, [20e9, 10e9]))
     monkeypatch.setattr(calibrate_mod, "measure_p2p",
                         lambda: (dict(FAKE_P2P), fake_pipeline_events(), FAKE_PROBES, fake_collective_times()))
@@ -160,12 +162,14 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
     assert p.usable_memory_bytes == int(p.memory_bytes * 0.8)
     # every phase reported as started (0/1) and finished (1/1)
     names = [ph for ph, done, _ in phases if done == 0]
-    assert len(names) == 7 and all((n, 1, 1) in phases for n in names)
+    assert len(names) == 8 and all((n, 1, 1) in phases for n in names)
     assert p.optimizer_tensor_s == FAKE_OPTIMIZER_S
+    assert (p.recompute_overhead_s, p.recompute_tensor_s) == FAKE_CHECKPOINT_S
     # the result is an ordinary profile: it survives the YAML format
     save_profile(p, tmp_path / "local.yaml")
     q = load_profile(str(tmp_path / "local.yaml"))
     assert q.local and q.peak_flops == p.peak_flops and q.efficiency == pytest.approx(p.efficiency)
+    assert (q.recompute_overhead_s, q.recompute_tensor_s) == pytest.approx(FAKE_CHECKPOINT_S)
     assert q.calibration["matmul_fp32_gflops"] == [80.0, 100.0, 64.0, 100.0]
     assert set(q.collectives) == set(p.collectives)
     for op, link in q.collectives.items():
@@ -236,6 +240,8 @@ def test_real_calibration_writes_a_loadable_local_profile(real_run):
     assert all(1e-6 < o < 4e-3 for o in at_1mib.values()), (prof.op_overhead_s, prof.op_overhead_s_per_byte)
     assert 1.0 <= prof.concurrency_slowdown <= 4.0
     assert len(prof.calibration["concurrency_slowdown_per_rank"]) == 2
+    # torch's checkpoint runs Python hooks for every saved tensor: microseconds each, never free, never a millisecond
+    assert 1e-6 < prof.recompute_tensor_s < 1e-3 and 0 <= prof.recompute_overhead_s < 0.05
     # gloo's collectives, timed and fitted: the fitted all-reduce gives back the measured 16 MiB time
     assert set(prof.collectives) == {"allreduce", "reduce_scatter", "all_gather"}
     measured_s = prof.calibration["collectives_us"]["allreduce"][16 * MIB] / 1e6

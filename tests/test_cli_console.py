@@ -12,8 +12,8 @@ DOC = {  # the shape runtime.report.summarize returns
                  "stages": [{"index": i, "rank": i, "fwd_s": 0.12066, "bwd_s": 0.23861, "compute_s": 2.95895,
                              "wait_s": 0.60005, "peak_memory_bytes": 112 << 20} for i in range(2)]},
     "predicted": {"iteration_s": 2.90793, "samples_per_s": 1408.6,
-                  "stages": [{"index": i, "fwd_s": 0.10962, "bwd_s": 0.2069, "memory_bytes": 104 << 20}
-                             for i in range(2)]},
+                  "stages": [{"index": i, "fwd_s": 0.10962, "bwd_s": 0.2069, "compute_s": 0.31652,
+                              "memory_bytes": 104 << 20} for i in range(2)]},
 }
 
 
@@ -51,11 +51,15 @@ def test_piped_trace_summary_keeps_cells_whole(monkeypatch, capsys):
 
 
 def test_recompute_plans_compare_the_backward_with_its_rerun(monkeypatch):
-    """With recomputation the measured backward re-runs the forward (runtime/recompute.py), so its prediction
-    column is backward + forward: 206.90 + 109.62 = 316.52 ms."""
+    """With recomputation the measured backward re-runs the forward up to its last save (runtime/recompute.py), so
+    its prediction column is backward + the re-run the plan counts in compute_s: 206.90 + (347.14 - 316.52) =
+    237.52 ms; zero bubble re-runs twice per microbatch (B and W), so there half of it: 206.90 + 15.31 = 222.21."""
     monkeypatch.delenv("COLUMNS", raising=False)
-    console = stdout_console()
-    console.file = io.StringIO()
-    render_table({**DOC, "plan": {**DOC["plan"], "recompute": True}}, console)
-    text = console.file.getvalue()
-    assert "316.52" in text and "206.90" not in text and "recomputed forward" in text
+    for schedule, expected in (("1f1b", "237.52"), ("zb-h1", "222.21")):
+        console = stdout_console()
+        console.file = io.StringIO()
+        stages = [{**st, "compute_s": 0.34714} for st in DOC["predicted"]["stages"]]
+        render_table({**DOC, "plan": {**DOC["plan"], "schedule": schedule, "recompute": True},
+                      "predicted": {**DOC["predicted"], "stages": stages}}, console)
+        text = console.file.getvalue()
+        assert expected in text and "206.90" not in text and "recomputed forward" in text

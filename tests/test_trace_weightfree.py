@@ -72,6 +72,8 @@ def without_times(graph: Graph) -> dict:
         assert layer.pop("fwd_s") >= 0 and layer.pop("bwd_s") >= 0
         w = layer.pop("bwd_weight_s")  # timed traces only (the weight-free one is not timed: null)
         assert w is None or w >= 0
+        saves, upto = layer.pop("saved_tensors"), layer.pop("last_save_s")  # likewise
+        assert (saves is None) == (upto is None) and (upto is None or upto >= 0)
     doc["totals"] = {k: v for k, v in doc["totals"].items() if not k.endswith("_s")}
     return doc
 

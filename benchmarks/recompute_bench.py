@@ -1,0 +1,196 @@
+"""Recomputation benchmark: what a stage's re-run really costs against what the planner charges for it.
+
+One command (prints a table; --write-results also rewrites its section of benchmarks/RESULTS.md):
+
+    python benchmarks/recompute_bench.py --write-results
+
+For each example: trace on one thread (a local device) at the microbatch size, take pipeplan's own 2- and 4-stage
+1F1B splits (planned with recomputation on the traced times), cut the model into those stage modules as
+`pipeplan run` does (runtime/split.py), and time each stage's forward + backward with and without the runtime's
+recomputation (runtime/recompute.py) in one process, alternating the two. The re-run is the per-pair difference
+(median over pairs): no pipeline, no second process, so the host's drift between a trace and a run does not enter.
+Predicted as the planner prices it on a local profile: `costmodels.recompute.rerun_forward_s` on the traced layer
+times (the re-run up to the stage's last saved tensor) plus `checkpoint_overhead_s` (torch's checkpoint's host time
+per region and per saved tensor, measured at the start as `profiles calibrate` measures it); beside it, the
+re-run alone and the whole forward the planner charged before. Errors are of the recomputed stage's step (its
+measured forward + backward + re-run against the same with the re-run priced each way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SECTION = "## Recomputation's re-run (`benchmarks/recompute_bench.py`)"
+# (example, microbatch size, trace repeats, timed pairs per stage): microbatches as the runtime bench runs them
+CASES = [("mlp", 256, 20, 25), ("gpt", 32, 20, 25), ("unet", 16, 10, 15), ("resnet", 16, 10, 15)]
+STAGES = (2, 4)
+
+
+def stage_splits(graph, stages: int, microbatch: int, out: Path):
+    """pipeplan's own split into `stages` stages (1F1B, recomputation on, the traced times), saved as a plan."""
+    from pipeplan.hardware_profiles import load_profile
+    from pipeplan.planner.request import PlanRequest
+    from pipeplan.planner.search import search
+
+    request = PlanRequest(devices=stages, batch_size=microbatch * 2 * stages, schedule="1f1b", stages=stages,
+                          microbatches=2 * stages, recompute="on", optimizer="sgd", times="measured", sharding="none")
+    plan = search(graph, load_profile("a100-80gb"), request).best
+    plan.save(out)
+    return plan
+
+
+def _inputs(modules, spec, microbatch: int, stage: int):
+    """Stage `stage`'s inputs: the stages before it run once without gradients; detached leaves that need one."""
+    import torch
+
+    values = tuple(spec.example_inputs(microbatch))
+    with torch.no_grad():
+        for m in modules[:stage]:
+            values = m(*values)
+    return tuple(v.detach().requires_grad_(stage > 0 and v.is_floating_point()) if isinstance(v, torch.Tensor) else v
+                 for v in values)
+
+
+def _step(module, inputs) -> float:
+    import torch
+
+    t0 = time.perf_counter()
+    out = module(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    torch.stack([o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]).sum().backward()
+    return time.perf_counter() - t0
+
+
+def time_stage(split, spec, stage: int, microbatch: int, pairs: int) -> tuple[float, float]:
+    """(forward + backward, re-run) of one stage, seconds: medians over alternating plain / recomputed pairs."""
+    from pipeplan.runtime.recompute import recompute
+
+    plain = split.module(stage, copy=True)
+    rec = recompute(split.module(stage, copy=True))
+    modules = [split.module(s, copy=True) for s in range(stage)]
+    inputs = _inputs(modules, spec, microbatch, stage)
+    for _ in range(3):
+        _step(plain, inputs), _step(rec, inputs)
+    base, extra = [], []
+    for _ in range(pairs):
+        a = _step(plain, inputs)
+        b = _step(rec, inputs)
+        base.append(a)
+        extra.append(b - a)
+    return statistics.median(base), statistics.median(extra)
+
+
+def run_case(name: str, microbatch: int, repeats: int, pairs: int, console, tmp: Path,
+             overhead: tuple[float, float]) -> list[dict]:
+    import torch
+
+    from pipeplan.costmodels.recompute import checkpoint_overhead_s, rerun_forward_s
+    from pipeplan.costmodels.trace import trace
+    from pipeplan.planner.plan import load_plan
+    from pipeplan.runtime.worker import load_split_model
+
+    torch.set_num_threads(1)
+    console.print(f"{name}: tracing at {microbatch} rows (one thread, {repeats} repeats) ...")
+    graph = trace(str(REPO / "examples" / f"{name}.py"), microbatch, repeats=repeats)
+    rows = []
+    for k in STAGES:
+        plan = stage_splits(graph, k, microbatch, tmp / f"{name}-{k}.json")
+        spec, _, split = load_split_model(load_plan(tmp / f"{name}-{k}.json"))
+        for st in plan.stages:
+            layers = [graph.layer(n) for n in st.layers]
+            fwd = [x.fwd_s for x in layers]
+            console.print(f"  {name} {k} stages, stage {st.index}: timing {pairs} pairs ...")
+            fb, rerun = time_stage(split, spec, st.index, microbatch, pairs)
+            rows.append({"example": name, "stages": k, "stage": st.index, "layers": f"{st.layers[0]} .. {st.layers[-1]}",
+                         "last": layers[-1].kind, "fwd_s": sum(fwd), "fb_s": fb, "measured_s": rerun,
+                         "rerun_s": rerun_forward_s(layers, fwd),
+                         "predicted_s": rerun_forward_s(layers, fwd) + checkpoint_overhead_s(layers, *overhead),
+                         "saves": sum(x.saved_tensors or 0 for x in layers)})
+    return rows
+
+
+def table_rows(rows: list[dict]) -> list[list[str]]:
+    return [[r["example"], str(r["stages"]), str(r["stage"]), r["layers"], r["last"], f"{r['fwd_s'] * 1e3:.2f}",
+             f"{r['fb_s'] * 1e3:.2f}", f"{r['measured_s'] * 1e3:.2f}", f"{r['predicted_s'] * 1e3:.2f}",
+             f"{r['saves']}", f"{_step_error(r, r['predicted_s']) * 100:+.1f}%",
+             f"{_step_error(r, r['rerun_s']) * 100:+.1f}%", f"{_step_error(r, r['fwd_s']) * 100:+.1f}%"]
+            for r in rows]
+
+
+def _step_error(r: dict, rerun_s: float) -> float:
+    """The recomputed stage step (measured forward + backward + re-run) against it with the re-run priced so."""
+    return (r["fb_s"] + r["measured_s"]) / (r["fb_s"] + rerun_s) - 1
+
+
+HEADER = ["example", "K", "stage", "layers", "last layer's kind", "traced forward ms", "measured fwd+bwd ms",
+          "measured re-run ms", "predicted re-run ms", "saved tensors", "step error", "step error, re-run alone",
+          "step error, whole forward (before)"]
+
+
+def summary(rows: list[dict]) -> str:
+    def stats(key: str) -> str:
+        errs = [abs(_step_error(r, r[key])) for r in rows]
+        return f"median |error| {statistics.median(errs) * 100:.1f}% (worst {max(errs) * 100:.1f}%)"
+
+    return (f"{len(rows)} stages, the recomputed stage step (forward + backward + re-run): {stats('predicted_s')} as "
+            f"priced (re-run to the last save + checkpoint host time), {stats('rerun_s')} with the re-run alone, "
+            f"{stats('fwd_s')} with the whole forward")
+
+
+def write_results(rows: list[dict], overhead: tuple[float, float]) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from results import write_section
+    from runtime_bench import machine
+
+    lines = [f"Command: `python benchmarks/recompute_bench.py --write-results`. Machine: {machine()}, one thread.",
+             "", __doc__.split("\n\n", 3)[3].strip(), "",
+             f"torch's checkpoint host time measured at the start: {overhead[0] * 1e6:.0f} µs a region + "
+             f"{overhead[1] * 1e6:.1f} µs a saved tensor.", "",
+             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(rows)]
+    lines += ["", summary(rows) + "."]
+    write_section(SECTION, "\n".join(lines))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--examples", default=",".join(c[0] for c in CASES))
+    ap.add_argument("--write-results", action="store_true")
+    args = ap.parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipeplan.hardware_profiles.recompute_overhead import checkpoint_overhead_s
+
+    console = Console()
+    import torch
+
+    torch.set_num_threads(1)
+    overhead = checkpoint_overhead_s()
+    console.print(f"torch's checkpoint host time: {overhead[0] * 1e6:.0f} µs a region + {overhead[1] * 1e6:.1f} µs "
+                  "a saved tensor")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, mb, repeats, pairs in CASES:
+            if name in args.examples.split(","):
+                rows += run_case(name, mb, repeats, pairs, console, Path(tmp), overhead)
+    table = Table(title="recomputation: measured re-run vs predicted (one process, one thread)")
+    for col in HEADER:
+        table.add_column(col, justify="right")
+    for r in table_rows(rows):
+        table.add_row(*r)
+    console.print(table)
+    console.print(summary(rows))
+    if args.write_results:
+        write_results(rows, overhead)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""What recomputation's re-run of a checkpointed region costs: its forward up to the last tensor it saves.
+
+The runtime recomputes a stage with torch's non-reentrant checkpoint (runtime/recompute.py). Its re-run stops
+as soon as every tensor the original forward saved for backward has been saved again: "early stop", on by
+default (`torch.utils.checkpoint.set_checkpoint_early_stop`, torch docs; `_checkpoint_hook` counts the
+recomputed saves and raises `_StopRecomputationError` at the last). Whatever the forward does after its last
+save is skipped. Autograd saves an op's inputs before the op runs and its outputs after, so a stage that ends in
+a Linear (which saves its input and weight) re-runs everything but the final matmul: on examples/mlp.py's first
+stage, 14.6 ms of re-run against a 30 ms forward, measured in `pipeplan run`. Frameworks that recompute with
+their own reentrant function (Megatron-LM's CheckpointFunction, torchgpipe's Recompute) re-run the whole forward;
+priced here is pipeplan's own runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeplan.costmodels.graph import Layer
+
+
+def rerun_forward_s(layers: Sequence[Layer], fwd_s: Sequence[float]) -> float:
+    """One re-run of a region made of `layers` (in execution order) whose forwards take `fwd_s` on the device.
+
+    Walking back from the region's end: a layer that saves nothing is skipped whole, the last layer that saves
+    runs up to its last save (its traced share `last_save_s / fwd_s` of the device's time), and every layer
+    before it runs whole. A layer whose saves were not timed (`saved_tensors` None: graphs from before, analytic
+    or imported ones) ends the walk as a whole forward, the price before this was known.
+    """
+    for i in range(len(layers) - 1, -1, -1):
+        layer = layers[i]
+        if layer.saved_tensors is None or layer.last_save_s is None:
+            return sum(fwd_s[: i + 1])
+        if layer.saved_tensors == 0:
+            continue
+        share = min(1.0, layer.last_save_s / layer.fwd_s) if layer.fwd_s > 0 else 1.0
+        return sum(fwd_s[:i]) + share * fwd_s[i]
+    return 0.0
+
+
+def checkpoint_overhead_s(layers: Sequence[Layer], per_region_s: float, per_tensor_s: float) -> float:
+    """The host time of torch's checkpoint around one recomputed region of `layers`, beyond re-running them.
+
+    Per region (RNG state, the re-run's frame, stopping it) and per tensor the region's forward saves (a pack
+    hook in the forward and in the re-run, an unpack in the backward): hardware_profiles/recompute_overhead.py
+    measures both. Layers whose saves were not counted count none.
+    """
+    if not layers:
+        return 0.0
+    return per_region_s + per_tensor_s * sum(layer.saved_tensors or 0 for layer in layers)

@@ -1,0 +1,127 @@
+"""Recomputation's re-run is priced up to the last tensor a region saves (costmodels/recompute.py), as torch's
+non-reentrant checkpoint with early stop runs it (runtime/recompute.py)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from pipeplan.costmodels.graph import Layer
+from pipeplan.costmodels.model_file import load_model_file
+from pipeplan.costmodels.recompute import rerun_forward_s
+from pipeplan.costmodels.trace import trace
+from pipeplan.planner.predict import evaluate
+
+HERE = Path(__file__).resolve().parent
+MODEL = HERE / "recompute_model_tail.py"
+
+
+def layer(name, fwd_s, last_save_s, saves):
+    return Layer(name=name, fwd_s=fwd_s, last_save_s=last_save_s, saved_tensors=saves)
+
+
+def test_the_walk_back_from_the_region_end():
+    a = layer("a", 2.0, 1.9, 1)  # saves its output: runs (almost) whole
+    b = layer("b", 4.0, 0.1, 2)  # saves its inputs before computing: a Linear
+    c = layer("c", 1.0, 0.0, 0)  # saves nothing
+    device = [20.0, 40.0, 10.0]  # the device's times (the share of the traced time applies to them)
+    assert rerun_forward_s([a, b, c], device) == pytest.approx(20.0 + 40.0 * 0.1 / 4.0)
+    assert rerun_forward_s([a, c], device[::2]) == pytest.approx(20.0 * 1.9 / 2.0)
+    assert rerun_forward_s([c, c], [10.0, 10.0]) == 0.0
+    untimed = Layer(name="u", fwd_s=3.0)  # no save points: the whole forward up to it, as before
+    assert rerun_forward_s([a, untimed, c], [20.0, 30.0, 10.0]) == pytest.approx(50.0)
+
+
+def _rerun_progress(stage: torch.nn.Sequential) -> tuple[set[int], set[int]]:
+    """Which of the stage's modules the checkpoint's re-run started and finished (torch itself, no pricing)."""
+    started, finished, in_backward = set(), set(), [False]
+    for i, m in enumerate(stage):
+        m.register_forward_pre_hook(lambda mod, args, i=i: started.add(i) if in_backward[0] else None)
+        m.register_forward_hook(lambda mod, args, out, i=i: finished.add(i) if in_backward[0] else None)
+    spec = load_model_file(str(MODEL))
+    x = spec.example_inputs(8)[0]
+    out = checkpoint(stage, x, use_reentrant=False)
+    in_backward[0] = True
+    out.sum().backward()
+    return started, finished
+
+
+def test_traced_save_points_say_where_torchs_rerun_stops():
+    """For every prefix of the model as one checkpointed region, the re-run starts the layers up to the last one
+    that saves (by the trace's counts) and finishes every layer before it, as the pricing assumes."""
+    graph = trace(str(MODEL), 8, repeats=1, fvcore_check=False)
+    saves = [x.saved_tensors for x in graph.layers]
+    assert saves == [1, 1, 2, 0, 1, 0, 2, 0]  # Linear(16,32)'s input needs no gradient: one save
+    model = load_model_file(str(MODEL)).build()
+    for k in range(1, len(model) + 1):
+        last = max(i for i in range(k) if saves[i] > 0)
+        started, finished = _rerun_progress(torch.nn.Sequential(*list(model)[:k]))
+        assert started == set(range(last + 1)), k
+        assert finished == set(range(last)), k
+    shares = {x.name: x.last_save_s / x.fwd_s for x in graph.layers if x.fwd_s > 0 and x.saved_tensors}
+    assert shares["4"] > 0.5  # a ReLU saves its output: the re-run computes it
+
+
+def test_a_recompute_plan_charges_the_rerun_up_to_the_last_save():
+    from pipeplan.hardware_profiles import load_profile
+    from pipeplan.planner.problem import build_problem
+
+    graph = trace(str(MODEL), 8, repeats=2, fvcore_check=False)
+    profile = load_profile("a100-80gb")
+    plan = evaluate(graph, profile, [0, 0, 0, 0, 1, 1, 1, 1], schedule="1f1b", microbatches=2, batch_size=16,
+                    recompute=True, times="measured")
+    fwd = build_problem(graph, profile, microbatch_size=8, times="measured").fwd_s
+    rerun = [p.compute_s - p.fwd_s - p.bwd_s for p in (st.predicted for st in plan.stages)]
+    # stage 0 ends in a scale (saves nothing) after a Linear: the re-run stops inside that Linear; stage 1 ends
+    # likewise after the last Linear
+    lin0, lin1 = graph.layers[2], graph.layers[6]
+    assert rerun[0] == pytest.approx(sum(fwd[:2]) + fwd[2] * lin0.last_save_s / lin0.fwd_s)
+    assert rerun[1] == pytest.approx(sum(fwd[4:6]) + fwd[6] * lin1.last_save_s / lin1.fwd_s)
+    assert rerun[0] < sum(fwd[:4]) and rerun[1] < sum(fwd[4:])
+
+
+@pytest.mark.parametrize("schedule, chunks", [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("zb-v", 2), ("pipedream", 1)])
+def test_show_resimulates_a_recompute_plan_to_its_prediction(schedule, chunks):
+    """`show` rebuilds the timeline from the stored stage predictions, where compute_s holds every re-run (two per
+    microbatch under zero bubble): it must give the plan's own iteration time."""
+    from pipeplan.hardware_profiles import load_profile
+    from pipeplan.planner.replay import simulate_from_plan
+
+    graph = trace(str(MODEL), 8, repeats=1, fvcore_check=False)
+    per = 8 // (2 * chunks)
+    plan = evaluate(graph, load_profile("a100-80gb"), [s for s in range(2 * chunks) for _ in range(per)],
+                    schedule=schedule, microbatches=4, batch_size=32, chunks=chunks, recompute=True,
+                    times="measured")
+    assert simulate_from_plan(plan).iteration_s == pytest.approx(plan.predicted.iteration_s, rel=1e-9)
+
+
+def test_checkpoint_overhead_fit_and_pricing(monkeypatch):
+    """calibrate's line through (saved tensors, extra time) gives back the line its points came from, and the
+    planner adds per region + per saved tensor to a stage's re-run (counted from the trace)."""
+    from pipeplan.costmodels.recompute import checkpoint_overhead_s as price
+    from pipeplan.hardware_profiles import recompute_overhead
+
+    region_s, tensor_s = 3e-4, 2.5e-5
+    monkeypatch.setattr(recompute_overhead, "_extra_s", lambda pairs: (region_s + tensor_s * 3 * pairs, 3 * pairs))
+    assert recompute_overhead.checkpoint_overhead_s() == pytest.approx((region_s, tensor_s))
+    layers = [layer("a", 1.0, 0.5, 3), layer("b", 1.0, 0.1, 2), Layer(name="untimed", fwd_s=1.0)]
+    assert price(layers, region_s, tensor_s) == pytest.approx(region_s + 5 * tensor_s)
+    assert price([], region_s, tensor_s) == 0.0
+
+
+def test_a_local_profiles_checkpoint_time_is_in_the_plan():
+    import dataclasses
+
+    from pipeplan.hardware_profiles import load_profile
+
+    graph = trace(str(MODEL), 8, repeats=1, fvcore_check=False)
+    base = load_profile("a100-80gb")
+    costly = dataclasses.replace(base, recompute_overhead_s=1e-3, recompute_tensor_s=1e-4)
+    kw = dict(schedule="1f1b", microbatches=2, batch_size=16, recompute=True, times="measured")
+    split = [0, 0, 0, 0, 1, 1, 1, 1]
+    a, b = evaluate(graph, base, split, **kw), evaluate(graph, costly, split, **kw)
+    saves = [sum(x.saved_tensors for x in graph.layers[:4]), sum(x.saved_tensors for x in graph.layers[4:])]
+    for s in range(2):
+        assert b.stages[s].predicted.compute_s - a.stages[s].predicted.compute_s == pytest.approx(
+            1e-3 + 1e-4 * saves[s])
