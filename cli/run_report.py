@@ -27,7 +27,7 @@ def render_table(doc: dict[str, Any], console) -> None:
               caption="ms/mb: one microbatch; device peak: the whole device (all its stages), as the plan predicts it"
                       + ("; bwd: with the recomputed forward" if plan.get("recompute") else ""))
     # the backward re-runs the forward up to its last save (runtime/recompute.py); compute_s counts every re-run
-    reruns = 2 if facts(plan["schedule"]).splits_backward else 1
+    reruns = facts(plan["schedule"]).reruns_per_microbatch
     for col in ("stage", "rank", "fwd ms/mb", "pred", "bwd ms/mb", "pred", "compute ms/step", "wait ms/step",
                 "device peak MiB", "pred"):
         t.add_column(col, justify="right")

@@ -146,6 +146,13 @@ class ScheduleFacts:
     update into the stage times; every other schedule updates once per iteration (its plan's M microbatches),
     after the data-parallel all-reduce, and the simulator plays both."""
 
+    @property
+    def reruns_per_microbatch(self) -> int:
+        """How often recomputation re-runs a stage's forward per microbatch: once per backward pass, so twice where
+        B and W run apart (non-reentrant checkpointing frees the re-run's tensors after B: runtime/recompute.py).
+        A plan's `compute_s` counts them all; `show` and `run` divide by this to get one re-run back."""
+        return 2 if self.splits_backward else 1
+
 
 def _one_f_one_b_microbatches(stages: int, microbatches: int) -> str | None:
     """torch's Schedule1F1B refuses fewer microbatches than stages (schedules.py: "Number of microbatches

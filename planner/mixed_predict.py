@@ -102,7 +102,7 @@ def _own_times(plan: Plan, problems: dict[int, Problem], assignment: Sequence[in
                rec: Sequence[float]) -> None:
     """Each stage's reported fwd/bwd from its own type's problem (`assemble_plan` sums one problem's); `rec`: each
     stage's re-run under recomputation, from its own type's inputs (0 without)."""
-    reruns = 2 if facts(plan.schedule).splits_backward else 1  # B and W each re-run the forward (predict_report)
+    reruns = facts(plan.schedule).reruns_per_microbatch
     for s, g in enumerate(types):
         f = float(sum(problems[g].fwd_s[i] for i, a in enumerate(assignment) if a == s))
         b = float(sum(problems[g].bwd_s[i] for i, a in enumerate(assignment) if a == s))

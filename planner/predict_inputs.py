@@ -296,7 +296,7 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
 
 
 def rerun_times(problem: Problem, graph: Graph, profile: HardwareProfile, assignment: Sequence[int], S: int,
-                slow: float = 1.0) -> list[float]:
+                slow: float) -> list[float]:
     """Each stage's re-run under recomputation: its forward up to its last saved tensor, plus the host time of
     torch's checkpoint around it, per stage and per tensor its forward saves (costmodels/recompute.py)."""
     layers: list[list[Layer]] = [[] for _ in range(S)]

@@ -36,7 +36,7 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, sche
     P = S // chunks
     # recomputation re-runs the forward once per backward pass: twice where B and W run apart (simulate._busy_s;
     # DualPipeV's whole backwards re-run it once, so there this per-microbatch figure is an upper bound)
-    reruns = (2 if facts(schedule).splits_backward else 1) if recompute else 0
+    reruns = facts(schedule).reruns_per_microbatch if recompute else 0
     whole = facts(schedule).replicates_whole_pipeline
     stages = []
     for s in range(S):

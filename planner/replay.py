@@ -82,8 +82,7 @@ def simulate_from_plan(plan: Plan) -> SimResult:
                    overlap=plan.collectives_overlap, slowdown=plan.overlap_slowdown)
     bwd = op_times([(x.bwd_s + a) / k for x, a, k in zip(p, folded, r, strict=True)], [x.bwd_comm_s for x in p],
                    overhead, overlap=plan.collectives_overlap, slowdown=plan.overlap_slowdown)
-    # compute_s counts every re-run of the forward: two per microbatch where B and W run apart (predict_report)
-    reruns = 2 if rule.splits_backward else 1
+    reruns = rule.reruns_per_microbatch  # compute_s counts every re-run of the forward
     recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) / (k * reruns) for x, k in zip(p, r, strict=True)]
     return simulate(
         plan.schedule,

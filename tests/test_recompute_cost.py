@@ -17,6 +17,12 @@ HERE = Path(__file__).resolve().parent
 MODEL = HERE / "recompute_model_tail.py"
 
 
+@pytest.fixture(scope="module")
+def graph():
+    """The tail model traced once for the module (timed: the save points come from the timing pass)."""
+    return trace(str(MODEL), 8, repeats=2, fvcore_check=False)
+
+
 def layer(name, fwd_s, last_save_s, saves):
     return Layer(name=name, fwd_s=fwd_s, last_save_s=last_save_s, saved_tensors=saves)
 
@@ -47,10 +53,9 @@ def _rerun_progress(stage: torch.nn.Sequential) -> tuple[set[int], set[int]]:
     return started, finished
 
 
-def test_traced_save_points_say_where_torchs_rerun_stops():
+def test_traced_save_points_say_where_torchs_rerun_stops(graph):
     """For every prefix of the model as one checkpointed region, the re-run starts the layers up to the last one
     that saves (by the trace's counts) and finishes every layer before it, as the pricing assumes."""
-    graph = trace(str(MODEL), 8, repeats=1, fvcore_check=False)
     saves = [x.saved_tensors for x in graph.layers]
     assert saves == [1, 1, 2, 0, 1, 0, 2, 0]  # Linear(16,32)'s input needs no gradient: one save
     model = load_model_file(str(MODEL)).build()
@@ -63,11 +68,10 @@ def test_traced_save_points_say_where_torchs_rerun_stops():
     assert shares["4"] > 0.5  # a ReLU saves its output: the re-run computes it
 
 
-def test_a_recompute_plan_charges_the_rerun_up_to_the_last_save():
+def test_a_recompute_plan_charges_the_rerun_up_to_the_last_save(graph):
     from pipeplan.hardware_profiles import load_profile
     from pipeplan.planner.problem import build_problem
 
-    graph = trace(str(MODEL), 8, repeats=2, fvcore_check=False)
     profile = load_profile("a100-80gb")
     plan = evaluate(graph, profile, [0, 0, 0, 0, 1, 1, 1, 1], schedule="1f1b", microbatches=2, batch_size=16,
                     recompute=True, times="measured")
@@ -82,13 +86,12 @@ def test_a_recompute_plan_charges_the_rerun_up_to_the_last_save():
 
 
 @pytest.mark.parametrize("schedule, chunks", [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("zb-v", 2), ("pipedream", 1)])
-def test_show_resimulates_a_recompute_plan_to_its_prediction(schedule, chunks):
+def test_show_resimulates_a_recompute_plan_to_its_prediction(graph, schedule, chunks):
     """`show` rebuilds the timeline from the stored stage predictions, where compute_s holds every re-run (two per
     microbatch under zero bubble): it must give the plan's own iteration time."""
     from pipeplan.hardware_profiles import load_profile
     from pipeplan.planner.replay import simulate_from_plan
 
-    graph = trace(str(MODEL), 8, repeats=1, fvcore_check=False)
     per = 8 // (2 * chunks)
     plan = evaluate(graph, load_profile("a100-80gb"), [s for s in range(2 * chunks) for _ in range(per)],
                     schedule=schedule, microbatches=4, batch_size=32, chunks=chunks, recompute=True,
@@ -110,12 +113,11 @@ def test_checkpoint_overhead_fit_and_pricing(monkeypatch):
     assert price([], region_s, tensor_s) == 0.0
 
 
-def test_a_local_profiles_checkpoint_time_is_in_the_plan():
+def test_a_local_profiles_checkpoint_time_is_in_the_plan(graph):
     import dataclasses
 
     from pipeplan.hardware_profiles import load_profile
 
-    graph = trace(str(MODEL), 8, repeats=1, fvcore_check=False)
     base = load_profile("a100-80gb")
     costly = dataclasses.replace(base, recompute_overhead_s=1e-3, recompute_tensor_s=1e-4)
     kw = dict(schedule="1f1b", microbatches=2, batch_size=16, recompute=True, times="measured")
