@@ -170,6 +170,8 @@ def run_plan(plan_path: Path, steps: int, warmup: int) -> dict:
 
 def run_round(profile, args, console, tmp: Path, rnd: int) -> tuple[list[dict], dict]:
     """Every case once: per configuration trace, plan and run; then the single-process baseline."""
+    from pipeplan.schedules import facts
+
     rows, speedup = [], {}
     for name, batch, m, repeats, steps in CASES:
         if name not in args.examples:
@@ -188,8 +190,11 @@ def run_round(profile, args, console, tmp: Path, rnd: int) -> tuple[list[dict], 
             doc = run_plan(plan_path, steps, args.warmup)
             meas, pred = doc["measured"]["iteration_s"], plan.predicted.iteration_s
             compute_meas = sum(st["compute_s"] for st in doc["measured"]["stages"])
-            # every replica of a stage computes its M microbatches (the measured records are per rank)
-            compute_pred = sum(st.predicted.compute_s * st.replicas for st in plan.stages) * plan.microbatches
+            # every replica of a stage computes its M microbatches (the measured records are per rank); compute_s
+            # prices accumulating backwards, the first of a step (every one of async PipeDream's) writes fresh ones
+            fresh = plan.microbatches if facts(plan.schedule).updates_each_microbatch else 1
+            compute_pred = sum((st.predicted.compute_s * plan.microbatches - st.predicted.fresh_grad_s * fresh)
+                               * st.replicas for st in plan.stages)
             rows.append({"example": name, "schedule": schedule, "batch": batch, "M": plan.microbatches, "steps": steps,
                          "overhead_s": [st.predicted.op_overhead_s for st in plan.stages], "measured_s": meas, "predicted_s": pred,
                          "error": (meas - pred) / pred, "compute_ratio": compute_meas / compute_pred,

@@ -76,6 +76,9 @@ class Layer:
     # this layer's last save, and how many tensors it saves; None: not timed (the re-run is priced as a whole forward).
     last_save_s: float | None = None
     saved_tensors: int | None = None
+    # of bwd_s, the in-place adds into existing weight gradients, which a backward into fresh ones (each stage's first
+    # of a step) skips (costmodels/accumulate.py); None: not timed (every backward priced as accumulating)
+    grad_accumulate_s: float | None = None
 
 
 def weight_grad_share(layer: Layer) -> float:

@@ -81,25 +81,27 @@ def _check_weight_grad(f: Fields, layer: Any, field: str) -> None:
         f.integer(w, f"{field}.bwd_weight_flops")
     if w is not None and w > layer.get("bwd_flops", 0):
         raise f.fail(f"{field}.bwd_weight_flops", w, "at most the layer's bwd_flops (W is part of the backward)")
-    ws = layer.get("bwd_weight_s")
-    if ws is None:
-        return
-    f.number(ws, f"{field}.bwd_weight_s")
-    if ws > layer.get("bwd_s", 0.0):
-        raise f.fail(f"{field}.bwd_weight_s", ws, "at most the layer's bwd_s (W is part of the backward)")
+    _check_part_of(f, layer, field, "bwd_weight_s", "bwd_s", "W is part of the backward")
 
 
 def _check_save_point(f: Fields, layer: Any, field: str) -> None:
-    """Optional `last_save_s` (within the forward) and `saved_tensors` (a count), null or absent: not timed."""
+    """Optional `last_save_s` (within the forward) and `saved_tensors` (a count), null or absent: not timed;
+    optional `grad_accumulate_s` (within the backward)."""
     n = layer.get("saved_tensors")
     if n is not None:
         f.integer(n, f"{field}.saved_tensors")
-    t = layer.get("last_save_s")
+    _check_part_of(f, layer, field, "last_save_s", "fwd_s", "the save is part of the forward")
+    _check_part_of(f, layer, field, "grad_accumulate_s", "bwd_s", "the adds are part of the backward")
+
+
+def _check_part_of(f: Fields, layer: Any, field: str, key: str, whole: str, why: str) -> None:
+    """An optional time (null or absent: not measured) that is a part of the layer's time `whole`."""
+    t = layer.get(key)
     if t is None:
         return
-    f.number(t, f"{field}.last_save_s")
-    if t > layer.get("fwd_s", 0.0):
-        raise f.fail(f"{field}.last_save_s", t, "at most the layer's fwd_s (the save is part of the forward)")
+    f.number(t, f"{field}.{key}")
+    if t > layer.get(whole, 0.0):
+        raise f.fail(f"{field}.{key}", t, f"at most the layer's {whole} ({why})")
 
 
 def _check_parts(f: Fields, layer: Any, field: str, part_kinds: tuple[str, ...]) -> None:

@@ -28,6 +28,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 from torch.utils.hooks import RemovableHandle
 
+from pipeplan.costmodels.accumulate import accumulate_times
 from pipeplan.costmodels.model_file import ModelSpec
 from pipeplan.errors import UserError
 
@@ -354,6 +355,8 @@ class Timing:
     node_overhead_s: float = 0.0  # the interpreter's time per node, taken out of the forward times (`_compiled_forward`)
     last_save_share: list[float] = field(default_factory=list)  # of each layer's forward, the part up to its last save
     saved_tensors: list[int] = field(default_factory=list)  # tensors each layer's forward saves for backward
+    # of each layer's backward, the adds into existing weight gradients a fresh one skips (costmodels/accumulate.py)
+    grad_accumulate_s: list[float] = field(default_factory=list)
 
 
 def _one_step(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, args: list[Any], target: Any,
@@ -427,10 +430,13 @@ def _device_of(args: list[Any]) -> torch.device:
 
 def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: tuple[Any, ...],
               target: Any, layer_of: dict[str, int], nlayers: int, *, repeats: int | None, budget_s: float = 10.0,
-              progress: Callable[[str, int, int], None] | None = None) -> Timing:
+              progress: Callable[[str, int, int], None] | None = None,
+              owned_params: Sequence[Sequence[str]] | None = None) -> Timing:
     """Warm-up, then `repeats` timed steps (default: as many as fit in budget_s, 1 to 10); medians per layer.
 
     On a CUDA device the layers are timed with CUDA events (`CudaEventMarks`), elsewhere with perf_counter.
+    `owned_params[i]`: the names of the parameters layer i owns, whose gradient adds are then timed too
+    (costmodels/accumulate.py).
     """
     args = program_args(ep, model, [t for t in pytree.tree_leaves(inputs)])
     marks = marks_for(_device_of(args))
@@ -460,6 +466,11 @@ def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
         runs.append(_one_step(ep, model, spec, args, target, layer_of, nlayers, marks))
     if progress:
         progress("timing layers", repeats, repeats)
+    accumulate: list[float] = []
+    if owned_params is not None:  # on the gradients the timed steps left
+        named = dict(model.named_parameters(remove_duplicate=False))
+        owned = [[named[name] for name in names if name in named] for names in owned_params]
+        accumulate = accumulate_times(owned, marks, passes=min(3, repeats))
     for p in model.parameters():
         p.grad = None
     fwd = [statistics.median(r[0][i] for r in runs) for i in range(nlayers)]
@@ -469,7 +480,8 @@ def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
     fwd, per_node = _compiled_forward(ep, spec, args, target, fwd, layer_of, repeats, marks)
     share, saves = save_points(ep, spec, args, target, layer_of, nlayers, marks, passes=min(3, repeats))
     return Timing(fwd_s=fwd, bwd_s=bwd, bwd_weight_s=wgrad, step_s=[r[2] for r in runs], warmup_s=warm,
-                  repeats=repeats, node_overhead_s=per_node, last_save_share=share, saved_tensors=saves)
+                  repeats=repeats, node_overhead_s=per_node, last_save_share=share, saved_tensors=saves,
+                  grad_accumulate_s=accumulate)
 
 
 def save_points(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[Any], target: Any,

@@ -266,7 +266,7 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
         keep_freed_memory()  # as the runtime's ranks run: see hardware_profiles/allocator.py
         with out_of_memory_as_user_error(spec.path, "timing the layers"):
             timing = measure.time_pass(ep, model, spec, inputs, target, layer_of, n, repeats=repeats,
-                                       progress=report)
+                                       progress=report, owned_params=_owned_params(model, graph.layers))
         fwd_s, bwd_s, graph.source["repeats"] = timing.fwd_s, timing.bwd_s, timing.repeats
         bwd_weight_s = timing.bwd_weight_s
     nodes = {node.name: node for node in ep.graph.nodes}
@@ -289,12 +289,28 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
         if timing is not None and timing.saved_tensors:
             layer.last_save_s = layer.fwd_s * timing.last_save_share[i]
             layer.saved_tensors = timing.saved_tensors[i]
+        if timing is not None and timing.grad_accumulate_s:
+            layer.grad_accumulate_s = min(layer.bwd_s, timing.grad_accumulate_s[i])
         layer.saved_bytes = int(counts.saved_bytes[i])
         layer.kind = _refine_kind(layer, counts.node_flops, family)
         layer.parts = with_loss(cost_parts([nodes[x] for x in layer.nodes if x in nodes], counts.node_flops,
                                            params, layer.bwd_flops), loss_read[i])
     graph.peak_activation_bytes = int(counts.peak_saved_bytes)
     return blocks.Measured(graph, counts.node_flops, family)
+
+
+def _owned_params(model: torch.nn.Module, layers: list[Layer]) -> list[list[str]]:
+    """Per layer, the names of the parameters it owns: a tied tensor once, at its first user (as param_bytes)."""
+    named = dict(model.named_parameters(remove_duplicate=False))
+    seen: set[int] = set()
+    owned: list[list[str]] = []
+    for layer in layers:
+        owned.append([])
+        for fqn in layer.params:
+            if fqn in named and id(named[fqn]) not in seen:
+                seen.add(id(named[fqn]))
+                owned[-1].append(fqn)
+    return owned
 
 
 def _weight_grad_s(layer: Layer, measured_s: float) -> float:

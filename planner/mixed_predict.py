@@ -32,7 +32,7 @@ __all__ = ["mixed_predict", "mixed_ranks"]
 
 GIB = 2**30
 _FIELDS = ("fwd", "bwd", "rec", "send", "allreduce", "fwd_comm", "bwd_comm", "send_bytes", "static", "act", "rbytes",
-           "memory", "msg_bytes", "optimizer")
+           "memory", "msg_bytes", "optimizer", "fresh")
 
 
 def mixed_ranks(cluster: Cluster, types: Sequence[int], replicas: int) -> list[list[int]]:

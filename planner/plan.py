@@ -51,6 +51,9 @@ class StagePrediction:
     fwd_comm_s: float = 0.0  # ZeRO-3: all-gather of every forward (overlapped: the op takes the longer)
     bwd_comm_s: float = 0.0  # ZeRO-2/3: collectives of every backward (likewise)
     wgrad_s: float = 0.0  # zero bubble: of bwd_s, the weight-gradient pass W (0 elsewhere)
+    # what a backward into fresh gradients saves (the stage's first of an update; every one for PipeDream): bwd_s
+    # and compute_s price accumulating backwards (costmodels/accumulate.py)
+    fresh_grad_s: float = 0.0
 
 
 @dataclass

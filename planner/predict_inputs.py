@@ -86,6 +86,7 @@ class StageInputs:
     optimizer: list[float] = field(default_factory=list)  # each stage's optimizer step (PipeDream: folded into bwd)
     wgrad: list[float] = field(default_factory=list)  # of bwd, the weight-gradient part W (zero bubble: _wgrad)
     tied: list[list[int]] = field(default_factory=list)  # stages holding one tied parameter (shared_stages)
+    fresh: list[float] = field(default_factory=list)  # of bwd (W), what a backward into fresh gradients saves
 
 
 def contiguous(assignment: Sequence[int]) -> bool:
@@ -233,6 +234,18 @@ def _wgrad(problem: Problem, graph: Graph, assignment: Sequence[int], S: int, sl
     return w
 
 
+def _fresh_saving(problem: Problem, graph: Graph, assignment: Sequence[int], S: int, slow: float) -> list[float]:
+    """What each stage's backward saves when it writes fresh gradients instead of adding into existing ones:
+    every layer's backward time times its traced share of adds (`grad_accumulate_s`, costmodels/accumulate.py);
+    0 for a layer whose adds were not timed (analytic, imported, untimed or older graphs)."""
+    share = {layer.name: min(1.0, layer.grad_accumulate_s / layer.bwd_s)
+             for layer in graph.layers if layer.grad_accumulate_s is not None and layer.bwd_s > 0}
+    out = [0.0] * S
+    for i in range(problem.n):
+        out[assignment[i]] += slow * problem.bwd_s[i] * share.get(problem.names[i], 0.0)
+    return out
+
+
 def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: Sequence[int],
                    out_bytes: Sequence[int], reps: Sequence[int]) -> list[MemoryBreakdown]:
     """Peak memory of each pipeline device (all its chunks), from `stage_memory`."""
@@ -276,10 +289,12 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     rc = config.recompute
     rec = rerun_times(problem, graph, profile, assignment, S, slow) if rc else [0.0] * S
     fwd, bwd = list(sums.f), list(sums.b)
+    fresh = _fresh_saving(problem, graph, assignment, S, slow)
     if not facts(config.schedule).replicates_whole_pipeline:  # a stage with r replicas takes every r-th microbatch
         fwd = [sums.f[s] / reps[s] for s in range(S)]
         bwd = [(sums.b[s] + allreduce[s] + opt[s]) / reps[s] for s in range(S)]  # PipeDream updates every microbatch
         rec = [rec[s] / reps[s] for s in range(S)]
+        fresh = [fresh[s] / reps[s] for s in range(S)]
     memory = _device_memory(config, request, sums, in_bytes, out_bytes, reps)
     # Simulator memory: the device's fixed part, and per microbatch what stays until its backward.
     static = [m.weights_bytes + m.optimizer_bytes + m.gathered_bytes + m.buffer_bytes for m in memory]
@@ -291,8 +306,10 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     msg = [(in_bytes[s] if s > 0 and remote[s - 1] else 0) + (out_bytes[s] if s < S - 1 and remote[s] else 0)
            for s in range(S)]
     wgrad = _wgrad(problem, graph, assignment, S, slow) if facts(config.schedule).splits_backward else []
+    if wgrad:  # the adds are part of W (autograd's AccumulateGrad runs in the weight pass)
+        fresh = [min(f, w) for f, w in zip(fresh, wgrad, strict=True)]
     return StageInputs(fwd, bwd, rec, send, allreduce, sync.fwd, sync.bwd, out_bytes, static, act, rbytes, memory,
-                       msg, opt, wgrad, [list(used) for _, used in shared])
+                       msg, opt, wgrad, [list(used) for _, used in shared], fresh)
 
 
 def rerun_times(problem: Problem, graph: Graph, profile: HardwareProfile, assignment: Sequence[int], S: int,

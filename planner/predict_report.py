@@ -43,7 +43,8 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, sche
         mem = x.memory[stage_device(schedule, s, P)]
         f_s = slow * float(sum(problem.fwd_s[i] for i in range(n) if assignment[i] == s))
         b_s = slow * float(sum(problem.bwd_s[i] for i in range(n) if assignment[i] == s))
-        rec_s = float(x.rec[s]) * (1 if whole else reps[s])  # x.rec is per replica where replicas share a stage's work
+        per_replica = 1 if whole else reps[s]  # x.rec and x.fresh are per replica where replicas share a stage's work
+        rec_s = float(x.rec[s]) * per_replica
         stages.append(Stage(
             index=s,
             layers=[problem.names[i] for i in range(n) if assignment[i] == s],
@@ -59,6 +60,7 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, sche
                 activation_bytes=int(mem.activation_bytes + mem.buffer_bytes), op_overhead_s=float(overhead_s[s]),
                 fwd_comm_s=float(x.fwd_comm[s]), bwd_comm_s=float(x.bwd_comm[s]),
                 wgrad_s=float(x.wgrad[s]) if x.wgrad else 0.0,
+                fresh_grad_s=float(x.fresh[s]) * per_replica if x.fresh else 0.0,
             ),
         ))
     return stages

@@ -96,4 +96,5 @@ def simulate_from_plan(plan: Plan) -> SimResult:
         wgrad_s=[x.wgrad_s for x in p] if rule.splits_backward and any(x.wgrad_s for x in p) else None,
         optimizer_s=None if rule.updates_each_microbatch else [x.optimizer_s for x in p],
         tied_stages=plan.tied_stages or None,
+        fresh_grad_s=[x.fresh_grad_s / k for x, k in zip(p, r, strict=True)] if any(x.fresh_grad_s for x in p) else None,
     )

@@ -214,6 +214,12 @@ class _SimInputs:
     optimizer: tuple[float, ...] = ()  # each stage's optimizer step after its all-reduce (flushing schedules)
     wgrad: tuple[float, ...] = ()  # the weight-gradient part W of each bwd (zero bubble; empty otherwise)
     tied: tuple[tuple[int, ...], ...] = ()  # without a flush: stages whose updates meet (a tied parameter's holders)
+    fresh: tuple[float, ...] = ()  # of bwd (W), what a backward into fresh gradients saves (_fresh_times)
+
+    @property
+    def update_every(self) -> int:
+        """Microbatches per update: gradients are cleared after it, so the next backward writes fresh ones."""
+        return 1 if self.schedule.updates_each_microbatch else self.microbatches
 
 
 def _check_lengths(name: str, values: Iterable[_Num], n: int) -> tuple[_Num, ...]:
@@ -300,6 +306,17 @@ def _wgrad_times(schedule: ScheduleFacts, wgrad_s: Sequence[float] | None, bwd: 
     return w
 
 
+def _fresh_times(fresh_s: Sequence[float] | None, bwd: tuple[float, ...], wgrad: tuple[float, ...]) -> tuple[float, ...]:
+    """What each stage's first backward of an update saves by writing fresh gradients (costmodels/accumulate.py):
+    part of its backward, of its W where the schedule splits the backward (W makes the weight gradients)."""
+    if fresh_s is None:
+        return ()
+    out = _check_lengths("fresh_grad_s", fresh_s, len(bwd))
+    if any(x > w for x, w in zip(out, wgrad or bwd, strict=True)):
+        raise ValueError("fresh_grad_s has an entry larger than its stage's weight-gradient time (it is part of it)")
+    return out
+
+
 def _tied_groups(schedule: ScheduleFacts, tied_stages: Sequence[Sequence[int]] | None,
                  stages: int) -> tuple[tuple[int, ...], ...]:
     """Groups of two or more stages that hold one tied parameter. Only schedules without a flush use them:
@@ -317,7 +334,7 @@ def _update_points(inp: _SimInputs, stream: int) -> list[Order]:
     orders = _orders(inp.schedule.name, inp.devices, inp.chunks, stream)
     if not inp.tied:  # the search's inner loop: no copy of the orders
         return orders
-    every = 1 if inp.schedule.updates_each_microbatch else inp.microbatches
+    every = inp.update_every
     tied = {s for g in inp.tied for s in g}
     return [[op for kind, s, m in order
              for op in ([(kind, s, m), ("U", s, m)] if kind == "B" and s in tied and m % every == every - 1
@@ -340,6 +357,7 @@ def _validate(
     optimizer_s: Sequence[float] | None = None,
     wgrad_s: Sequence[float] | None = None,
     tied_stages: Sequence[Sequence[int]] | None = None,
+    fresh_grad_s: Sequence[float] | None = None,
 ) -> _SimInputs:
     """Check and normalise `simulate`'s arguments (see its docstring), raising on the first problem."""
     S = len(fwd_s)
@@ -350,6 +368,7 @@ def _validate(
     send = list(send_s)
     if len(send) == S - 1:
         send.append(0)
+    wgrad = _wgrad_times(schedule_facts, wgrad_s, bwd)
     return _SimInputs(
         schedule=schedule_facts, stages=S, devices=K, chunks=chunks, microbatches=microbatches,
         device_of=tuple(stage_device(schedule, s, K) for s in range(S)),
@@ -360,8 +379,9 @@ def _validate(
         static_bytes=_optional("static_bytes", static_bytes, K),
         allreduce=_allreduce_times(schedule_facts, allreduce_s, S),
         optimizer=_optimizer_times(schedule_facts, optimizer_s, S),
-        wgrad=_wgrad_times(schedule_facts, wgrad_s, bwd),
+        wgrad=wgrad,
         tied=_tied_groups(schedule_facts, tied_stages, S),
+        fresh=_fresh_times(fresh_grad_s, bwd, wgrad),
     )
 
 
@@ -436,6 +456,7 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
     f_start, f_end, f_arrive, b_end, b_arrive = run.f_start, run.f_end, run.f_arrive, run.b_end, run.b_arrive
     free, mem_deltas, w_end = run.free, run.mem_deltas, run.w_end
     split, wgrad = inp.schedule.splits_backward, inp.wgrad or (0,) * S
+    fresh, every = inp.fresh or (0,) * S, inp.update_every  # the first backward of an update writes fresh gradients
     events = run.events if keep_events else None
     send = _Links(K, events).send
     dev = inp.device_of
@@ -463,7 +484,7 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
                     if rec[s] and events is not None:  # recomputation re-runs the forward for W too (_busy_s)
                         events.append(Event(d, s, s // K, m, "recompute", start, start + rec[s]))
                     start += rec[s]
-                    end = start + wgrad[s]
+                    end = start + wgrad[s] - (fresh[s] if m % every == 0 else 0)
                     w_end[s][m] = end
                     mem_deltas[d].append((end, 0, -(act[s] + rbytes[s])))
                     if events is not None:
@@ -492,7 +513,8 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
                             events.append(Event(d, s, s // K, m, "recompute", start, start + rec[s]))
                         start = start + rec[s]
                     whole = not split or kind == "BW"
-                    end = start + bwd[s] - (0 if whole else wgrad[s])
+                    saved = fresh[s] if whole and m % every == 0 else 0
+                    end = start + bwd[s] - (0 if whole else wgrad[s]) - saved
                     b_end[s][m] = end
                     b_arrive[s][m] = send(d, dev[s - 1], end, sends[s - 1], s, m) if s > 0 else end
                     if whole:
@@ -501,8 +523,8 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
                     if events is not None:
                         events.append(Event(d, s, s // K, m, "bwd", start, end))
                         if split and kind == "BW" and wgrad[s]:  # drawn as its two parts, like B then W
-                            events[-1].end_s = end - wgrad[s]
-                            events.append(Event(d, s, s // K, m, "wgrad", end - wgrad[s], end))
+                            events[-1].end_s = end - (wgrad[s] - saved)
+                            events.append(Event(d, s, s // K, m, "wgrad", end - (wgrad[s] - saved), end))
                 free[d] = end
                 ptr[d] += 1
                 remaining -= 1
@@ -528,8 +550,10 @@ def _busy_s(inp: _SimInputs, orders: list[Order]) -> list[float]:
     split W of the iteration adds one more re-run; a whole backward ("BW") re-runs it once.
     """
     busy: list[float] = [0] * inp.devices
+    fresh_backwards = inp.microbatches // inp.update_every
     for s in range(inp.stages):
         busy[inp.device_of[s]] += inp.microbatches * (inp.fwd[s] + inp.bwd[s] + inp.recompute[s])
+        busy[inp.device_of[s]] -= fresh_backwards * (inp.fresh[s] if inp.fresh else 0)
     if inp.schedule.splits_backward and any(inp.recompute):
         for order in orders:
             for kind, s, m in order:
@@ -644,6 +668,7 @@ def simulate(
     optimizer_s: Sequence[float] | None = None,
     wgrad_s: Sequence[float] | None = None,
     tied_stages: Sequence[Sequence[int]] | None = None,
+    fresh_grad_s: Sequence[float] | None = None,
     keep_events: bool = True,
 ) -> SimResult:
     """Play a pipeline schedule out and measure time, bubbles and memory.
@@ -659,10 +684,12 @@ def simulate(
     bubble; default half of bwd_s, see _wgrad_times).
     `tied_stages`: groups of stages holding one tied parameter; without a flush each holder's update waits
     for every holder's backward of the same microbatch (PipeDream; 2BW: of the window's last), then all go on.
+    `fresh_grad_s[i]`: what stage i's first backward after its gradients were cleared saves (part of its W under
+    zero bubble): its first of the iteration, every one for async PipeDream, a window's first for PipeDream-2BW.
     `keep_events=False` skips building the Event list (the search's fast path).
     """
     inp = _validate(schedule, fwd_s, bwd_s, send_s, microbatches, chunks, static_bytes, activation_bytes_per_mb,
-                    allreduce_s, recompute_s, recompute_bytes, optimizer_s, wgrad_s, tied_stages)
+                    allreduce_s, recompute_s, recompute_bytes, optimizer_s, wgrad_s, tied_stages, fresh_grad_s)
     stream = _stream_length(inp)
     run = _Run.empty(inp.stages, inp.devices, stream)
     orders = _update_points(inp, stream)

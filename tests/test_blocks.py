@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 HAS_HF = importlib.util.find_spec("transformers") is not None
 needs_hf = pytest.mark.skipif(not HAS_HF, reason="transformers not installed")
-TIMES = ("fwd_s", "bwd_s", "bwd_weight_s", "last_save_s")  # bwd_weight_s, last_save_s: null when not timed
+# bwd_weight_s, last_save_s, grad_accumulate_s: null when not timed
+TIMES = ("fwd_s", "bwd_s", "bwd_weight_s", "last_save_s", "grad_accumulate_s")
 
 
 def comparable(graph):

@@ -74,6 +74,8 @@ def without_times(graph: Graph) -> dict:
         assert w is None or w >= 0
         saves, upto = layer.pop("saved_tensors"), layer.pop("last_save_s")  # likewise
         assert (saves is None) == (upto is None) and (upto is None or upto >= 0)
+        adds = layer.pop("grad_accumulate_s")  # likewise
+        assert adds is None or 0 <= adds
     doc["totals"] = {k: v for k, v in doc["totals"].items() if not k.endswith("_s")}
     return doc
 

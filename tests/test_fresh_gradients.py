@@ -1,0 +1,109 @@
+"""A step's first backward writes fresh weight gradients, the others add into them (costmodels/accumulate.py):
+the trace times the adds, the simulator takes them off each stage's first backward of an update."""
+
+import statistics
+import time
+from fractions import Fraction as Fr
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeplan.costmodels.graph import Graph
+from pipeplan.costmodels.model_file import load_model_file
+from pipeplan.costmodels.trace import trace
+from pipeplan.errors import UserError
+from pipeplan.hardware_profiles.allocator import keep_freed_memory
+from pipeplan.planner.predict import evaluate
+from pipeplan.planner.simulate import simulate
+
+MODEL = Path(__file__).resolve().parent / "fresh_grad_model.py"
+BATCH = 2
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return trace(str(MODEL), BATCH, repeats=3, fvcore_check=False)
+
+
+def test_one_stage_gpipe_saves_once_per_step():
+    # F = 1, B = 2 each; the first backward of the step is 1/2 shorter
+    for m in (1, 3):
+        assert simulate("gpipe", [1], [2], [0], m, fresh_grad_s=[Fr(1, 2)]).iteration_s == 3 * m - Fr(1, 2)
+
+
+def test_1f1b_two_stages_by_hand():
+    # device 1: F0 [1,2], B0 [2,3.75] (fresh: 2 - 1/4), F1 [3.75,4.75], B1 [4.75,6.75];
+    # device 0: F0 [0,1], F1 [1,2], B0 [3.75,5.25] (fresh: 2 - 1/2), B1 [6.75,8.75]
+    sim = simulate("1f1b", [1, 1], [2, 2], [0, 0], 2, fresh_grad_s=[Fr(1, 2), Fr(1, 4)])
+    assert sim.iteration_s == Fr(35, 4)
+    assert simulate("1f1b", [1, 1], [2, 2], [0, 0], 2).iteration_s == 9
+    assert sim.busy_s == [6 - Fr(1, 2), 6 - Fr(1, 4)]
+
+
+def test_pipedream_writes_fresh_gradients_every_microbatch():
+    # asynchronous PipeDream clears the gradients after every update: each backward is fresh
+    fresh = simulate("pipedream", [1, 1], [2, 2], [0, 0], 4, fresh_grad_s=[Fr(1, 2)] * 2)
+    assert fresh.iteration_s == 4 * (1 + 2 - Fr(1, 2))
+    # PipeDream-2BW accumulates over its window of M: the window's first is fresh
+    window = simulate("pipedream-2bw", [1], [2], [0], 2, fresh_grad_s=[Fr(1, 2)])
+    assert window.iteration_s == 2 * 3 - Fr(1, 2)
+
+
+def test_zero_bubble_takes_it_off_w():
+    sim = simulate("zb-h1", [1], [2], [0], 2, wgrad_s=[1], fresh_grad_s=[Fr(1, 2)])
+    assert sim.iteration_s == 2 * 3 - Fr(1, 2)
+    with pytest.raises(ValueError, match="fresh_grad_s"):
+        simulate("zb-h1", [1], [2], [0], 2, wgrad_s=[Fr(1, 4)], fresh_grad_s=[Fr(1, 2)])
+
+
+def _backward_s(model, x, y, fresh: bool) -> float:
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    if fresh:
+        model.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    loss.backward()
+    return time.perf_counter() - t0
+
+
+def test_traced_adds_match_a_fresh_backward_against_an_accumulating_one(graph):
+    """The reference is autograd itself: the same model's backward into fresh gradients against into existing ones,
+    alternating, in this process (the trace's allocator setting and threads)."""
+    adds = [layer.grad_accumulate_s for layer in graph.layers]
+    with_params = [layer.param_bytes > 0 for layer in graph.layers]
+    assert all(a is not None and 0 <= a <= layer.bwd_s for a, layer in zip(adds, graph.layers, strict=True))
+    assert [a > 0 for a in adds] == with_params  # a ReLU has nothing to add
+    spec = load_model_file(str(MODEL))
+    model = spec.build()
+    (x,), y = spec.example_inputs(BATCH), spec.example_target(BATCH)
+    keep_freed_memory()
+    for _ in range(3):
+        _backward_s(model, x, y, fresh=False)
+    diffs = [_backward_s(model, x, y, fresh=False) - _backward_s(model, x, y, fresh=True) for _ in range(15)]
+    measured = statistics.median(diffs)
+    assert measured > 0
+    assert 0.4 < sum(adds) / measured < 2.5, (sum(adds), measured)
+
+
+def test_a_plan_takes_the_adds_off_the_first_backward(graph):
+    from pipeplan.hardware_profiles import load_profile
+
+    profile = load_profile("a100-80gb")  # times="measured": the traced times on one device (no slowdown)
+    untimed = Graph.from_dict({**graph.to_dict(), "layers": [
+        {**layer, "grad_accumulate_s": None} for layer in graph.to_dict()["layers"]]})
+    for m in (1, 4):
+        kwargs = dict(schedule="gpipe", microbatches=m, batch_size=BATCH * m, times="measured")
+        plan = evaluate(graph, profile, [0] * len(graph.layers), **kwargs)
+        before = evaluate(untimed, profile, [0] * len(graph.layers), **kwargs)
+        saved = sum(layer.grad_accumulate_s for layer in graph.layers)
+        assert plan.stages[0].predicted.fresh_grad_s == pytest.approx(saved, rel=1e-9)
+        assert before.predicted.iteration_s - plan.predicted.iteration_s == pytest.approx(saved, rel=1e-6)
+        assert before.stages[0].predicted.fresh_grad_s == 0.0
+
+
+def test_a_graph_file_keeps_the_adds_within_the_backward(graph):
+    doc = graph.to_dict()
+    assert Graph.from_dict(doc).layers[0].grad_accumulate_s == graph.layers[0].grad_accumulate_s
+    doc["layers"][0]["grad_accumulate_s"] = doc["layers"][0]["bwd_s"] * 2
+    with pytest.raises(UserError, match="grad_accumulate_s"):
+        Graph.from_dict(doc)
