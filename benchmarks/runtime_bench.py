@@ -192,7 +192,7 @@ def run_round(profile, args, console, tmp: Path, rnd: int) -> tuple[list[dict], 
             compute_meas = sum(st["compute_s"] for st in doc["measured"]["stages"])
             # every replica of a stage computes its M microbatches (the measured records are per rank); compute_s
             # prices accumulating backwards, the first of a step (every one of async PipeDream's) writes fresh ones
-            fresh = plan.microbatches if facts(plan.schedule).updates_each_microbatch else 1
+            fresh = facts(plan.schedule).fresh_backwards(plan.microbatches)
             compute_pred = sum((st.predicted.compute_s * plan.microbatches - st.predicted.fresh_grad_s * fresh)
                                * st.replicas for st in plan.stages)
             rows.append({"example": name, "schedule": schedule, "batch": batch, "M": plan.microbatches, "steps": steps,

@@ -26,8 +26,10 @@ def render_table(doc: dict[str, Any], console) -> None:
                     f"{steps} measured step{'s' if steps != 1 else ''}",
               caption="ms/mb: one microbatch; device peak: the whole device (all its stages), as the plan predicts it"
                       + ("; bwd: with the recomputed forward" if plan.get("recompute") else ""))
-    # the backward re-runs the forward up to its last save (runtime/recompute.py); compute_s counts every re-run
+    # the backward re-runs the forward up to its last save (runtime/recompute.py); compute_s counts every re-run.
+    # bwd_s prices accumulating backwards; the measured mean counts the step's fresh ones (costmodels/accumulate.py)
     reruns = facts(plan["schedule"]).reruns_per_microbatch
+    fresh_share = facts(plan["schedule"]).fresh_backwards(mb) / mb
     for col in ("stage", "rank", "fwd ms/mb", "pred", "bwd ms/mb", "pred", "compute ms/step", "wait ms/step",
                 "device peak MiB", "pred"):
         t.add_column(col, justify="right")
@@ -36,7 +38,7 @@ def render_table(doc: dict[str, Any], console) -> None:
         t.add_row(
             str(s["index"]), str(s["rank"]),
             _ms(s["fwd_s"]), _ms(ps.get("fwd_s")), _ms(s["bwd_s"]),
-            _ms(ps["bwd_s"] + max(0.0, ps["compute_s"] - ps["fwd_s"] - ps["bwd_s"]) / reruns) if ps else _ms(None),
+            _ms(_predicted_bwd_s(ps, reruns, fresh_share)) if ps else _ms(None),
             _ms(s["compute_s"]), _ms(s["wait_s"]),
             f"{s.get('device_peak_bytes', s['peak_memory_bytes']) / 2**20:.1f}",
             f"{ps.get('memory_bytes', 0) / 2**20:.1f}" if ps else "-",
@@ -48,6 +50,13 @@ def render_table(doc: dict[str, Any], console) -> None:
                   f"samples/s: measured {m['samples_per_s']:.1f}, predicted {p.get('samples_per_s', 0):.1f}")
     if doc["losses"]:
         console.print("losses: " + ", ".join(f"{x:.5g}" for x in doc["losses"]))
+
+
+def _predicted_bwd_s(ps: dict[str, Any], reruns: int, fresh_share: float) -> float:
+    """A stage's predicted mean backward per microbatch, as the run measures it: with its re-run under
+    recomputation, less its share of backwards into fresh gradients."""
+    rerun = max(0.0, ps["compute_s"] - ps["fwd_s"] - ps["bwd_s"]) / reruns
+    return ps["bwd_s"] + rerun - ps.get("fresh_grad_s", 0.0) * fresh_share
 
 
 def _ms(x: float | None) -> str:

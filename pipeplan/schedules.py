@@ -153,6 +153,12 @@ class ScheduleFacts:
         A plan's `compute_s` counts them all; `show` and `run` divide by this to get one re-run back."""
         return 2 if self.splits_backward else 1
 
+    def fresh_backwards(self, microbatches: int) -> int:
+        """A stage's backwards per step of `microbatches` that write fresh weight gradients instead of adding into
+        them (costmodels/accumulate.py): the first, as the runtime clears gradients every step, or every one where
+        the stage updates after each microbatch (asynchronous PipeDream clears them after each update)."""
+        return microbatches if self.updates_each_microbatch else 1
+
 
 def _one_f_one_b_microbatches(stages: int, microbatches: int) -> str | None:
     """torch's Schedule1F1B refuses fewer microbatches than stages (schedules.py: "Number of microbatches

@@ -550,7 +550,7 @@ def _busy_s(inp: _SimInputs, orders: list[Order]) -> list[float]:
     split W of the iteration adds one more re-run; a whole backward ("BW") re-runs it once.
     """
     busy: list[float] = [0] * inp.devices
-    fresh_backwards = inp.microbatches // inp.update_every
+    fresh_backwards = inp.schedule.fresh_backwards(inp.microbatches)
     for s in range(inp.stages):
         busy[inp.device_of[s]] += inp.microbatches * (inp.fwd[s] + inp.bwd[s] + inp.recompute[s])
         busy[inp.device_of[s]] -= fresh_backwards * (inp.fresh[s] if inp.fresh else 0)

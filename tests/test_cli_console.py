@@ -63,3 +63,19 @@ def test_recompute_plans_compare_the_backward_with_its_rerun(monkeypatch):
                       "predicted": {**DOC["predicted"], "stages": stages}}, console)
         text = console.file.getvalue()
         assert expected in text and "206.90" not in text and "recomputed forward" in text
+
+
+def test_the_backward_prediction_counts_the_fresh_ones(monkeypatch):
+    """bwd_s prices a backward that adds into existing gradients; the run's mean over M microbatches counts the
+    step's first, which writes fresh ones (costmodels/accumulate.py): 206.90 - 16.00 / 8 = 204.90 ms under 1F1B;
+    asynchronous PipeDream clears the gradients after every update, so all its backwards are fresh: 190.90."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    for schedule, expected in (("1f1b", "204.90"), ("pipedream", "190.90")):
+        console = stdout_console()
+        console.file = io.StringIO()
+        stages = [{**st, "compute_s": st["fwd_s"] + st["bwd_s"], "fresh_grad_s": 0.016}
+                  for st in DOC["predicted"]["stages"]]
+        render_table({**DOC, "plan": {**DOC["plan"], "schedule": schedule},
+                      "predicted": {**DOC["predicted"], "stages": stages}}, console)
+        text = console.file.getvalue()
+        assert expected in text and "206.90" not in text
