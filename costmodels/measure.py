@@ -431,11 +431,11 @@ def _device_of(args: list[Any]) -> torch.device:
 def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: tuple[Any, ...],
               target: Any, layer_of: dict[str, int], nlayers: int, *, repeats: int | None, budget_s: float = 10.0,
               progress: Callable[[str, int, int], None] | None = None,
-              owned_params: Sequence[Sequence[str]] | None = None) -> Timing:
+              owned_params: Sequence[Sequence[torch.nn.Parameter]] | None = None) -> Timing:
     """Warm-up, then `repeats` timed steps (default: as many as fit in budget_s, 1 to 10); medians per layer.
 
     On a CUDA device the layers are timed with CUDA events (`CudaEventMarks`), elsewhere with perf_counter.
-    `owned_params[i]`: the names of the parameters layer i owns, whose gradient adds are then timed too
+    `owned_params[i]`: the parameters layer i owns, whose gradient adds are then timed too
     (costmodels/accumulate.py).
     """
     args = program_args(ep, model, [t for t in pytree.tree_leaves(inputs)])
@@ -468,9 +468,7 @@ def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
         progress("timing layers", repeats, repeats)
     accumulate: list[float] = []
     if owned_params is not None:  # on the gradients the timed steps left
-        named = dict(model.named_parameters(remove_duplicate=False))
-        owned = [[named[name] for name in names if name in named] for names in owned_params]
-        accumulate = accumulate_times(owned, marks, passes=min(3, repeats))
+        accumulate = accumulate_times(owned_params, marks, passes=min(3, repeats))
     for p in model.parameters():
         p.grad = None
     fwd = [statistics.median(r[0][i] for r in runs) for i in range(nlayers)]

@@ -299,17 +299,17 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
     return blocks.Measured(graph, counts.node_flops, family)
 
 
-def _owned_params(model: torch.nn.Module, layers: list[Layer]) -> list[list[str]]:
-    """Per layer, the names of the parameters it owns: a tied tensor once, at its first user (as param_bytes)."""
+def _owned_params(model: torch.nn.Module, layers: list[Layer]) -> list[list[torch.nn.Parameter]]:
+    """Per layer, the parameters it owns: a tied tensor once, at its first user (as param_bytes)."""
     named = dict(model.named_parameters(remove_duplicate=False))
     seen: set[int] = set()
-    owned: list[list[str]] = []
+    owned: list[list[torch.nn.Parameter]] = []
     for layer in layers:
         owned.append([])
         for fqn in layer.params:
             if fqn in named and id(named[fqn]) not in seen:
                 seen.add(id(named[fqn]))
-                owned[-1].append(fqn)
+                owned[-1].append(named[fqn])
     return owned
 
 

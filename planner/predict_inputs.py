@@ -224,26 +224,30 @@ def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, 
     return _Sync(step_end, fwd, bwd)
 
 
+def _backward_part(problem: Problem, assignment: Sequence[int], S: int, slow: float,
+                   share: dict[str, float]) -> list[float]:
+    """Per stage, the part of its backward that `share` (layer name -> share of the layer's backward) names: every
+    layer's device backward time times its share, so a traced share carries to the device's time."""
+    out = [0.0] * S
+    for i in range(problem.n):
+        out[assignment[i]] += slow * problem.bwd_s[i] * share.get(problem.names[i], 0.0)
+    return out
+
+
 def _wgrad(problem: Problem, graph: Graph, assignment: Sequence[int], S: int, slow: float) -> list[float]:
     """Each stage's weight-gradient time W: every layer's backward time times its W share
     (costmodels.graph.weight_grad_time_share: the traced time split, else the FLOP split, else the rule)."""
-    share = {layer.name: weight_grad_time_share(layer) for layer in graph.layers}
-    w = [0.0] * S
-    for i in range(problem.n):
-        w[assignment[i]] += slow * problem.bwd_s[i] * share.get(problem.names[i], 0.0)
-    return w
+    return _backward_part(problem, assignment, S, slow, {layer.name: weight_grad_time_share(layer)
+                                                        for layer in graph.layers})
 
 
 def _fresh_saving(problem: Problem, graph: Graph, assignment: Sequence[int], S: int, slow: float) -> list[float]:
     """What each stage's backward saves when it writes fresh gradients instead of adding into existing ones:
     every layer's backward time times its traced share of adds (`grad_accumulate_s`, costmodels/accumulate.py);
     0 for a layer whose adds were not timed (analytic, imported, untimed or older graphs)."""
-    share = {layer.name: min(1.0, layer.grad_accumulate_s / layer.bwd_s)
-             for layer in graph.layers if layer.grad_accumulate_s is not None and layer.bwd_s > 0}
-    out = [0.0] * S
-    for i in range(problem.n):
-        out[assignment[i]] += slow * problem.bwd_s[i] * share.get(problem.names[i], 0.0)
-    return out
+    return _backward_part(problem, assignment, S, slow, {
+        layer.name: min(1.0, layer.grad_accumulate_s / layer.bwd_s)
+        for layer in graph.layers if layer.grad_accumulate_s is not None and layer.bwd_s > 0})
 
 
 def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: Sequence[int],

@@ -219,7 +219,7 @@ class _SimInputs:
     @property
     def update_every(self) -> int:
         """Microbatches per update: gradients are cleared after it, so the next backward writes fresh ones."""
-        return 1 if self.schedule.updates_each_microbatch else self.microbatches
+        return self.microbatches // self.schedule.fresh_backwards(self.microbatches)
 
 
 def _check_lengths(name: str, values: Iterable[_Num], n: int) -> tuple[_Num, ...]:
