@@ -28,11 +28,19 @@ as the runtime reports its median step). The schedule simulator adds that to eve
 and backward (planner/predict.py; a zero-bubble W's gap, ZB-H1's and ZB-V's, is
 charged to the forwards and backwards, which is where the simulator adds it).
 
-How much longer the ops ran than the same ops with no pipeline around them (both
-ranks computing alone at once) is recorded beside it (`excess_us`), not charged:
-gloo's threads copy messages on the cores that compute, but fitted per byte from
-two shapes that figure swung examples/gpt.py's interleaved prediction by +-20%
-between calibrations.
+gloo's threads copy messages on the core that computes (a rank and its threads are
+pinned to one core), so an op also runs longer by the CPU they take while it runs.
+That part is read off CPU clocks, not wall time: per op, the process's CPU time less
+the computing thread's (`stolen_us` in the calibration detail; pipeline_ops.cpu_clocks),
+fitted per schedule like the gap and charged with it. Other tenants of the host do not
+move CPU clocks, so it repeats between calibrations (interleaved, 1 MiB messages:
+250 and 275 µs per op; 1F1B 25-44 µs), where the wall-clock excess over the same ops
+timed alone (`excess_us`, recorded, not charged) swung examples/gpt.py's interleaved
+prediction by +-20%. Measured in examples/gpt.py's runs (by hand, 2 rounds, CPU clocks
+around every op): gloo's threads took 36-43 ms a step from interleaved's ops, 16-18 ms
+from ZB-V's, 14-15 ms from DualPipeV's and 3-4 ms from 1F1B's (ops ~450 ms a step):
+two stages a rank send and receive three times the messages of one, and mostly while
+the rank computes.
 """
 
 from __future__ import annotations
@@ -64,9 +72,10 @@ CHUNKS: Final[dict[str, int]] = {"gpipe": 1, "1f1b": 1, "interleaved": 2, "zb-h1
 assert CHUNKS["zb-v"] == facts("zb-v").fixed_chunks
 SOLO = "solo"  # the key of the ops timed outside any pipeline (pipeline_ops.solo_events)
 
-Event: TypeAlias = tuple[str, int, int, float, float]
-"""(kind "F"/"B"/"W", stage, microbatch, start_s, end_s), perf_counter clock (shared by processes); "B" is a
-zero-bubble schedule's input-gradient pass, "W" its weight-gradient pass."""
+Event: TypeAlias = tuple[str, int, int, float, float, float]
+"""(kind "F"/"B"/"W", stage, microbatch, start_s, end_s, stolen_s), perf_counter clock (shared by processes); "B"
+is a zero-bubble schedule's input-gradient pass, "W" its weight-gradient pass. `stolen_s`: CPU time the process's
+other threads (gloo's, copying messages) used while the op ran (`time.process_time` less `time.thread_time`)."""
 
 
 def message_bytes(shape: str) -> int:
@@ -96,14 +105,14 @@ def op_gaps_s(first: list[Event], second: list[Event], transfer_s: float) -> lis
     """
     end, rank_of = {}, {}
     for rank, events in ((0, first), (1, second)):
-        for kind, stage, mb, _, t1 in events:
+        for kind, stage, mb, _, t1, _ in events:
             end[(kind, stage, mb)] = t1
             rank_of[stage] = rank
     stages = len(rank_of)
     gaps = []
     for rank, events in ((0, first), (1, second)):
         prev = None
-        for kind, stage, mb, t0, t1 in events:
+        for kind, stage, mb, t0, t1, _ in events:
             dep = depends_on(kind, stage, mb, stages)
             ready = [prev] if prev is not None else []
             if dep is not None and dep in end:
@@ -119,13 +128,14 @@ def op_overhead_s(
 ) -> tuple[dict[str, float], dict[str, float], dict[str, Any]]:
     """Per schedule: (fixed seconds per op, seconds per byte the op sends or receives), and the raw figures.
 
-    An op's charge is its gap (`op_gaps_s`; per shape the median over steps of a step's mean, `_charge_parts`),
-    per forward or backward: a zero-bubble W's gap is charged to them, where the simulator adds it.
+    An op's charge is its gap (`op_gaps_s`) plus the CPU that gloo's threads took from it (`stolen_s`), per
+    forward or backward (per shape the median over steps of a step's sum over its forwards and backwards,
+    `_charge_parts`): a zero-bubble W's gap and theft are charged to them, where the simulator adds them.
     `transfer_s(nbytes)` is the idle link's time for a message. Every op of the 2-stage pipeline (and of ZB-V's V:
     its hand-over from stage 1 to 2 stays on the rank) sends or receives exactly one activation or gradient, so
-    the two shapes' gaps give a line through (bytes, gap); its parts are clamped at 0 (a noisy run may make the
-    larger messages look cheaper). The detail also keeps how much longer the ops ran than alone
-    (`pipeline_ops.solo_events`; the module doc says why it is not charged).
+    the two shapes' charges give a line through (bytes, charge); its parts are clamped at 0 (a noisy run may make
+    the larger messages look cheaper). The detail also keeps how much longer the ops ran than alone
+    (`pipeline_ops.solo_events`; the module doc says why that wall-clock figure is not what is charged).
     """
     fixed: dict[str, float] = {}
     per_byte: dict[str, float] = {}
@@ -135,9 +145,11 @@ def op_overhead_s(
     for name in SCHEDULES:
         points = []
         for shape in SHAPES:
-            gap_s, excess_s, compute_s = _charge_parts(per_rank, shape, name, transfer_s(message_bytes(shape)))
-            points.append((message_bytes(shape), gap_s))
-            detail[f"{shape}_{name}"] = {"gap_us": round(gap_s * 1e6, 1), "excess_us": round(excess_s * 1e6, 1),
+            gap_s, stolen_s, excess_s, compute_s = _charge_parts(per_rank, shape, name,
+                                                                 transfer_s(message_bytes(shape)))
+            points.append((message_bytes(shape), gap_s + stolen_s))
+            detail[f"{shape}_{name}"] = {"gap_us": round(gap_s * 1e6, 1), "stolen_us": round(stolen_s * 1e6, 1),
+                                          "excess_us": round(excess_s * 1e6, 1),
                                           "compute_per_op_ms": round(compute_s * 1e3, 3)}
         (b0, g0), (b1, g1) = points
         per_byte[name] = max(0.0, (g1 - g0) / (b1 - b0))
@@ -146,19 +158,22 @@ def op_overhead_s(
 
 
 def _charge_parts(per_rank: list[dict[str, list[list[Event]]]], shape: str, name: str,
-                  transfer_s: float) -> tuple[float, float, float]:
-    """(gap, mean time beyond the solo ops, mean op time), per forward or backward of `name` at `shape`."""
+                  transfer_s: float) -> tuple[float, float, float, float]:
+    """(gap, stolen CPU, mean time beyond the solo ops, mean op time), per forward or backward of `name` at
+    `shape`."""
     solo_key = f"{shape}/{SOLO}"
-    solo = [{kind: statistics.mean(t1 - t0 for k, *_, t0, t1 in rank[solo_key][0] if k == kind) for kind in "FB"}
-            for rank in per_rank] if solo_key in per_rank[0] else None
+    solo = [{kind: statistics.mean(t1 - t0 for k, _, _, t0, t1, _ in rank[solo_key][0] if k == kind)
+             for kind in "FB"} for rank in per_rank] if solo_key in per_rank[0] else None
     step_gaps: list[float] = []
+    step_stolen: list[float] = []
     durations: list[float] = []
     excess, ops = 0.0, 0
     for a, b in _steps(per_rank, f"{shape}/{name}"):
         gaps = op_gaps_s(a, b, transfer_s)
         step_gaps.append(sum(g for _, g in gaps) / max(1, sum(1 for kind, _ in gaps if kind != "W")))
+        step_stolen.append(sum(e[5] for e in a + b) / max(1, sum(1 for e in a + b if e[0] != "W")))
         for rank, events in enumerate((a, b)):
-            for kind, *_, t0, t1 in events:
+            for kind, _, _, t0, t1, _ in events:
                 durations.append(t1 - t0)
                 excess += (t1 - t0) - (solo[rank].get(kind, 0.0) if solo else t1 - t0)  # a W: all of it
                 ops += kind != "W"
@@ -166,7 +181,8 @@ def _charge_parts(per_rank: list[dict[str, list[list[Event]]]], shape: str, name
     # gloo's threads (single gaps of 5-18 ms here, against a typical 0.2-1 ms) is not what it measures: the
     # charge is the median over steps of each step's mean gap. The mean over all ops swung 2-10x between
     # calibrations with one such hiccup in or out.
-    return statistics.median(step_gaps), excess / ops, statistics.mean(durations)
+    return (statistics.median(step_gaps), statistics.median(step_stolen), excess / ops,
+            statistics.mean(durations))
 
 
 def _steps(per_rank: list[dict[str, list[list[Event]]]], key: str) -> list[tuple[list[Event], list[Event]]]:
@@ -176,6 +192,6 @@ def _steps(per_rank: list[dict[str, list[list[Event]]]], key: str) -> list[tuple
     first, second = per_rank[0][key], per_rank[1][key]
     if len(first) != 1:
         return list(zip(first, second, strict=True))
-    runs = sorted({mb // MICROBATCHES for _, _, mb, _, _ in first[0] + second[0]})
+    runs = sorted({e[2] // MICROBATCHES for e in first[0] + second[0]})
     return [([e for e in first[0] if e[2] // MICROBATCHES == r], [e for e in second[0] if e[2] // MICROBATCHES == r])
             for r in runs]

@@ -29,6 +29,18 @@ from pipeplan.schedules import ScheduleName, device_stages, facts, local_order
 HEADER_LEN = 10  # int64s sent before every activation by the asynchronous loop (runtime/pipedream_comm.HEADER_LEN)
 
 
+def cpu_clocks() -> tuple[float, float]:
+    """(this process's CPU time, this thread's): their difference over an op is what the process's other threads,
+    gloo's copying messages, took from the core while the op ran (the rank is pinned to one core)."""
+    return time.process_time(), time.thread_time()
+
+
+def stolen_since(clocks: tuple[float, float]) -> float:
+    """CPU time the process's other threads used since `cpu_clocks()` returned `clocks` (>= 0)."""
+    proc, thread = cpu_clocks()
+    return max(0.0, (proc - clocks[0]) - (thread - clocks[1]))
+
+
 def run_pipeline(rank: int) -> dict[str, list[list[Event]]]:
     """Run every (shape, schedule) on an initialised 2-rank gloo group; this rank's events per measured step,
     keyed "shape/schedule" (the asynchronous loop has no steps: one list of its measured microbatches' ops)."""
@@ -65,7 +77,7 @@ def solo_events(rank: int, rows: int, layers: int) -> list[Event]:
         torch.autograd.grad(out.sum(), [inp, *params] if rank == 1 else params)
         t2 = time.perf_counter()
         if i >= WARMUP:
-            events += [("F", rank, i, t0, t1), ("B", rank, i, t1, t2)]
+            events += [("F", rank, i, t0, t1, 0.0), ("B", rank, i, t1, t2, 0.0)]  # no messages: nothing stolen
     return events
 
 
@@ -93,9 +105,9 @@ def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int) -> list[
         def timed(fn: Callable[..., Any], kind: str, index: int = index,
                   events: list[Event] = events) -> Callable[..., Any]:
             def run(chunk: int, *args: Any, **kwargs: Any) -> Any:
-                t0 = time.perf_counter()
+                clocks, t0 = cpu_clocks(), time.perf_counter()
                 result = fn(chunk, *args, **kwargs)
-                events.append((kind, index, int(chunk), t0, time.perf_counter()))
+                events.append((kind, index, int(chunk), t0, time.perf_counter(), stolen_since(clocks)))
                 return result
             return run
 
@@ -156,9 +168,10 @@ def _async_events(rank: int, rows: int, layers: int) -> list[Event]:
                 ahead = post_activation() if m + 1 < n else None
             else:
                 inp = x
-            t0 = time.perf_counter()
+            clocks, t0 = cpu_clocks(), time.perf_counter()
             out = module(inp)
             t1 = time.perf_counter()
+            stolen = stolen_since(clocks)  # before its sends, which are the gaps' (gloo starts them in this thread)
             grad: Any = None
             if rank == 0:  # the activation out, its gradient's receive posted with it
                 act, grad = out.detach(), torch.empty_like(out)
@@ -169,16 +182,18 @@ def _async_events(rank: int, rows: int, layers: int) -> list[Event]:
             inp, out, grad = inflight.pop(m)
             if rank == 0:
                 grad[0].wait()
-            t0 = time.perf_counter()
+            clocks, t0 = cpu_clocks(), time.perf_counter()
             if rank == 1:
                 grads = torch.autograd.grad(out.sum(), [inp, *params])
                 t1 = time.perf_counter()
+                stolen = stolen_since(clocks)
                 sent.append((dist.isend(grads[0], peer), grads[0]))
             else:
                 torch.autograd.grad(out, params, grad[1])
                 t1 = time.perf_counter()
+                stolen = stolen_since(clocks)
         if m >= WARMUP * MICROBATCHES:
-            events.append((kind, rank, m, t0, t1))
+            events.append((kind, rank, m, t0, t1, stolen))
     for w, _ in sent:
         w.wait()
     return events

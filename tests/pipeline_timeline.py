@@ -36,9 +36,11 @@ def orders(schedule: str, M: int) -> tuple[list, list]:
     return first, second
 
 
-def timeline(schedule: str, M: int, f: float, b: float, gap: float, transfer: float) -> tuple[list, list]:
+def timeline(schedule: str, M: int, f: float, b: float, gap: float, transfer: float,
+             stolen: float = 0.0) -> tuple[list, list]:
     """Events of a pipeline in which every op starts exactly `gap` after it could have (a dependency on the other
-    rank: `transfer` after it ended; the schedule's placement says which rank a stage is on)."""
+    rank: `transfer` after it ended; the schedule's placement says which rank a stage is on), and during every op
+    other threads used `stolen` seconds of CPU."""
     order = orders(schedule, M)
     stages = 2 * CHUNKS[schedule]
     events: list[list] = [[], []]
@@ -55,7 +57,7 @@ def timeline(schedule: str, M: int, f: float, b: float, gap: float, transfer: fl
                 ready = [t for t in (free[r], end[dep] + (transfer if cross else 0.0) if dep else None) if t is not None]
                 start = (max(ready) if ready else 0.0) + gap
                 stop = start + (f if kind == "F" else b)
-                events[r].append((kind, stage, m, start, stop))
+                events[r].append((kind, stage, m, start, stop, stolen))
                 end[(kind, stage, m)] = free[r] = stop
                 ptr[r] += 1
     return events[0], events[1]

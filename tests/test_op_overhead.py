@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from pipeline_timeline import charged_per_op, timeline
+from pipeline_timeline import charged_per_op, orders, timeline
 from pipeplan.cli.main import cli
 from pipeplan.hardware_profiles import load_profile
 from pipeplan.hardware_profiles.loader import save_profile
@@ -45,6 +45,7 @@ def test_v_placement_charges_no_transfer_at_its_turn_and_one_to_the_last_stage_o
              ("B", 0, 0, 9.7, 10.7), ("W", 0, 0, 10.8, 11.8)]  # F3: F2's end 3.7 + 0.5; B0: B1's end 9.1 + 0.5
     second = [("F", 1, 0, 1.6, 2.6), ("F", 2, 0, 2.7, 3.7), ("B", 2, 0, 7.0, 8.0), ("B", 1, 0, 8.1, 9.1),
               ("W", 2, 0, 9.2, 10.2), ("W", 1, 0, 10.3, 11.3)]  # F1: F0's end 1 + 0.5; B2: B3's end 6.4 + 0.5
+    first, second = [(*e, 0.0) for e in first], [(*e, 0.0) for e in second]
     gaps = op_gaps_s(first, second, transfer_s=0.5)
     assert [k for k, _ in gaps] == ["F", "B", "W", "B", "W", "F", "F", "B", "B", "W", "W"]
     assert [g for _, g in gaps] == pytest.approx([0.1] * 11, abs=1e-12)
@@ -75,6 +76,58 @@ def test_overhead_is_a_line_through_the_mean_gaps_of_the_two_message_sizes():
     assert detail["small_1f1b"]["compute_per_op_ms"] == pytest.approx(4.5)  # 8 F of 3 ms and 8 B of 6 ms per rank
 
 
+def test_cpu_that_gloo_threads_take_from_the_ops_is_charged_with_the_gaps():
+    """Every op starts `gap` late and loses `stolen` of CPU to the process's other threads (gloo copying messages
+    on the op's core), both a line in the message's bytes: the fit charges their sum per forward and backward,
+    and the detail keeps the two apart."""
+    link = lambda nbytes: 5e-5 + nbytes / 4e9  # noqa: E731
+    gap_line, stolen_line = (2e-4, 1e-10), (4e-5, 2e-10)  # (s, s per byte)
+    per_rank: list[dict] = [{}, {}]
+    for schedule in SCHEDULES:
+        for shape in SHAPES:
+            n = message_bytes(shape)
+            gap, stolen = gap_line[0] + gap_line[1] * n, stolen_line[0] + stolen_line[1] * n
+            steps = [timeline(schedule, 8, 3e-3, 6e-3, gap, link(n), stolen) for _ in range(3)]
+            per_rank[0][f"{shape}/{schedule}"] = [st[0] for st in steps]
+            per_rank[1][f"{shape}/{schedule}"] = [st[1] for st in steps]
+    fixed, per_byte, detail = op_overhead_s(per_rank, link)
+    for schedule in SCHEDULES:
+        first, second = orders(schedule, 8)
+        ops = first + second
+        fb = sum(1 for kind, *_ in ops if kind != "W")
+        # every op's theft (Ws' too) over the forwards and backwards; the gaps as test_overhead_is_a_line... fits
+        want_fixed = charged_per_op(schedule, 8, gap_line[0]) + stolen_line[0] * len(ops) / fb
+        want_per_byte = charged_per_op(schedule, 8, gap_line[1]) + stolen_line[1] * len(ops) / fb
+        assert fixed[schedule] == pytest.approx(want_fixed, rel=1e-9)
+        assert per_byte[schedule] == pytest.approx(want_per_byte, rel=1e-9)
+    n = message_bytes("large")
+    assert detail["large_1f1b"]["stolen_us"] == pytest.approx((stolen_line[0] + stolen_line[1] * n) * 1e6, abs=0.1)
+
+
+def test_stolen_cpu_is_what_another_thread_of_the_process_used():
+    """`stolen_since` over a span in which this thread sleeps and another spins: the spinner's own CPU clock."""
+    import threading
+    import time
+
+    from pipeplan.hardware_profiles.pipeline_ops import cpu_clocks, stolen_since
+
+    spun: list[float] = []
+
+    def spin() -> None:
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.15:
+            pass
+        spun.append(time.thread_time() - t0)
+
+    clocks = cpu_clocks()
+    worker = threading.Thread(target=spin)
+    worker.start()
+    worker.join()
+    stolen = stolen_since(clocks)
+    assert stolen == pytest.approx(spun[0], rel=0.1)
+    assert stolen_since(cpu_clocks()) < 0.01  # nothing else running: (almost) nothing stolen
+
+
 def test_ops_longer_than_alone_are_reported_not_charged():
     """Pipeline ops of 3 and 6 ms that take 2.5 and 5 ms alone on the same busy cores: 0.75 ms a forward or
     backward on average beyond the solo ops (a zero-bubble W, the timeline's 6 ms, counts whole, its B being a
@@ -84,7 +137,7 @@ def test_ops_longer_than_alone_are_reported_not_charged():
     per_rank: list[dict] = [{}, {}]
     for shape in SHAPES:
         for rank in (0, 1):
-            solo = [op for i in range(4) for op in (("F", rank, i, 0.0, 2.5e-3), ("B", rank, i, 0.0, 5e-3))]
+            solo = [op for i in range(4) for op in (("F", rank, i, 0.0, 2.5e-3, 0.0), ("B", rank, i, 0.0, 5e-3, 0.0))]
             per_rank[rank][f"{shape}/{SOLO}"] = [solo]
         for schedule in SCHEDULES:
             steps = [timeline(schedule, 8, 3e-3, 6e-3, gap, 1e-4) for _ in range(2)]
@@ -234,7 +287,7 @@ def test_a_step_that_met_a_hiccup_is_not_charged(schedule):
         clean = 3e-4 + 2e-10 * message_bytes(shape)
         steps = [timeline(schedule, 8, 3e-3, 6e-3, gap, link(message_bytes(shape))) for gap in (clean, 0.02, clean)]
         if schedule == "pipedream":  # one list per rank: microbatches 0-23, each run 1 s after the one before
-            steps = [tuple([[(k, s, m + 8 * i, t0 + i, t1 + i) for k, s, m, t0, t1 in step[r]] for r in (0, 1)])
+            steps = [tuple([[(k, s, m + 8 * i, t0 + i, t1 + i, c) for k, s, m, t0, t1, c in step[r]] for r in (0, 1)])
                      for i, step in enumerate(steps)]
             steps = [([e for st in steps for e in st[0]], [e for st in steps for e in st[1]])]
         for r in (0, 1):
