@@ -185,13 +185,12 @@ def _async_events(rank: int, rows: int, layers: int) -> list[Event]:
             clocks, t0 = cpu_clocks(), time.perf_counter()
             if rank == 1:
                 grads = torch.autograd.grad(out.sum(), [inp, *params])
-                t1 = time.perf_counter()
-                stolen = stolen_since(clocks)
-                sent.append((dist.isend(grads[0], peer), grads[0]))
             else:
                 torch.autograd.grad(out, params, grad[1])
-                t1 = time.perf_counter()
-                stolen = stolen_since(clocks)
+            t1 = time.perf_counter()
+            stolen = stolen_since(clocks)
+            if rank == 1:  # the input gradient back, after the op's clocks (its send is the gaps')
+                sent.append((dist.isend(grads[0], peer), grads[0]))
         if m >= WARMUP * MICROBATCHES:
             events.append((kind, rank, m, t0, t1, stolen))
     for w, _ in sent:

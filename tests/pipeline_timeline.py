@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pipeplan.hardware_profiles.op_overhead import CHUNKS, depends_on
+from collections.abc import Callable
+
+from pipeplan.hardware_profiles.op_overhead import CHUNKS, SCHEDULES, SHAPES, depends_on
 from pipeplan.schedules import local_order, stage_device
 from pipeplan.v_orders import zbv_order
 
@@ -69,3 +71,16 @@ def charged_per_op(schedule: str, M: int, gap: float) -> float:
     first, second = orders(schedule, M)
     ops = first + second
     return gap * (len(ops) - 1) / (sum(1 for kind, *_ in ops if kind != "W") - 1)
+
+
+def per_rank_events(steps_of: Callable[[str, str], list[tuple[list, list]]]) -> list[dict]:
+    """Both ranks' events as `pipeline_ops.run_pipeline` returns them (per "shape/schedule", a list of steps), for
+    every measured schedule and stage shape: `steps_of(schedule, shape)` gives each step's (rank 0, rank 1)
+    timelines."""
+    per_rank: list[dict] = [{}, {}]
+    for schedule in SCHEDULES:
+        for shape in SHAPES:
+            steps = steps_of(schedule, shape)
+            for r in (0, 1):
+                per_rank[r][f"{shape}/{schedule}"] = [step[r] for step in steps]
+    return per_rank

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 import pipeplan.hardware_profiles.calibrate as calibrate_mod
-from pipeline_timeline import charged_per_op, timeline
+from pipeline_timeline import charged_per_op, per_rank_events, timeline
 from pipeplan.cli.main import cli
 from pipeplan.costmodels.comm import allreduce_time_s
 from pipeplan.errors import UserError
@@ -70,15 +70,14 @@ def fake_collective_times() -> dict[str, dict[int, float]]:
 
 def fake_pipeline_events() -> list[dict]:
     """Both ranks' op timings, every op delayed by FAKE_GAP_S after it could start (transfers as the fake link's)."""
-    per_rank: list[dict] = [{}, {}]
-    for schedule, (fixed, per_byte) in FAKE_GAP_S.items():
-        for shape in op_overhead.SHAPES:
-            nbytes = op_overhead.message_bytes(shape)
-            gap, transfer = fixed + per_byte * nbytes, 50e-6 + nbytes / 2e9
-            steps = [timeline(schedule, op_overhead.MICROBATCHES, 3e-3, 6e-3, gap, transfer) for _ in range(2)]
-            per_rank[0][f"{shape}/{schedule}"] = [s[0] for s in steps]
-            per_rank[1][f"{shape}/{schedule}"] = [s[1] for s in steps]
-    return per_rank
+
+    def steps_of(schedule: str, shape: str) -> list[tuple[list, list]]:
+        fixed, per_byte = FAKE_GAP_S[schedule]
+        nbytes = op_overhead.message_bytes(shape)
+        gap, transfer = fixed + per_byte * nbytes, 50e-6 + nbytes / 2e9
+        return [timeline(schedule, op_overhead.MICROBATCHES, 3e-3, 6e-3, gap, transfer) for _ in range(2)]
+
+    return per_rank_events(steps_of)
 
 
 def test_measured_rates_count_flops_and_bytes_by_convention(monkeypatch):

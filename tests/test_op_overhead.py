@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from pipeline_timeline import charged_per_op, orders, timeline
+from pipeline_timeline import charged_per_op, orders, per_rank_events, timeline
 from pipeplan.cli.main import cli
 from pipeplan.hardware_profiles import load_profile
 from pipeplan.hardware_profiles.loader import save_profile
@@ -58,14 +58,13 @@ def test_overhead_is_a_line_through_the_mean_gaps_of_the_two_message_sizes():
              "zb-v": (7e-4, 6e-10), "pipedream": (5e-4, 4e-10)}  # s, s per byte
     assert set(truth) == set(SCHEDULES)
     link = lambda nbytes: 5e-5 + nbytes / 4e9  # noqa: E731 - the idle link's transfer time
-    per_rank: list[dict] = [{}, {}]
-    for schedule, (fixed, per_byte) in truth.items():
-        for shape in SHAPES:
-            gap = fixed + per_byte * message_bytes(shape)
-            steps = [timeline(schedule, 8, 3e-3, 6e-3, gap, link(message_bytes(shape))) for _ in range(3)]
-            per_rank[0][f"{shape}/{schedule}"] = [s[0] for s in steps]
-            per_rank[1][f"{shape}/{schedule}"] = [s[1] for s in steps]
-    fixed, per_byte, detail = op_overhead_s(per_rank, link)
+
+    def steps_of(schedule: str, shape: str) -> list[tuple[list, list]]:
+        n = message_bytes(shape)
+        return [timeline(schedule, 8, 3e-3, 6e-3, truth[schedule][0] + truth[schedule][1] * n, link(n))
+                for _ in range(3)]
+
+    fixed, per_byte, detail = op_overhead_s(per_rank_events(steps_of), link)
     assert fixed == pytest.approx({k: charged_per_op(k, 8, v[0]) for k, v in truth.items()}, abs=1e-12)
     assert per_byte == pytest.approx({k: charged_per_op(k, 8, v[1]) for k, v in truth.items()}, abs=1e-16)
     assert charged_per_op("zb-h1", 8, 1.0) == pytest.approx(47 / 31)  # 48 ops a step, 32 of them F or B
@@ -82,15 +81,13 @@ def test_cpu_that_gloo_threads_take_from_the_ops_is_charged_with_the_gaps():
     and the detail keeps the two apart."""
     link = lambda nbytes: 5e-5 + nbytes / 4e9  # noqa: E731
     gap_line, stolen_line = (2e-4, 1e-10), (4e-5, 2e-10)  # (s, s per byte)
-    per_rank: list[dict] = [{}, {}]
-    for schedule in SCHEDULES:
-        for shape in SHAPES:
-            n = message_bytes(shape)
-            gap, stolen = gap_line[0] + gap_line[1] * n, stolen_line[0] + stolen_line[1] * n
-            steps = [timeline(schedule, 8, 3e-3, 6e-3, gap, link(n), stolen) for _ in range(3)]
-            per_rank[0][f"{shape}/{schedule}"] = [st[0] for st in steps]
-            per_rank[1][f"{shape}/{schedule}"] = [st[1] for st in steps]
-    fixed, per_byte, detail = op_overhead_s(per_rank, link)
+
+    def steps_of(schedule: str, shape: str) -> list[tuple[list, list]]:
+        n = message_bytes(shape)
+        gap, stolen = gap_line[0] + gap_line[1] * n, stolen_line[0] + stolen_line[1] * n
+        return [timeline(schedule, 8, 3e-3, 6e-3, gap, link(n), stolen) for _ in range(3)]
+
+    fixed, per_byte, detail = op_overhead_s(per_rank_events(steps_of), link)
     for schedule in SCHEDULES:
         first, second = orders(schedule, 8)
         ops = first + second
@@ -134,15 +131,12 @@ def test_ops_longer_than_alone_are_reported_not_charged():
     whole backward's 6 - 5 = 1 ms; ZB-V has one F, B and W per stage and microbatch like ZB-H1, on twice the
     stages), recorded in the detail; the charge stays the gap."""
     gap = 2e-4
-    per_rank: list[dict] = [{}, {}]
+    per_rank = per_rank_events(lambda schedule, shape: [timeline(schedule, 8, 3e-3, 6e-3, gap, 1e-4)
+                                                        for _ in range(2)])
     for shape in SHAPES:
         for rank in (0, 1):
             solo = [op for i in range(4) for op in (("F", rank, i, 0.0, 2.5e-3, 0.0), ("B", rank, i, 0.0, 5e-3, 0.0))]
             per_rank[rank][f"{shape}/{SOLO}"] = [solo]
-        for schedule in SCHEDULES:
-            steps = [timeline(schedule, 8, 3e-3, 6e-3, gap, 1e-4) for _ in range(2)]
-            per_rank[0][f"{shape}/{schedule}"] = [s[0] for s in steps]
-            per_rank[1][f"{shape}/{schedule}"] = [s[1] for s in steps]
     fixed, per_byte, detail = op_overhead_s(per_rank, lambda nbytes: 1e-4)
     M = 8
     excess_us = {k: 750.0 for k in SCHEDULES} | {"zb-h1": (M * 500 + M * 1000 + M * 6000) / (2 * M),
