@@ -16,6 +16,11 @@ Bytes per parameter, by implementation (fp32 state):
   mul_(p) 8 = 80; SGD add_(p, g) 12; momentum mul_(buf) 8 + add_(buf, g) 12 + add_(p, buf) 12 = 32.
   Measured here: 2.23M parameters, Adam, one thread: 4.5 ms = 160 MB at 36 GB/s, against the
   32.3 GB/s `profiles calibrate` measured for the core.
+  A calibrated profile measures the step instead (`optimizer_ns_per_param`, hardware_profiles/
+  optimizer_overhead.py): the passes over one tensor reuse what the previous pass left in cache, so the
+  bytes overstate the traffic. Here Adam stepped at 3.2-3.4 ns a parameter against 4.1 ns for 72 bytes at
+  the 17.5 GB/s calibrate measured; examples/mlp.py's step (5.12M parameters) took 17.8 ms, 22.2 predicted
+  by bytes, 17.7 by the measured rate.
 - fused kernels, what GPU frameworks step with (apex / DeepSpeed FusedAdam, Megatron's optimizer,
   torch `fused=True`): one pass reading p, g, m, v and writing p, m, v: 28 (Adam, AdamW); SGD 12;
   momentum 20 (read p, g, buf; write p, buf).
@@ -42,16 +47,18 @@ def optimizer_step_s(param_bytes_fp32: float, *, optimizer: str, mixed_precision
     """Seconds for one optimizer step over `param_bytes_fp32` bytes of fp32 parameters in `tensors` parameter
     tensors on one device of `profile`.
 
-    A local profile steps with torch.optim's defaults (the runtime's), any other with fused kernels; the
-    per-tensor host time is the profile's measurement (none in the catalogue: fused kernels take every tensor
-    in one launch).
+    A local profile steps with torch.optim's defaults (the runtime's), any other with fused kernels. Where the
+    profile measured the optimizer's time per parameter and per tensor, those price it (none in the catalogue:
+    fused kernels take every tensor in one launch); else the bytes its kernels move at the memory bandwidth.
     """
     table = FOREACH_BYTES_PER_PARAM if profile.local else FUSED_BYTES_PER_PARAM
     if optimizer not in table:
         raise ValueError(f"unknown optimizer {optimizer!r}")
-    per_param = table[optimizer] + (HALF_COPY_BYTES_PER_PARAM if mixed_precision else 0)
-    memory_s = param_bytes_fp32 / FP32_BYTES * per_param / profile.mem_bw_bytes_per_s
-    return memory_s + tensors * profile.optimizer_tensor_s.get(optimizer, 0.0)
+    params = param_bytes_fp32 / FP32_BYTES
+    half_copy_s = params * (HALF_COPY_BYTES_PER_PARAM if mixed_precision else 0) / profile.mem_bw_bytes_per_s
+    measured = profile.optimizer_param_s.get(optimizer)
+    update_s = params * measured if measured is not None else params * table[optimizer] / profile.mem_bw_bytes_per_s
+    return update_s + half_copy_s + tensors * profile.optimizer_tensor_s.get(optimizer, 0.0)
 
 
 def stash_copy_s(param_bytes: float, *, profile: HardwareProfile) -> float:

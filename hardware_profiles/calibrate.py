@@ -350,6 +350,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         attn = step("attention", lambda: measure_attention(cap))
         copy_bw, elem = step("memory bandwidth", lambda: measure_memory(3 * cap))
         optimizer_s = step("optimizer step", optimizer_overhead.per_tensor_s)
+        param_s = step("optimizer step (large tensors)", lambda: optimizer_overhead.per_param_s(optimizer_s))
         recompute_s, recompute_tensor_s = step("recomputation's checkpoint", checkpoint_overhead_s)
     finally:
         torch.set_num_threads(prev_threads)
@@ -398,6 +399,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         concurrency_slowdown=min(4.0, max(1.0, slowdown_from_probes(slowdowns))),
         collectives=collectives.links_from_times(collective_times),
         optimizer_tensor_s=optimizer_s,
+        optimizer_param_s=param_s,
         recompute_overhead_s=recompute_s,
         recompute_tensor_s=recompute_tensor_s,
         notes=(
@@ -428,6 +430,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
                                for op, ts in collective_times.items()},
             "op_overhead": overhead_detail,
             "optimizer_us_per_tensor": {k: round(v * 1e6, 2) for k, v in optimizer_s.items()},
+            "optimizer_ns_per_param": {k: round(v * 1e9, 3) for k, v in param_s.items()},
             "recompute_us": {"per_region": round(recompute_s * 1e6, 1),
                              "per_saved_tensor": round(recompute_tensor_s * 1e6, 2)},
             "concurrency_slowdown_per_rank": [round(x, 3) for x in rank_slowdowns(slowdowns)],

@@ -65,12 +65,13 @@ _UNITS = {
     "kernel_overhead_us": ("µs", 1e4),
     "dispatch_us": ("µs", 1e4),
     "optimizer_us_per_tensor": ("µs", 1e4),
+    "optimizer_ns_per_param": ("ns", 1e4),
     "recompute_overhead_us": ("µs", 1e6),
     "recompute_us_per_saved_tensor": ("µs", 1e4),
     "peak_tflops": ("TFLOP/s", 1e5),
 }
 
-_SLIPS = {"GiB": "bytes or MiB", "GB/s": "B/s or MB/s", "TFLOP/s": "FLOP/s or GFLOP/s", "µs": "ns"}
+_SLIPS = {"GiB": "bytes or MiB", "GB/s": "B/s or MB/s", "TFLOP/s": "FLOP/s or GFLOP/s", "µs": "ns", "ns": "ps"}
 
 _TOP_KEYS = {
     "format": True,  # key -> required
@@ -91,6 +92,7 @@ _TOP_KEYS = {
     "dispatch_us": False,
     "op_overhead_us_per_mib": False,
     "optimizer_us_per_tensor": False,
+    "optimizer_ns_per_param": False,
     "recompute_overhead_us": False,
     "recompute_us_per_saved_tensor": False,
     "concurrency_slowdown": False,
@@ -301,6 +303,10 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     c.keys(optimizer_us, {k: False for k in OPTIMIZERS}, prefix="optimizer_us_per_tensor.")
     optimizer_s = {k: c.number(v, f"optimizer_us_per_tensor.{k}", "optimizer_us_per_tensor", allow_zero=True) * 1e-6
                    for k, v in optimizer_us.items()}
+    param_ns = c.mapping(doc.get("optimizer_ns_per_param") or {}, "optimizer_ns_per_param")
+    c.keys(param_ns, {k: False for k in OPTIMIZERS}, prefix="optimizer_ns_per_param.")
+    param_s = {k: c.number(v, f"optimizer_ns_per_param.{k}", "optimizer_ns_per_param") * 1e-9
+               for k, v in param_ns.items()}
     recompute_s = c.number(doc.get("recompute_overhead_us", 0), "recompute_overhead_us", allow_zero=True) * 1e-6
     recompute_tensor_s = c.number(doc.get("recompute_us_per_saved_tensor", 0), "recompute_us_per_saved_tensor",
                                   allow_zero=True) * 1e-6
@@ -344,6 +350,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         dispatch_s=dispatch_s,
         efficiency_curve=curves,
         optimizer_tensor_s=optimizer_s,
+        optimizer_param_s=param_s,
         recompute_overhead_s=recompute_s,
         recompute_tensor_s=recompute_tensor_s,
     )
@@ -390,6 +397,8 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         doc["op_overhead_us_per_mib"] = {k: _num(v * 1e6 * MIB) for k, v in profile.op_overhead_s_per_byte.items()}
     if profile.optimizer_tensor_s:
         doc["optimizer_us_per_tensor"] = {k: _num(v * 1e6) for k, v in profile.optimizer_tensor_s.items()}
+    if profile.optimizer_param_s:
+        doc["optimizer_ns_per_param"] = {k: _num(v * 1e9) for k, v in profile.optimizer_param_s.items()}
     if profile.recompute_overhead_s or profile.recompute_tensor_s:
         doc["recompute_overhead_us"] = _num(profile.recompute_overhead_s * 1e6)
         doc["recompute_us_per_saved_tensor"] = _num(profile.recompute_tensor_s * 1e6)

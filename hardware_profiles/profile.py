@@ -68,6 +68,10 @@ class HardwareProfile:
     # Host seconds per parameter tensor of one optimizer step, by optimizer name (torch.optim's per-tensor loop on
     # a CPU; hardware_profiles/optimizer_overhead.py). Measured by `profiles calibrate`; empty = bytes alone.
     optimizer_tensor_s: dict[str, float] = field(default_factory=dict)
+    # Seconds per parameter of one optimizer step on tensors beyond the cache, by optimizer name (measured by
+    # `profiles calibrate`, hardware_profiles/optimizer_overhead.py). Empty = the bytes its kernels move / the
+    # memory bandwidth (catalogue devices: fused kernels, one pass).
+    optimizer_param_s: dict[str, float] = field(default_factory=dict)
     # Host time torch's checkpoint spends around a recomputed stage beyond re-running its forward: per region and
     # per tensor its forward saves (hardware_profiles/recompute_overhead.py). Measured by `profiles calibrate`;
     # 0 = none (catalogue GPUs: host work that overlaps the kernels).

@@ -27,6 +27,20 @@ def test_bytes_per_parameter_follow_the_kernels():
         optimizer_step_s(4, optimizer="lamb", mixed_precision=False, profile=h100)
 
 
+def test_a_measured_rate_per_parameter_replaces_the_bytes():
+    """A calibrated profile prices the update at its measured seconds per parameter (plus per tensor); the
+    half-precision copy, which torch.optim does not make, stays bytes / bandwidth; an optimizer it did not
+    measure keeps the bytes model."""
+    local = dataclasses.replace(load_profile("h100-sxm"), local=True, optimizer_param_s={"adam": 3e-9},
+                                optimizer_tensor_s={"adam": 50e-6})
+    n, bw = 1_000_000, local.mem_bw_bytes_per_s
+    assert optimizer_step_s(4 * n, optimizer="adam", mixed_precision=False, profile=local, tensors=10) == \
+        pytest.approx(n * 3e-9 + 10 * 50e-6)
+    assert optimizer_step_s(4 * n, optimizer="adam", mixed_precision=True, profile=local, tensors=10) == \
+        pytest.approx(n * 3e-9 + 2 * n / bw + 10 * 50e-6)
+    assert optimizer_step_s(4 * n, optimizer="sgd", mixed_precision=False, profile=local) == pytest.approx(12 * n / bw)
+
+
 def test_each_device_steps_after_its_last_backward_and_all_reduce():
     """2 stages, GPipe, M = 2, F = 1, B = 2, no sends: stage 1 runs F at 1-3, B at 3-7; stage 0 F at 0-2 and
     B at 5-7, 7-9 (each behind stage 1's). Stage 0 all-reduces 9 -> 10 and steps 10 -> 10.5; stage 1 steps
