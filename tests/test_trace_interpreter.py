@@ -49,7 +49,8 @@ def test_small_op_forward_times_are_the_compiled_programs_not_the_interpreters(t
     torch.set_num_threads(1)
     try:
         corrected, interpreted = [], []
-        for _ in range(2):  # pairs back to back; the least of each, as the tracer's own repeats do
+        for _ in range(3):  # pairs back to back; the least of each, as the tracer's own repeats do (with 2, one
+            # interpreted trace that ran fast under load once brought the ratio to 0.91 on CI)
             corrected.append(sum(layer.fwd_s for layer in trace(str(path), 4, repeats=5).layers))
             with monkeypatch.context() as m:
                 m.setattr(measure, "_compiled_forward", lambda ep, spec, args, target, fwd, *rest: (fwd, 0.0))
