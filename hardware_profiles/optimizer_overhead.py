@@ -45,7 +45,9 @@ def per_param_s(tensor_s: dict[str, float]) -> dict[str, float]:
     """Seconds per parameter of one step of each optimizer, on the calling thread: a step over
     LARGE_TENSORS tensors of LARGE_NUMEL floats, less their per-tensor time (`tensor_s`, from `per_tensor_s`).
     Large tensors, because the models whose step matters are big: small ones stay in cache and step faster
-    per parameter (here ~15% at 64K floats a tensor), which this slightly over-predicts."""
+    per parameter (here ~15% at 64K floats a tensor), which this slightly over-predicts. Measure it under the
+    runtime's allocator setting (calibrate sets `keep_freed_memory` first): without it the temporaries Adam
+    allocates per tensor land on fresh pages, and its step took 7.1 ns a parameter here instead of 3.1."""
     n = LARGE_TENSORS * LARGE_NUMEL
     out: dict[str, float] = {}
     for name in OPTIMIZERS:
