@@ -20,7 +20,7 @@ Bytes per parameter, by implementation (fp32 state):
   optimizer_overhead.py): the passes over one tensor reuse what the previous pass left in cache, so the
   bytes overstate the traffic. Here Adam stepped at 3.2-3.4 ns a parameter against 4.1 ns for 72 bytes at
   the 17.5 GB/s calibrate measured; examples/mlp.py's step (5.12M parameters) took 17.8 ms, 22.2 predicted
-  by bytes, 17.7 by the measured rate.
+  by bytes, 17.9 by the measured rate.
 - fused kernels, what GPU frameworks step with (apex / DeepSpeed FusedAdam, Megatron's optimizer,
   torch `fused=True`): one pass reading p, g, m, v and writing p, m, v: 28 (Adam, AdamW); SGD 12;
   momentum 20 (read p, g, buf; write p, buf).

@@ -29,8 +29,8 @@ def test_bytes_per_parameter_follow_the_kernels():
 
 def test_a_measured_rate_per_parameter_replaces_the_bytes():
     """A calibrated profile prices the update at its measured seconds per parameter (plus per tensor); the
-    half-precision copy, which torch.optim does not make, stays bytes / bandwidth; an optimizer it did not
-    measure keeps the bytes model."""
+    half-precision weight copy, which the timed torch.optim step does not include, stays bytes / bandwidth;
+    an optimizer it did not measure keeps the bytes model."""
     local = dataclasses.replace(load_profile("h100-sxm"), local=True, optimizer_param_s={"adam": 3e-9},
                                 optimizer_tensor_s={"adam": 50e-6})
     n, bw = 1_000_000, local.mem_bw_bytes_per_s
