@@ -241,6 +241,19 @@ def _wgrad(problem: Problem, graph: Graph, assignment: Sequence[int], S: int, sl
                                                         for layer in graph.layers})
 
 
+def _first_stage_whole_w(wgrad: list[float], bwd: Sequence[float]) -> list[float]:
+    """W per stage as torch runs a split backward: the first stage's W is its whole backward and its B empty.
+
+    torch.distributed.pipelining (torch 2.13 stage.py, `PipelineStage.backward_one_chunk`) skips the
+    input-gradient pass on the first stage, whose input needs no gradient, and its `backward_weight_one_chunk`
+    then runs autograd.backward over the whole stage. Measured on examples/mlp.py's stage 0 under ZB-V: B
+    ~0.05 ms and W 22-25 ms, against 9.7 and 15.0 ms by its layers' W shares. (With recomputation the
+    simulator still re-runs the forward before that empty B as well as before W: one re-run more than torch
+    makes on the first stage.)
+    """
+    return [bwd[0], *wgrad[1:]] if wgrad else wgrad
+
+
 def _fresh_saving(problem: Problem, graph: Graph, assignment: Sequence[int], S: int, slow: float) -> list[float]:
     """What each stage's backward saves when it writes fresh gradients instead of adding into existing ones:
     every layer's backward time times its traced share of adds (`grad_accumulate_s`, costmodels/accumulate.py);
@@ -310,8 +323,9 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     msg = [(in_bytes[s] if s > 0 and remote[s - 1] else 0) + (out_bytes[s] if s < S - 1 and remote[s] else 0)
            for s in range(S)]
     wgrad = _wgrad(problem, graph, assignment, S, slow) if facts(config.schedule).splits_backward else []
-    if wgrad:  # the adds are part of W (autograd's AccumulateGrad runs in the weight pass)
-        fresh = [min(f, w) for f, w in zip(fresh, wgrad, strict=True)]
+    if wgrad:
+        wgrad = _first_stage_whole_w(wgrad, bwd)
+        fresh = [min(f, w) for f, w in zip(fresh, wgrad, strict=True)]  # the adds are part of W (AccumulateGrad)
     return StageInputs(fwd, bwd, rec, send, allreduce, sync.fwd, sync.bwd, out_bytes, static, act, rbytes, memory,
                        msg, opt, wgrad, [list(used) for _, used in shared], fresh)
 
