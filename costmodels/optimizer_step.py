@@ -18,9 +18,9 @@ Bytes per parameter, by implementation (fp32 state):
   32.3 GB/s `profiles calibrate` measured for the core.
   A calibrated profile measures the step instead (`optimizer_ns_per_param`, hardware_profiles/
   optimizer_overhead.py): the passes over one tensor reuse what the previous pass left in cache, so the
-  bytes overstate the traffic. Here Adam stepped at 3.2-3.4 ns a parameter against 4.1 ns for 72 bytes at
-  the 17.5 GB/s calibrate measured; examples/mlp.py's step (5.12M parameters) took 17.8 ms, 22.2 predicted
-  by bytes, 17.9 by the measured rate.
+  bytes overstate the traffic. Here Adam stepped at 3.2-3.4 ns a parameter on tensors of 1-4M floats against
+  4.1 ns for 72 bytes at the 17.5 GB/s calibrate measured (SGD 0.41-0.46 ns against 0.69); examples/mlp.py's
+  step (5.12M parameters) took 17.8 ms, 22.2 predicted by bytes, 17.9 by the measured rate.
 - fused kernels, what GPU frameworks step with (apex / DeepSpeed FusedAdam, Megatron's optimizer,
   torch `fused=True`): one pass reading p, g, m, v and writing p, m, v: 28 (Adam, AdamW); SGD 12;
   momentum 20 (read p, g, buf; write p, buf).

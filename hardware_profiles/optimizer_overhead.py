@@ -14,9 +14,7 @@ adds tensors x that to the per-parameter term.
 The per-parameter term is measured too (`per_param_s`), on a few tensors far beyond the
 last-level cache, rather than derived from the bytes Adam's passes move and the copy
 bandwidth: the passes over one tensor reuse what the pass before left in cache, so the
-bytes overstate the traffic. Here Adam took 3.2-3.4 ns a parameter on tensors of 1-4M
-floats against 4.1 ns for its 72 bytes at the 17.5 GB/s calibrate measured (SGD 0.41-0.46
-against 0.69): examples/mlp.py's 5.12M-parameter Adam step took 17.8 ms, predicted 22.2.
+bytes overstate the traffic (the figures measured here: costmodels/optimizer_step.py).
 """
 
 from __future__ import annotations

@@ -251,7 +251,7 @@ def _first_stage_whole_w(wgrad: list[float], bwd: Sequence[float]) -> list[float
     simulator still re-runs the forward before that empty B as well as before W: one re-run more than torch
     makes on the first stage.)
     """
-    return [bwd[0], *wgrad[1:]] if wgrad else wgrad
+    return [bwd[0], *wgrad[1:]]
 
 
 def _fresh_saving(problem: Problem, graph: Graph, assignment: Sequence[int], S: int, slow: float) -> list[float]:

@@ -262,25 +262,13 @@ def test_real_calibration_writes_a_loadable_local_profile(real_run):
 @pytest.mark.slow
 def test_calibrated_optimizer_step_predicts_a_real_adam_step(real_run):
     """A real torch Adam step over 120 tensors of 4,096 floats, timed here, against optimizer_step_s with the
-    calibrated per-tensor time and bandwidth (wide bounds: a shared 2-core machine). Without the per-tensor
+    calibrated per-tensor and per-parameter times (wide bounds: a shared 2-core machine). Without the per-tensor
     term the bytes alone predicted 1.0 ms against 3.4 ms measured here."""
     import torch
 
-    from pipeplan.costmodels.optimizer_step import optimizer_step_s
-
     _, out, _ = real_run
-    prof = load_profile(str(out))
-    params = [torch.nn.Parameter(torch.zeros(4096)) for _ in range(120)]
-    for p in params:
-        p.grad = torch.ones(4096)
-    opt = torch.optim.Adam(params, lr=1e-3)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        measured = _best_s(opt.step)
-    finally:
-        torch.set_num_threads(threads)
-    predicted = optimizer_step_s(120 * 4096 * 4, optimizer="adam", mixed_precision=False, profile=prof, tensors=120)
+    measured, predicted = _adam_step_s(load_profile(str(out)),
+                                       [torch.nn.Parameter(torch.zeros(4096)) for _ in range(120)], reps=9)
     assert 0.5 < measured / predicted < 2.0, (measured, predicted)
 
 
@@ -290,10 +278,7 @@ def test_calibrated_optimizer_step_predicts_a_real_adam_step_on_large_tensors(re
     here, against optimizer_step_s with the calibrated per-parameter and per-tensor times. The bytes model
     (72 B a parameter at the copy bandwidth) predicted 22.2 ms here against 17.8 ms measured; the measured rate
     17.9 ms. (Bounds leave room for a shared machine's drift between calibration and this step.)"""
-    import torch
-
     from pipeplan.costmodels.model_file import load_model_file
-    from pipeplan.costmodels.optimizer_step import optimizer_step_s
     from pipeplan.hardware_profiles.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the runtime's ranks step, and calibrate measured
@@ -301,15 +286,24 @@ def test_calibrated_optimizer_step_predicts_a_real_adam_step_on_large_tensors(re
     prof = load_profile(str(out))
     skip_if_busy(prof)
     model = load_model_file(str(Path(__file__).parents[1] / "examples" / "mlp.py")).build()
-    params = list(model.parameters())
+    measured, predicted = _adam_step_s(prof, list(model.parameters()), reps=7)
+    assert 0.7 < measured / predicted < 1.4, (measured, predicted)
+
+
+def _adam_step_s(prof, params, reps: int) -> tuple[float, float]:
+    """(measured, predicted) seconds of one torch Adam step over `params` (gradients set to ones): the best of
+    `reps` steps on one thread, and optimizer_step_s on `prof`."""
+    import torch
+
+    from pipeplan.costmodels.optimizer_step import optimizer_step_s
+
     for p in params:
         p.grad = torch.ones_like(p)
     opt = torch.optim.Adam(params, lr=1e-3)
-    measured = _one_thread(lambda: _best_s(opt.step, reps=7))
-    numel = sum(p.numel() for p in params)
-    predicted = optimizer_step_s(4 * numel, optimizer="adam", mixed_precision=False, profile=prof,
-                                 tensors=len(params))
-    assert 0.7 < measured / predicted < 1.4, (measured, predicted)
+    measured = _one_thread(lambda: _best_s(opt.step, reps=reps))
+    predicted = optimizer_step_s(4 * sum(p.numel() for p in params), optimizer="adam", mixed_precision=False,
+                                 profile=prof, tensors=len(params))
+    return measured, predicted
 
 
 def _best_s(fn, reps=9):
