@@ -27,6 +27,8 @@ machine can do, and other processes on a shared machine only ever add time, so
 the minimum is the estimate that does not depend on how busy the machine was
 during calibration (a median on a loaded 2-core box moved by 2-3x in our runs).
 On a quiet machine the minimum and the tracer's medians agree within a few %.
+The ops of one phase are timed round-robin over one window (`_interleaved_best_s`),
+so that a burst of load lowers none of them alone.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
     import torch
 
 BF16_MIN_SPEEDUP = 1.05
+BF16_GIVE_UP = 0.5  # a first bf16 GEMM below this x the fp32 peak ends the bf16 timing (measure_bf16_matmul)
 BUSY_SHARE = 0.85  # below this CPU share during the timing loops, the profile warns
 # Each timed op is short (~1-3 ms at ~100 GFLOP/s per core) on purpose: on a busy
 # machine an op that outlasts a scheduler time slice is almost never timed whole,
@@ -84,16 +87,29 @@ _T = TypeVar("_T")
 
 
 # ---------------------------------------------------------------- timing
-def _best_time_s(fn: Callable[[], object], cap_s: float, max_reps: int = 100, min_reps: int = 5) -> float:
-    """Best (minimum) wall time of fn() after one warm-up, stopping at max_reps or cap_s."""
-    fn()
-    times: list[float] = []
+def _interleaved_best_s(fns: list[Callable[[], object]], window_s: float, min_rounds: int = 5,
+                        max_rounds: int = 100) -> list[float]:
+    """Best wall time of each fn, timed round after round (each once per round) over one window.
+
+    Why interleaved: a neighbour's burst on a shared host lasts from tens of ms to seconds.
+    Timed one op after another, each in its own short slot, a burst that covers one slot
+    lowers that op's rate alone; a CI run measured the convolutions at 55 GFLOP/s in their
+    slot while the same host ran a larger 3x3 convolution at 84 a minute later. Round-robin,
+    every op's minimum is taken over the whole window, and the ratios between ops (the
+    efficiencies) are measured under the same conditions.
+    """
+    for fn in fns:
+        fn()  # warm-up: first-call dispatch and allocation
+    best = [math.inf] * len(fns)
     start = time.perf_counter()
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < cap_s):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    rounds = 0
+    while rounds < min_rounds or (rounds < max_rounds and time.perf_counter() - start < window_s):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+        rounds += 1
+    return best
 
 
 def cpu_share(wall0: float, cpu0: float) -> float:
@@ -108,38 +124,71 @@ def _geomean(xs: list[float]) -> float:
 
 
 # ---------------------------------------------------------------- compute / memory
-def measure_matmul(dtype: torch.dtype, cap_s: float) -> list[float]:
-    """Achieved FLOP/s (2·M·K·N per GEMM) for each of MATMUL_SHAPES."""
+Kernel: TypeAlias = tuple[float, Callable[[], object]]  # (FLOPs of one call, the call)
+
+
+def matmul_kernels(dtype: torch.dtype) -> list[Kernel]:
+    """One GEMM per MATMUL_SHAPES, 2·M·K·N FLOPs each."""
     import torch
 
-    out = []
+    out: list[Kernel] = []
     for m, k, n in MATMUL_SHAPES:
         a = torch.randn(m, k).to(dtype)
         b = torch.randn(k, n).to(dtype)
-        out.append(2 * m * k * n / _best_time_s(functools.partial(torch.mm, a, b), cap_s))
+        out.append((2 * m * k * n, functools.partial(torch.mm, a, b)))
     return out
 
 
-def measure_conv(cap_s: float) -> list[float]:
+def conv_kernels() -> list[Kernel]:
+    """One 3x3 convolution per CONV_SHAPES (stride 1, padding 1: Hout = H), 2·N·H·W·C²·9 FLOPs each."""
     import torch
     import torch.nn.functional as F
 
-    out = []
+    out: list[Kernel] = []
     for n, c, h in CONV_SHAPES:
         x = torch.randn(n, c, h, h)
         w = torch.randn(c, c, 3, 3)
-        flops = 2 * n * h * h * c * c * 9  # stride 1, padding 1: Hout = H
-        out.append(flops / _best_time_s(functools.partial(F.conv2d, x, w, padding=1), cap_s))
+        out.append((2 * n * h * h * c * c * 9, functools.partial(F.conv2d, x, w, padding=1)))
     return out
 
 
-def measure_attention(cap_s: float) -> float:
+def attention_kernel() -> Kernel:
+    """scaled_dot_product_attention at B=4, H=8, S=256, D=64: 4·B·H·S²·D FLOPs (QK^T and PV)."""
     import torch
     import torch.nn.functional as F
 
     b, h, s, d = 4, 8, 256, 64
     q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
-    return 4 * b * h * s * s * d / _best_time_s(lambda: F.scaled_dot_product_attention(q, k, v), cap_s)
+    return 4 * b * h * s * s * d, functools.partial(F.scaled_dot_product_attention, q, k, v)
+
+
+def measure_compute(window_s: float) -> tuple[list[float], list[float], float]:
+    """Achieved fp32 FLOP/s of (each GEMM, each convolution, attention), all timed interleaved."""
+    import torch
+
+    gemms, convs = matmul_kernels(torch.float32), conv_kernels()
+    kernels = [*gemms, *convs, attention_kernel()]
+    rates = [f / t for (f, _), t in zip(kernels, _interleaved_best_s([fn for _, fn in kernels], window_s), strict=True)]
+    return rates[:len(gemms)], rates[len(gemms):-1], rates[-1]
+
+
+def measure_bf16_matmul(window_s: float, fp32_peak: float) -> list[float]:
+    """Achieved bf16 FLOP/s of each GEMM; only the first one when it runs below half the fp32 peak.
+
+    Why the early stop: bf16 is kept only as a fast path (>= BF16_MIN_SPEEDUP x fp32). A CPU
+    without one runs bf16 GEMMs through a slow fallback (~1 GFLOP/s on this repo's VM), where
+    timing all four shapes at least five times each took 7.4 s of an 8 s calibration budget.
+    One call at under half the fp32 rate settles the question: noise would have to halve it.
+    """
+    import torch
+
+    kernels = matmul_kernels(torch.bfloat16)
+    flops, first = kernels[0]
+    first_rate = flops / _interleaved_best_s([first], 0.0, min_rounds=1)[0]
+    if first_rate < BF16_GIVE_UP * fp32_peak:
+        return [first_rate]
+    times = _interleaved_best_s([fn for _, fn in kernels], window_s)
+    return [f / t for (f, _), t in zip(kernels, times, strict=True)]
 
 
 def measure_memory(cap_s: float) -> tuple[float, list[float]]:
@@ -161,18 +210,8 @@ def measure_memory(cap_s: float) -> tuple[float, list[float]]:
         "add": (3 * MEMORY_BYTES, lambda: torch.add(x, y, out=z)),
         "relu": (2 * MEMORY_BYTES, lambda: torch.clamp_min(x, 0.0, out=z)),
     }
-    best = {k: math.inf for k in ops}
-    for _, fn in ops.values():
-        fn()  # warm-up: first touch of z
-    start = time.perf_counter()
-    rounds = 0
-    while rounds < 3 or (rounds < 40 and time.perf_counter() - start < cap_s):
-        for k, (_, fn) in ops.items():
-            t0 = time.perf_counter()
-            fn()
-            best[k] = min(best[k], time.perf_counter() - t0)
-        rounds += 1
-    bw = {k: nbytes / best[k] for k, (nbytes, _) in ops.items()}
+    times = _interleaved_best_s([fn for _, fn in ops.values()], cap_s, min_rounds=3, max_rounds=40)
+    bw = {k: nbytes / t for (k, (nbytes, _)), t in zip(ops.items(), times, strict=True)}
     return bw["copy"], [bw["add"], bw["relu"]]
 
 
@@ -326,8 +365,9 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
 
     report = progress or (lambda *_: None)
     t_start = time.perf_counter()
-    # ~5 s of the budget goes to spawning the link processes; the rest is spread over
-    # the timing loops (4+4+3+1 loops, and the memory loop counted 3 times = 15).
+    # ~5 s of the budget goes to spawning the link processes; the rest is spread over the
+    # timing windows: 8 caps for the 4 GEMMs, 3 convolutions and attention timed together,
+    # 4 for bf16 (when it has a fast path), 3 for memory = 15.
     cap = max(0.1, (budget_s - 5.0) / 15 * 0.8)
 
     def step(label: str, fn: Callable[[], _T]) -> _T:
@@ -341,13 +381,11 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
     torch.set_num_threads(1)
     wall0, cpu0 = time.perf_counter(), time.process_time()
     try:
-        fp32 = step("fp32 matmul", lambda: measure_matmul(torch.float32, cap))
+        fp32, conv, attn = step("fp32 matmul, conv and attention", lambda: measure_compute(8 * cap))
         try:
-            bf16 = step("bf16 matmul", lambda: measure_matmul(torch.bfloat16, cap))
+            bf16 = step("bf16 matmul", lambda: measure_bf16_matmul(4 * cap, max(fp32)))
         except RuntimeError:  # no bf16 GEMM on this build/CPU
             bf16 = []
-        conv = step("conv", lambda: measure_conv(cap))
-        attn = step("attention", lambda: measure_attention(cap))
         copy_bw, elem = step("memory bandwidth", lambda: measure_memory(3 * cap))
         optimizer_s = step("optimizer step", optimizer_overhead.per_tensor_s)
         param_s = step("optimizer step (large tensors)", lambda: optimizer_overhead.per_param_s(optimizer_s))

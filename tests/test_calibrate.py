@@ -33,17 +33,30 @@ def test_link_fit_recovers_latency_and_bandwidth():
     assert got_bw == pytest.approx(16 * MIB / (16 * MIB / bw - 4 / bw))
 
 
-def test_timer_stops_at_max_reps_and_returns_the_best_time():
+def test_interleaved_timer_runs_each_op_once_per_round_and_keeps_each_best(monkeypatch):
+    """Round-robin timing: warm-ups first, then op a, op b, op a, op b...; each op's minimum."""
+    ticks = iter([0, 0, 1, 1, 3, 5, 5, 8, 8, 9, 99])  # start; a 1, b 2; window check 5; a 3, b 1; check 99
+    monkeypatch.setattr(calibrate_mod.time, "perf_counter", lambda: next(ticks) * 1e-3)
     calls = []
-    sleeps = iter([0.0, 0.03, 0.01, 0.02])  # warm-up, then 3 timed calls
+    best = calibrate_mod._interleaved_best_s([lambda: calls.append("a"), lambda: calls.append("b")],
+                                             window_s=0.012, min_rounds=1)
+    assert calls == ["a", "b", "a", "b", "a", "b"]  # 2 warm-ups, then 2 rounds: round 2 started at 5 ms < 12 ms
+    assert best == pytest.approx([1e-3, 1e-3])
 
-    def fn():
-        calls.append(1)
-        time.sleep(next(sleeps))
 
-    best = calibrate_mod._best_time_s(fn, cap_s=100.0, max_reps=3)
-    assert len(calls) == 4  # one warm-up + 3 timed
-    assert 0.01 <= best < 0.02
+def test_bf16_without_a_fast_path_stops_after_one_gemm(monkeypatch):
+    """A first bf16 GEMM below half the fp32 peak ends the phase; a fast one times every shape."""
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(calibrate_mod.time, "perf_counter", lambda: next(ticks) * 1e-3)  # every call 'takes' 1 ms
+    calls = []
+    kernels = [(1e6 * (i + 1), lambda i=i: calls.append(i)) for i in range(4)]
+    monkeypatch.setattr(calibrate_mod, "matmul_kernels", lambda dtype: kernels)
+    assert calibrate_mod.measure_bf16_matmul(0.0, fp32_peak=2.5e9) == [pytest.approx(1e9)]
+    assert calls == [0, 0]  # warm-up and one timed call of the first shape, nothing else
+    calls.clear()
+    rates = calibrate_mod.measure_bf16_matmul(0.0, fp32_peak=1.5e9)
+    assert rates == pytest.approx([1e9, 2e9, 3e9, 4e9])
+    assert calls.count(3) == 1 + 5  # warm-up + the minimum 5 rounds
 
 
 FAKE_FP32 = [80e9, 100e9, 64e9, 100e9]
@@ -90,8 +103,7 @@ def test_measured_rates_count_flops_and_bytes_by_convention(monkeypatch):
     plan, which no timing test on a noisy machine can see reliably.
     """
     ticks = iter(range(10**6))
-    monkeypatch.setattr(calibrate_mod, "_best_time_s", lambda fn, cap_s: 1e-3)
-    monkeypatch.setattr(calibrate_mod.time, "perf_counter", lambda: next(ticks) * 1e-3)
+    monkeypatch.setattr(calibrate_mod.time, "perf_counter", lambda: next(ticks) * 1e-3)  # every timed call 1 ms
     monkeypatch.setattr(calibrate_mod, "MEMORY_BYTES", 4096)
     monkeypatch.setattr(calibrate_mod, "MATMUL_SHAPES", ((2, 3, 4),))
     monkeypatch.setattr(calibrate_mod, "CONV_SHAPES", ((1, 2, 5),))
@@ -103,8 +115,13 @@ def test_measured_rates_count_flops_and_bytes_by_convention(monkeypatch):
         torch.mm(torch.ones(2, 3), torch.ones(3, 4))
     with FlopCounterMode(display=False) as conv, torch.no_grad():
         F.conv2d(torch.ones(1, 2, 5, 5), torch.ones(2, 2, 3, 3), padding=1)
-    assert calibrate_mod.measure_matmul(torch.float32, 0.0) == [pytest.approx(mm.get_total_flops() / 1e-3)]
-    assert calibrate_mod.measure_conv(0.0) == [pytest.approx(conv.get_total_flops() / 1e-3)]
+    with FlopCounterMode(display=False) as attn, torch.no_grad():  # attention's two GEMMs, QK^T and PV
+        q = torch.ones(4, 8, 256, 64)
+        (q @ q.transpose(-1, -2)).softmax(-1) @ q
+    gemm, convs, attention = calibrate_mod.measure_compute(0.0)
+    assert gemm == [pytest.approx(mm.get_total_flops() / 1e-3)]
+    assert convs == [pytest.approx(conv.get_total_flops() / 1e-3)]
+    assert attention == pytest.approx(attn.get_total_flops() / 1e-3)
     copy, (add, relu) = calibrate_mod.measure_memory(0.0)
     assert (copy, add, relu) == pytest.approx((2 * 4096 / 1e-3, 3 * 4096 / 1e-3, 2 * 4096 / 1e-3))
 
@@ -112,14 +129,12 @@ def test_measured_rates_count_flops_and_bytes_by_convention(monkeypatch):
 @pytest.fixture
 def fake_measurements(monkeypatch):
     """Known 'measurements' so every derived field has an exact expected value."""
-    import torch
+    def bf16(window_s, fp32_peak):
+        assert fp32_peak == max(FAKE_FP32)
+        return [x * fake_measurements.bf16_speedup for x in FAKE_FP32]
 
-    def matmul(dtype, cap):
-        return list(FAKE_FP32) if dtype == torch.float32 else [x * fake_measurements.bf16_speedup for x in FAKE_FP32]
-
-    monkeypatch.setattr(calibrate_mod, "measure_matmul", matmul)
-    monkeypatch.setattr(calibrate_mod, "measure_conv", lambda cap: [120e9, 90e9])
-    monkeypatch.setattr(calibrate_mod, "measure_attention", lambda cap: 50e9)
+    monkeypatch.setattr(calibrate_mod, "measure_compute", lambda window_s: (list(FAKE_FP32), [120e9, 90e9], 50e9))
+    monkeypatch.setattr(calibrate_mod, "measure_bf16_matmul", bf16)
     monkeypatch.setattr(calibrate_mod.optimizer_overhead, "per_tensor_s", lambda: dict(FAKE_OPTIMIZER_S))
     monkeypatch.setattr(calibrate_mod.optimizer_overhead, "per_param_s",
                         lambda tensor_s: dict(FAKE_PARAM_S) if tensor_s == FAKE_OPTIMIZER_S else {})
@@ -165,7 +180,7 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
     assert p.usable_memory_bytes == int(p.memory_bytes * 0.8)
     # every phase reported as started (0/1) and finished (1/1)
     names = [ph for ph, done, _ in phases if done == 0]
-    assert len(names) == 9 and all((n, 1, 1) in phases for n in names)
+    assert len(names) == 7 and all((n, 1, 1) in phases for n in names)
     assert p.optimizer_tensor_s == FAKE_OPTIMIZER_S
     assert p.optimizer_param_s == FAKE_PARAM_S  # measured with the per-tensor times taken out
     assert (p.recompute_overhead_s, p.recompute_tensor_s) == FAKE_CHECKPOINT_S
