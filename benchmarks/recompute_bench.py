@@ -14,6 +14,12 @@ times (the re-run up to the stage's last saved tensor) plus `checkpoint_overhead
 per region and per saved tensor, measured at the start as `profiles calibrate` measures it); beside it, the
 re-run alone and the whole forward the planner charged before. Errors are of the recomputed stage's step (its
 measured forward + backward + re-run against the same with the re-run priced each way).
+
+The second table splits every stage's backward but the first as zero bubble does, through torch's own
+`stage_backward_input` (B) and `stage_backward_weight` (W), and times B + W with and without recomputation the same
+way. W calls autograd once per parameter group and the checkpoint re-runs the forward for each call, so the planner
+charges (1 + groups) re-runs (`costmodels.recompute.weight_grad_passes`); beside it, the two re-runs it charged
+before. The first stage is left out: torch runs its whole backward as W, one re-run, as in the first table.
 """
 
 from __future__ import annotations
@@ -67,8 +73,21 @@ def _step(module, inputs) -> float:
     return time.perf_counter() - t0
 
 
-def time_stage(split, spec, stage: int, microbatch: int, pairs: int) -> tuple[float, float]:
-    """(forward + backward, re-run) of one stage, seconds: medians over alternating plain / recomputed pairs."""
+def _split_step(module, inputs) -> float:
+    """Forward, then the backward as zero bubble runs it: torch's B (input gradients) and W (weights, by group)."""
+    import torch
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    t0 = time.perf_counter()
+    out = module(*inputs)
+    outs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor) and o.requires_grad]
+    _, groups = stage_backward_input(outs, [torch.ones_like(o) for o in outs], list(inputs), module.parameters())
+    stage_backward_weight(module.parameters(), groups)
+    return time.perf_counter() - t0
+
+
+def time_stage(split, spec, stage: int, microbatch: int, pairs: int, step=_step) -> tuple[float, float]:
+    """(forward + backward, re-runs) of one stage, seconds: medians over alternating plain / recomputed pairs."""
     from pipeplan.runtime.recompute import recompute
 
     plain = split.module(stage, copy=True)
@@ -76,11 +95,11 @@ def time_stage(split, spec, stage: int, microbatch: int, pairs: int) -> tuple[fl
     modules = [split.module(s, copy=True) for s in range(stage)]
     inputs = _inputs(modules, spec, microbatch, stage)
     for _ in range(3):
-        _step(plain, inputs), _step(rec, inputs)
+        step(plain, inputs), step(rec, inputs)
     base, extra = [], []
     for _ in range(pairs):
-        a = _step(plain, inputs)
-        b = _step(rec, inputs)
+        a = step(plain, inputs)
+        b = step(rec, inputs)
         base.append(a)
         extra.append(b - a)
     return statistics.median(base), statistics.median(extra)
@@ -90,7 +109,7 @@ def run_case(name: str, microbatch: int, repeats: int, pairs: int, console, tmp:
              overhead: tuple[float, float]) -> list[dict]:
     import torch
 
-    from pipeplan.costmodels.recompute import checkpoint_overhead_s, rerun_forward_s
+    from pipeplan.costmodels.recompute import checkpoint_overhead_s, rerun_forward_s, weight_grad_passes
     from pipeplan.costmodels.trace import trace
     from pipeplan.planner.plan import load_plan
     from pipeplan.runtime.worker import load_split_model
@@ -107,11 +126,17 @@ def run_case(name: str, microbatch: int, repeats: int, pairs: int, console, tmp:
             fwd = [x.fwd_s for x in layers]
             console.print(f"  {name} {k} stages, stage {st.index}: timing {pairs} pairs ...")
             fb, rerun = time_stage(split, spec, st.index, microbatch, pairs)
-            rows.append({"example": name, "stages": k, "stage": st.index, "layers": f"{st.layers[0]} .. {st.layers[-1]}",
-                         "last": layers[-1].kind, "fwd_s": sum(fwd), "fb_s": fb, "measured_s": rerun,
-                         "rerun_s": rerun_forward_s(layers, fwd),
-                         "predicted_s": rerun_forward_s(layers, fwd) + checkpoint_overhead_s(layers, *overhead),
-                         "saves": sum(x.saved_tensors or 0 for x in layers)})
+            one = rerun_forward_s(layers, fwd) + checkpoint_overhead_s(layers, *overhead)
+            row = {"example": name, "stages": k, "stage": st.index, "layers": f"{st.layers[0]} .. {st.layers[-1]}",
+                   "last": layers[-1].kind, "fwd_s": sum(fwd), "fb_s": fb, "measured_s": rerun,
+                   "rerun_s": rerun_forward_s(layers, fwd), "predicted_s": one,
+                   "saves": sum(x.saved_tensors or 0 for x in layers)}
+            if st.index > 0:
+                fb, rerun = time_stage(split, spec, st.index, microbatch, pairs, step=_split_step)
+                groups = weight_grad_passes(layers)
+                row["split"] = {"fb_s": fb, "measured_s": rerun, "groups": groups,
+                                "predicted_s": (1 + groups) * one, "before_s": 2 * one}
+            rows.append(row)
     return rows
 
 
@@ -131,6 +156,15 @@ def _step_error(r: dict, rerun_s: float) -> float:
 HEADER = ["example", "K", "stage", "layers", "last layer's kind", "traced forward ms", "measured fwd+bwd ms",
           "measured re-run ms", "predicted re-run ms", "saved tensors", "step error", "step error, re-run alone",
           "step error, whole forward (before)"]
+SPLIT_HEADER = ["example", "K", "stage", "parameter groups", "measured fwd+B+W ms", "measured re-runs ms",
+                "predicted re-runs ms (1 + groups)", "step error", "step error, two re-runs (before)"]
+
+
+def split_rows(rows: list[dict]) -> list[list[str]]:
+    return [[r["example"], str(r["stages"]), str(r["stage"]), str(x["groups"]), f"{x['fb_s'] * 1e3:.2f}",
+             f"{x['measured_s'] * 1e3:.2f}", f"{x['predicted_s'] * 1e3:.2f}",
+             f"{_step_error(x, x['predicted_s']) * 100:+.1f}%", f"{_step_error(x, x['before_s']) * 100:+.1f}%"]
+            for r in rows if (x := r.get("split"))]
 
 
 def summary(rows: list[dict]) -> str:
@@ -138,9 +172,16 @@ def summary(rows: list[dict]) -> str:
         errs = [abs(_step_error(r, r[key])) for r in rows]
         return f"median |error| {statistics.median(errs) * 100:.1f}% (worst {max(errs) * 100:.1f}%)"
 
+    split = [r["split"] for r in rows if "split" in r]
+
+    def split_stats(key: str) -> str:
+        errs = [abs(_step_error(x, x[key])) for x in split]
+        return f"median |error| {statistics.median(errs) * 100:.1f}% (worst {max(errs) * 100:.1f}%)" if errs else "-"
+
     return (f"{len(rows)} stages, the recomputed stage step (forward + backward + re-run): {stats('predicted_s')} as "
             f"priced (re-run to the last save + checkpoint host time), {stats('rerun_s')} with the re-run alone, "
-            f"{stats('fwd_s')} with the whole forward")
+            f"{stats('fwd_s')} with the whole forward. {len(split)} stages with zero bubble's split backward: "
+            f"{split_stats('predicted_s')} with 1 + groups re-runs, {split_stats('before_s')} with two")
 
 
 def write_results(rows: list[dict], overhead: tuple[float, float]) -> None:
@@ -154,6 +195,9 @@ def write_results(rows: list[dict], overhead: tuple[float, float]) -> None:
              f"{overhead[1] * 1e6:.1f} µs a saved tensor.", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(rows)]
+    lines += ["", "Zero bubble's split backward, recomputed (all stages but the first):", "",
+              "| " + " | ".join(SPLIT_HEADER) + " |", "|" + "---|" * len(SPLIT_HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in split_rows(rows)]
     lines += ["", summary(rows) + "."]
     write_section(SECTION, "\n".join(lines))
 
@@ -184,6 +228,12 @@ def main(argv=None) -> int:
     for col in HEADER:
         table.add_column(col, justify="right")
     for r in table_rows(rows):
+        table.add_row(*r)
+    console.print(table)
+    table = Table(title="zero bubble's split backward, recomputed: measured re-runs vs predicted")
+    for col in SPLIT_HEADER:
+        table.add_column(col, justify="right")
+    for r in split_rows(rows):
         table.add_row(*r)
     console.print(table)
     console.print(summary(rows))

@@ -56,13 +56,15 @@ CASES = [("wide_mlp", 8192, 8, 8, 8), ("mlp", 2048, 8, 40, 20), ("gpt", 256, 8, 
 # Issue 19's schedules too: zero bubble's ZB-H1, ZB-V and DualPipeV (two stages a device in a V), asynchronous
 # PipeDream (whose iteration is M microbatches in the steady state, without a flush; its training semantics differ:
 # stale weights) and PipeDream-2BW (one window of M).
-# Recomputation (each stage's forward re-run in its backward, runtime/recompute.py) under GPipe and 1F1B.
+# Recomputation (each stage's forward re-run in its backward, runtime/recompute.py) under GPipe, 1F1B and the
+# split backwards of zero bubble (whose W re-runs the forward once per parameter group: docs/cost-models.md).
 CONFIGS = [("gpipe", "gpipe", 2, 1, 1, False), ("1f1b", "1f1b", 2, 1, 1, False),
            ("interleaved", "interleaved", 2, 1, 2, False), ("zb-h1", "zb-h1", 2, 1, 1, False),
            ("zb-v", "zb-v", 2, 1, 2, False), ("dualpipev", "dualpipev", 2, 1, 2, False),
            ("pipedream", "pipedream", 2, 1, 1, False), ("pipedream-2bw", "pipedream-2bw", 2, 1, 1, False),
            ("data parallel", "1f1b", 1, 2, 1, False), ("gpipe recompute", "gpipe", 2, 1, 1, True),
-           ("1f1b recompute", "1f1b", 2, 1, 1, True)]
+           ("1f1b recompute", "1f1b", 2, 1, 1, True), ("zb-h1 recompute", "zb-h1", 2, 1, 1, True),
+           ("zb-v recompute", "zb-v", 2, 1, 2, True)]
 BASELINE_CHUNKS = (1, 2, 4, 8)  # single-process: one pass, or gradient accumulation over this many slices
 BASELINE_STEPS = 4  # timed steps per baseline variant (~5-6 s each at batch 8192), after one warm-up
 

@@ -37,6 +37,31 @@ def rerun_forward_s(layers: Sequence[Layer], fwd_s: Sequence[float]) -> float:
     return 0.0
 
 
+def weight_grad_passes(layers: Sequence[Layer]) -> int:
+    """How often a zero-bubble W re-runs a recomputed stage made of `layers`: once per parameter group.
+
+    torch.distributed.pipelining's split backward (torch 2.13 `_backward.py`): `stage_backward_input` groups the
+    stage's parameters by the autograd nodes where their gradients leave the input-gradient path
+    (`get_param_groups`; a Linear's weight and bias meet at its addmm, so in practice one group per module that
+    owns parameters), and `stage_backward_weight` calls `torch.autograd.grad` once per group. Each call is a
+    graph task of its own, and non-reentrant checkpoint re-runs the region once for every graph task that
+    unpacks a saved tensor. Measured with torch's functions on a transformer block (two LayerNorms, three
+    Linears): B re-ran its forward once and W five times (tests/test_recompute_cost.py).
+
+    Counted: the distinct modules owning the parameters the layers use (a parameter's name less its last
+    part), so a module used twice counts once, as torch merges its groups; a layer with parameter bytes but no
+    parameter names (analytic or imported graphs) counts as one module.
+    """
+    owners: set[str] = set()
+    unnamed = 0
+    for layer in layers:
+        if layer.params:
+            owners.update(name.rsplit(".", 1)[0] for name in layer.params)
+        elif layer.param_bytes:
+            unnamed += 1
+    return len(owners) + unnamed
+
+
 def checkpoint_overhead_s(layers: Sequence[Layer], per_region_s: float, per_tensor_s: float) -> float:
     """The host time of torch's checkpoint around one recomputed region of `layers`, beyond re-running them.
 

@@ -146,13 +146,6 @@ class ScheduleFacts:
     update into the stage times; every other schedule updates once per iteration (its plan's M microbatches),
     after the data-parallel all-reduce, and the simulator plays both."""
 
-    @property
-    def reruns_per_microbatch(self) -> int:
-        """How often recomputation re-runs a stage's forward per microbatch: once per backward pass, so twice where
-        B and W run apart (non-reentrant checkpointing frees the re-run's tensors after B: runtime/recompute.py).
-        A plan's `compute_s` counts them all; `show` and `run` divide by this to get one re-run back."""
-        return 2 if self.splits_backward else 1
-
     def fresh_backwards(self, microbatches: int) -> int:
         """A stage's backwards per step of `microbatches` that write fresh weight gradients instead of adding into
         them (costmodels/accumulate.py): the first, as the runtime clears gradients every step, or every one where

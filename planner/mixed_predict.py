@@ -23,7 +23,7 @@ from pipeplan.planner.configs import Config
 from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import Evaluation, _microbatch_size, _simulate, _stage_count, graph_summary
 from pipeplan.planner.predict_inputs import StageInputs, collectives_overlap, overlap_slowdown, stage_inputs
-from pipeplan.planner.predict_report import assemble_plan
+from pipeplan.planner.predict_report import assemble_plan, reruns_per_microbatch_s
 from pipeplan.planner.problem import Problem, build_problem
 from pipeplan.planner.request import PlanRequest
 from pipeplan.schedules import facts
@@ -94,20 +94,19 @@ def mixed_predict(graph: Graph, cluster: Cluster, assignment: Sequence[int], typ
                          ranks=ranks, reps=reps, dp=dp, mb=mb, devices=S * dp, slow=1.0, overhead_s=overhead_s,
                          solver=dict(solver or {}), graph_info=graph_summary(graph), overlap=overlap,
                          slowdown=slowdown)
-    _own_times(plan, problems, assignment, types, x.rec)
+    _own_times(plan, problems, assignment, types)
     return Evaluation(_mixed_record(plan, cluster, types, x, request, graph), sim)
 
 
-def _own_times(plan: Plan, problems: dict[int, Problem], assignment: Sequence[int], types: Sequence[int],
-               rec: Sequence[float]) -> None:
-    """Each stage's reported fwd/bwd from its own type's problem (`assemble_plan` sums one problem's); `rec`: each
-    stage's re-run under recomputation, from its own type's inputs (0 without)."""
-    reruns = facts(plan.schedule).reruns_per_microbatch
+def _own_times(plan: Plan, problems: dict[int, Problem], assignment: Sequence[int], types: Sequence[int]) -> None:
+    """Each stage's reported fwd/bwd from its own type's problem (`assemble_plan` sums one problem's); its re-runs
+    under recomputation come from the stage inputs, already each type's own (0 without)."""
     for s, g in enumerate(types):
         f = float(sum(problems[g].fwd_s[i] for i, a in enumerate(assignment) if a == s))
         b = float(sum(problems[g].bwd_s[i] for i, a in enumerate(assignment) if a == s))
-        plan.stages[s].predicted = replace(plan.stages[s].predicted, fwd_s=f, bwd_s=b,
-                                           compute_s=f + b + reruns * rec[s])
+        old = plan.stages[s].predicted
+        rerun = reruns_per_microbatch_s(plan.schedule, s, old.recompute_s, old.wgrad_recompute_s)
+        plan.stages[s].predicted = replace(old, fwd_s=f, bwd_s=b, compute_s=f + b + rerun)
 
 
 def _mixed_record(plan: Plan, cluster: Cluster, types: Sequence[int], x: StageInputs, request: PlanRequest,

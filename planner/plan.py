@@ -36,7 +36,7 @@ PLAN_FORMAT = "pipeplan.plan/v1"
 class StagePrediction:
     fwd_s: float = 0.0  # one microbatch's forward on this stage (per replica)
     bwd_s: float = 0.0
-    compute_s: float = 0.0  # fwd_s + bwd_s (+ recompute) for one microbatch
+    compute_s: float = 0.0  # fwd_s + bwd_s (+ recompute: every re-run of one microbatch) for one microbatch
     send_s: float = 0.0  # sending this stage's output (and receiving its gradient) for one microbatch
     send_bytes: int = 0  # bytes sent downstream per microbatch
     allreduce_s: float = 0.0  # data-parallel sync after the last backward (all-reduce; ZeRO: reduce-scatter/all-gather)
@@ -54,6 +54,19 @@ class StagePrediction:
     # what a backward into fresh gradients saves (the stage's first of an update; every one for PipeDream): bwd_s
     # and compute_s price accumulating backwards (costmodels/accumulate.py)
     fresh_grad_s: float = 0.0
+    recompute_s: float = 0.0  # recomputation: one re-run of the forward, before a backward (0 without)
+    wgrad_recompute_s: float = 0.0  # zero bubble + recomputation: the re-runs one W makes (once per parameter group)
+
+    def reruns_s(self, splits_backward: bool) -> tuple[float, float]:
+        """(the re-run before a backward, the re-runs of a zero-bubble W) of one microbatch.
+
+        Plans from before the two fields held only their sum in compute_s, one re-run per backward pass
+        (two where B and W run apart); that reading is kept for them.
+        """
+        if self.recompute_s or self.wgrad_recompute_s:
+            return self.recompute_s, self.wgrad_recompute_s
+        one = max(0.0, self.compute_s - self.fwd_s - self.bwd_s) / (2 if splits_backward else 1)
+        return one, one if splits_backward else 0.0
 
 
 @dataclass

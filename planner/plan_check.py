@@ -16,7 +16,7 @@ from pipeplan.schedules import SCHEDULE_NAMES, microbatch_problem
 
 HINT = "re-create it with `pipeplan analyze -o`"
 STAGE_PREDICTED = ("fwd_s", "bwd_s", "compute_s", "send_s", "allreduce_s", "op_overhead_s", "fwd_comm_s", "bwd_comm_s",
-                   "optimizer_s", "wgrad_s", "fresh_grad_s")
+                   "optimizer_s", "wgrad_s", "fresh_grad_s", "recompute_s", "wgrad_recompute_s")
 
 
 def check_plan_doc(doc: dict[str, Any], path: str | os.PathLike[str]) -> None:

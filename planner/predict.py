@@ -153,7 +153,8 @@ def _simulate(config: Config, x: StageInputs, overhead_s: Sequence[float], keep_
                     optimizer_s=None if rule.updates_each_microbatch else x.optimizer,
                     wgrad_s=x.wgrad if rule.splits_backward and x.wgrad else None,
                     tied_stages=x.tied if not rule.flushes else None,
-                    fresh_grad_s=x.fresh if any(x.fresh) else None, keep_events=keep_events)
+                    fresh_grad_s=x.fresh if any(x.fresh) else None,
+                    recompute_w_s=x.rec_w if rc and x.rec_w else None, keep_events=keep_events)
 
 
 def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], config: Config, request: PlanRequest,

@@ -16,7 +16,7 @@ from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_rin
 from pipeplan.costmodels.graph import Graph, Layer, SharedParam, weight_grad_time_share
 from pipeplan.costmodels.memory import MemoryBreakdown, is_mixed_precision, model_state_bytes, stage_memory
 from pipeplan.costmodels.optimizer_step import optimizer_step_s, stash_copy_s
-from pipeplan.costmodels.recompute import checkpoint_overhead_s, rerun_forward_s
+from pipeplan.costmodels.recompute import checkpoint_overhead_s, rerun_forward_s, weight_grad_passes
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.problem import Problem
@@ -87,6 +87,7 @@ class StageInputs:
     wgrad: list[float] = field(default_factory=list)  # of bwd, the weight-gradient part W (zero bubble: _wgrad)
     tied: list[list[int]] = field(default_factory=list)  # stages holding one tied parameter (shared_stages)
     fresh: list[float] = field(default_factory=list)  # of bwd (W), what a backward into fresh gradients saves
+    rec_w: list[float] = field(default_factory=list)  # zero bubble + recomputation: the re-runs each W makes (_w_reruns)
 
 
 def contiguous(assignment: Sequence[int]) -> bool:
@@ -247,9 +248,8 @@ def _first_stage_whole_w(wgrad: list[float], bwd: Sequence[float]) -> list[float
     torch.distributed.pipelining (torch 2.13 stage.py, `PipelineStage.backward_one_chunk`) skips the
     input-gradient pass on the first stage, whose input needs no gradient, and its `backward_weight_one_chunk`
     then runs autograd.backward over the whole stage. Measured on examples/mlp.py's stage 0 under ZB-V: B
-    ~0.05 ms and W 22-25 ms, against 9.7 and 15.0 ms by its layers' W shares. (With recomputation the
-    simulator still re-runs the forward before that empty B as well as before W: one re-run more than torch
-    makes on the first stage.)
+    ~0.05 ms and W 22-25 ms, against 9.7 and 15.0 ms by its layers' W shares. With recomputation that W
+    re-runs the forward once and the empty B none (simulate._rerun_before_b, _w_reruns).
     """
     return [bwd[0], *wgrad[1:]]
 
@@ -323,11 +323,23 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     msg = [(in_bytes[s] if s > 0 and remote[s - 1] else 0) + (out_bytes[s] if s < S - 1 and remote[s] else 0)
            for s in range(S)]
     wgrad = _wgrad(problem, graph, assignment, S, slow) if facts(config.schedule).splits_backward else []
+    rec_w: list[float] = []
     if wgrad:
         wgrad = _first_stage_whole_w(wgrad, bwd)
         fresh = [min(f, w) for f, w in zip(fresh, wgrad, strict=True)]  # the adds are part of W (AccumulateGrad)
+        rec_w = _w_reruns(graph, problem.names, assignment, rec) if rc else []
     return StageInputs(fwd, bwd, rec, send, allreduce, sync.fwd, sync.bwd, out_bytes, static, act, rbytes, memory,
-                       msg, opt, wgrad, [list(used) for _, used in shared], fresh)
+                       msg, opt, wgrad, [list(used) for _, used in shared], fresh, rec_w)
+
+
+def _w_reruns(graph: Graph, names: Sequence[str], assignment: Sequence[int], rec: Sequence[float]) -> list[float]:
+    """What each stage's zero-bubble W spends re-running its forward under recomputation: one re-run (`rec`) per
+    parameter group (costmodels/recompute.weight_grad_passes: torch calls autograd.grad once per group, and each
+    call re-runs the checkpointed forward); one on the first stage, whose W is one whole backward."""
+    layers: list[list[Layer]] = [[] for _ in rec]
+    for i, name in enumerate(names):
+        layers[assignment[i]].append(graph.layer(name))
+    return [rec[0], *(weight_grad_passes(layers[s]) * rec[s] for s in range(1, len(rec)))]
 
 
 def rerun_times(problem: Problem, graph: Graph, profile: HardwareProfile, assignment: Sequence[int], S: int,

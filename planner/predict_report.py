@@ -34,9 +34,6 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, sche
             overhead_s: Sequence[float]) -> list[Stage]:
     n, S = problem.n, len(reps)
     P = S // chunks
-    # recomputation re-runs the forward once per backward pass: twice where B and W run apart (simulate._busy_s;
-    # DualPipeV's whole backwards re-run it once, so there this per-microbatch figure is an upper bound)
-    reruns = facts(schedule).reruns_per_microbatch if recompute else 0
     whole = facts(schedule).replicates_whole_pipeline
     stages = []
     for s in range(S):
@@ -44,14 +41,15 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, sche
         f_s = slow * float(sum(problem.fwd_s[i] for i in range(n) if assignment[i] == s))
         b_s = slow * float(sum(problem.bwd_s[i] for i in range(n) if assignment[i] == s))
         per_replica = 1 if whole else reps[s]  # x.rec and x.fresh are per replica where replicas share a stage's work
-        rec_s = float(x.rec[s]) * per_replica
+        rec_s, rec_w = _reruns_s(x, s, schedule, recompute)
+        rec_s, rec_w = rec_s * per_replica, rec_w * per_replica
         stages.append(Stage(
             index=s,
             layers=[problem.names[i] for i in range(n) if assignment[i] == s],
             devices=list(ranks[s]),
             replicas=reps[s],
             predicted=StagePrediction(
-                fwd_s=f_s, bwd_s=b_s, compute_s=f_s + b_s + reruns * rec_s,
+                fwd_s=f_s, bwd_s=b_s, compute_s=f_s + b_s + reruns_per_microbatch_s(schedule, s, rec_s, rec_w),
                 send_s=float(x.send[s]), send_bytes=int(x.send_bytes[s]), allreduce_s=float(x.allreduce[s]),
                 optimizer_s=float(x.optimizer[s]),
                 memory_bytes=int(mem.total_bytes), weights_bytes=int(mem.weights_bytes),
@@ -61,9 +59,24 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, sche
                 fwd_comm_s=float(x.fwd_comm[s]), bwd_comm_s=float(x.bwd_comm[s]),
                 wgrad_s=float(x.wgrad[s]) if x.wgrad else 0.0,
                 fresh_grad_s=float(x.fresh[s]) * per_replica if x.fresh else 0.0,
+                recompute_s=rec_s, wgrad_recompute_s=rec_w,
             ),
         ))
     return stages
+
+
+def _reruns_s(x: StageInputs, s: int, schedule: str, recompute: bool) -> tuple[float, float]:
+    """Stage s's (one re-run of the forward, the re-runs of its W) under recomputation; (0, 0) without."""
+    if not recompute:
+        return 0.0, 0.0
+    return float(x.rec[s]), float(x.rec_w[s]) if facts(schedule).splits_backward and x.rec_w else 0.0
+
+
+def reruns_per_microbatch_s(schedule: str, s: int, rec_s: float, rec_w: float) -> float:
+    """Stage s's re-runs of one microbatch, which compute_s counts: the backward's (none before the first stage's
+    split B: simulate._rerun_before_b) and W's. DualPipeV's whole backwards re-run it once without the W's, so
+    there this is an upper bound."""
+    return (0.0 if facts(schedule).splits_backward and s == 0 else rec_s) + rec_w
 
 
 def _prediction(graph: Graph, profile: HardwareProfile, request: PlanRequest, memory: Sequence[MemoryBreakdown],

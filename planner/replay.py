@@ -64,7 +64,7 @@ def simulate_from_plan(plan: Plan) -> SimResult:
     """Re-simulate from the per-stage predictions stored in the plan (no graph needed; used by `show`).
 
     The plan keeps each stage's per-microbatch forward, backward, recompute
-    (compute_s - fwd_s - bwd_s) and send times and its all-reduce time.
+    (`recompute_s`, `wgrad_recompute_s`: StagePrediction.reruns_s) and send times and its all-reduce time.
     """
     rule = facts(plan.schedule)
     stages = sorted(plan.stages, key=lambda s: s.index)
@@ -82,8 +82,9 @@ def simulate_from_plan(plan: Plan) -> SimResult:
                    overlap=plan.collectives_overlap, slowdown=plan.overlap_slowdown)
     bwd = op_times([(x.bwd_s + a) / k for x, a, k in zip(p, folded, r, strict=True)], [x.bwd_comm_s for x in p],
                    overhead, overlap=plan.collectives_overlap, slowdown=plan.overlap_slowdown)
-    reruns = rule.reruns_per_microbatch  # compute_s counts every re-run of the forward
-    recompute = [max(0.0, x.compute_s - x.fwd_s - x.bwd_s) / (k * reruns) for x, k in zip(p, r, strict=True)]
+    reruns = [x.reruns_s(rule.splits_backward) for x in p]
+    recompute = [b / k for (b, _), k in zip(reruns, r, strict=True)]
+    recompute_w = [w / k for (_, w), k in zip(reruns, r, strict=True)]
     return simulate(
         plan.schedule,
         fwd,
@@ -97,4 +98,5 @@ def simulate_from_plan(plan: Plan) -> SimResult:
         optimizer_s=None if rule.updates_each_microbatch else [x.optimizer_s for x in p],
         tied_stages=plan.tied_stages or None,
         fresh_grad_s=[x.fresh_grad_s / k for x, k in zip(p, r, strict=True)] if any(x.fresh_grad_s for x in p) else None,
+        recompute_w_s=recompute_w if rule.splits_backward and any(recompute_w) else None,
     )

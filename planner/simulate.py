@@ -9,7 +9,9 @@ Model of execution (docs/plan-format.md repeats it for users):
 
 - Each device runs its compute ops (forward "F", backward "B", and "recompute"
   just before a B, and again before a zero-bubble W: the runtime's checkpointing
-  re-runs the forward for each pass) one at a time, in the fixed order the schedule prescribes.
+  re-runs the forward for each backward pass, `recompute_w_s` for a W) one at a
+  time, in the fixed order the schedule prescribes. The first stage's split B
+  re-runs nothing (torch runs that stage's whole backward as its W).
   An op starts when the device is free and its input has arrived.
 - A forward of microbatch m on stage s needs the forward of m on stage s-1; a
   backward of m on stage s needs the backward of m on stage s+1 (and its own
@@ -206,7 +208,8 @@ class _SimInputs:
     fwd: tuple[float, ...]
     bwd: tuple[float, ...]
     send: tuple[float, ...]  # boundary s -> s+1; the last entry (no boundary) is never used
-    recompute: tuple[float, ...]
+    recompute: tuple[float, ...]  # the re-run before a B or a whole backward
+    recompute_w: tuple[float, ...]  # the re-runs a zero-bubble W makes (simulate's recompute_w_s)
     activation_bytes: tuple[int, ...]
     recompute_bytes: tuple[int, ...]
     static_bytes: tuple[int, ...]  # per device
@@ -358,6 +361,7 @@ def _validate(
     wgrad_s: Sequence[float] | None = None,
     tied_stages: Sequence[Sequence[int]] | None = None,
     fresh_grad_s: Sequence[float] | None = None,
+    recompute_w_s: Sequence[float] | None = None,
 ) -> _SimInputs:
     """Check and normalise `simulate`'s arguments (see its docstring), raising on the first problem."""
     S = len(fwd_s)
@@ -369,11 +373,15 @@ def _validate(
     if len(send) == S - 1:
         send.append(0)
     wgrad = _wgrad_times(schedule_facts, wgrad_s, bwd)
+    recompute = _optional("recompute_s", recompute_s, S)
+    if recompute_w_s is not None and not schedule_facts.splits_backward:
+        raise ValueError(f"{schedule} runs whole backwards; recompute_w_s is not used")
     return _SimInputs(
         schedule=schedule_facts, stages=S, devices=K, chunks=chunks, microbatches=microbatches,
         device_of=tuple(stage_device(schedule, s, K) for s in range(S)),
         fwd=fwd, bwd=bwd, send=_check_lengths("send_s", send, S),
-        recompute=_optional("recompute_s", recompute_s, S),
+        recompute=recompute,
+        recompute_w=recompute if recompute_w_s is None else _check_lengths("recompute_w_s", recompute_w_s, S),
         activation_bytes=_optional("activation_bytes_per_mb", activation_bytes_per_mb, S),
         recompute_bytes=_optional("recompute_bytes", recompute_bytes, S),
         static_bytes=_optional("static_bytes", static_bytes, K),
@@ -451,8 +459,8 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
     search's inner loop and a call per attempted op doubles its time.
     """
     S, K = inp.stages, inp.devices
-    fwd, bwd, sends, rec, act, rbytes = inp.fwd, inp.bwd, inp.send, inp.recompute, inp.activation_bytes, \
-        inp.recompute_bytes
+    fwd, bwd, sends, act, rbytes = inp.fwd, inp.bwd, inp.send, inp.activation_bytes, inp.recompute_bytes
+    rec, rec_w = _rerun_before_b(inp), inp.recompute_w
     f_start, f_end, f_arrive, b_end, b_arrive = run.f_start, run.f_end, run.f_arrive, run.b_end, run.b_arrive
     free, mem_deltas, w_end = run.free, run.mem_deltas, run.w_end
     split, wgrad = inp.schedule.splits_backward, inp.wgrad or (0,) * S
@@ -481,9 +489,9 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
                     if b_done is None:
                         break
                     start = max(free[d], b_done)
-                    if rec[s] and events is not None:  # recomputation re-runs the forward for W too (_busy_s)
-                        events.append(Event(d, s, s // K, m, "recompute", start, start + rec[s]))
-                    start += rec[s]
+                    if rec_w[s] and events is not None:  # recomputation re-runs the forward for W too (_busy_s)
+                        events.append(Event(d, s, s // K, m, "recompute", start, start + rec_w[s]))
+                    start += rec_w[s]
                     end = start + wgrad[s] - (fresh[s] if m % every == 0 else 0)
                     w_end[s][m] = end
                     mem_deltas[d].append((end, 0, -(act[s] + rbytes[s])))
@@ -507,12 +515,13 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
                     if ready is None or forward_end is None:
                         break
                     start = max(free[d], ready, forward_end)
-                    if rec[s] or rbytes[s]:
-                        mem_deltas[d].append((start, 1, rbytes[s]))
-                        if events is not None and rec[s]:
-                            events.append(Event(d, s, s // K, m, "recompute", start, start + rec[s]))
-                        start = start + rec[s]
                     whole = not split or kind == "BW"
+                    r = inp.recompute[s] if whole else rec[s]
+                    if r or rbytes[s]:
+                        mem_deltas[d].append((start, 1, rbytes[s]))
+                        if events is not None and r:
+                            events.append(Event(d, s, s // K, m, "recompute", start, start + r))
+                        start = start + r
                     saved = fresh[s] if whole and m % every == 0 else 0
                     end = start + bwd[s] - (0 if whole else wgrad[s]) - saved
                     b_end[s][m] = end
@@ -542,23 +551,38 @@ def _device_stages(inp: _SimInputs) -> list[list[int]]:
     return [device_stages(inp.schedule.name, d, inp.devices, inp.chunks) for d in range(inp.devices)]
 
 
+def _rerun_before_b(inp: _SimInputs) -> tuple[float, ...]:
+    """The re-run before each stage's backward op; under zero bubble, before its split B.
+
+    torch skips the first stage's input-gradient pass (its input needs no gradient: stage.py
+    `backward_one_chunk`), so that split B unpacks no saved tensor and the checkpoint re-runs nothing for it;
+    its W, the whole backward, re-runs the forward. A whole backward ("BW") re-runs it on every stage.
+    """
+    if not inp.schedule.splits_backward:
+        return inp.recompute
+    return (0, *inp.recompute[1:])
+
+
 def _busy_s(inp: _SimInputs, orders: list[Order]) -> list[float]:
     """Compute time of each device in one iteration of M microbatches (`orders`: the ops `_play` ran).
 
     With recomputation a backward split into B and W re-runs the forward for each pass (non-reentrant
-    checkpointing frees the re-run's tensors after B, so W makes them again: runtime/recompute.py), so every
-    split W of the iteration adds one more re-run; a whole backward ("BW") re-runs it once.
+    checkpointing frees the re-run's tensors after B, so W makes them again: runtime/recompute.py): a B
+    (but the first stage's, `_rerun_before_b`) and a whole backward ("BW") once, a W `recompute_w` (once
+    per parameter group in torch).
     """
     busy: list[float] = [0] * inp.devices
     fresh_backwards = inp.schedule.fresh_backwards(inp.microbatches)
+    split = inp.schedule.splits_backward
     for s in range(inp.stages):
-        busy[inp.device_of[s]] += inp.microbatches * (inp.fwd[s] + inp.bwd[s] + inp.recompute[s])
+        busy[inp.device_of[s]] += inp.microbatches * (inp.fwd[s] + inp.bwd[s] + (0 if split else inp.recompute[s]))
         busy[inp.device_of[s]] -= fresh_backwards * (inp.fresh[s] if inp.fresh else 0)
-    if inp.schedule.splits_backward and any(inp.recompute):
+    if split and (any(inp.recompute) or any(inp.recompute_w)):
+        rerun = {"B": _rerun_before_b(inp), "BW": inp.recompute, "W": inp.recompute_w}
         for order in orders:
             for kind, s, m in order:
-                if kind == "W" and m < inp.microbatches:
-                    busy[inp.device_of[s]] += inp.recompute[s]
+                if kind in rerun and m < inp.microbatches:
+                    busy[inp.device_of[s]] += rerun[kind][s]
     return busy
 
 
@@ -669,6 +693,7 @@ def simulate(
     wgrad_s: Sequence[float] | None = None,
     tied_stages: Sequence[Sequence[int]] | None = None,
     fresh_grad_s: Sequence[float] | None = None,
+    recompute_w_s: Sequence[float] | None = None,
     keep_events: bool = True,
 ) -> SimResult:
     """Play a pipeline schedule out and measure time, bubbles and memory.
@@ -686,10 +711,13 @@ def simulate(
     for every holder's backward of the same microbatch (PipeDream; 2BW: of the window's last), then all go on.
     `fresh_grad_s[i]`: what stage i's first backward after its gradients were cleared saves (part of its W under
     zero bubble): its first of the iteration, every one for async PipeDream, a window's first for PipeDream-2BW.
+    `recompute_w_s[i]`: with recomputation under zero bubble, the forward re-runs each W of stage i makes (torch
+    re-runs it once per parameter group: costmodels/recompute.weight_grad_passes); default `recompute_s`, one.
     `keep_events=False` skips building the Event list (the search's fast path).
     """
     inp = _validate(schedule, fwd_s, bwd_s, send_s, microbatches, chunks, static_bytes, activation_bytes_per_mb,
-                    allreduce_s, recompute_s, recompute_bytes, optimizer_s, wgrad_s, tied_stages, fresh_grad_s)
+                    allreduce_s, recompute_s, recompute_bytes, optimizer_s, wgrad_s, tied_stages, fresh_grad_s,
+                    recompute_w_s)
     stream = _stream_length(inp)
     run = _Run.empty(inp.stages, inp.devices, stream)
     orders = _update_points(inp, stream)

@@ -52,17 +52,31 @@ def test_piped_trace_summary_keeps_cells_whole(monkeypatch, capsys):
 
 def test_recompute_plans_compare_the_backward_with_its_rerun(monkeypatch):
     """With recomputation the measured backward re-runs the forward up to its last save (runtime/recompute.py), so
-    its prediction column is backward + the re-run the plan counts in compute_s: 206.90 + (347.14 - 316.52) =
-    237.52 ms; zero bubble re-runs twice per microbatch (B and W), so there half of it: 206.90 + 15.31 = 222.21."""
+    its prediction column is backward + one re-run: in a plan from before `recompute_s`, the one compute_s counts,
+    206.90 + (347.14 - 316.52) = 237.52 ms; in a newer plan its `recompute_s`, 206.90 + 20.00 = 226.90."""
     monkeypatch.delenv("COLUMNS", raising=False)
-    for schedule, expected in (("1f1b", "237.52"), ("zb-h1", "222.21")):
+    for extra, expected in (({}, "237.52"), ({"recompute_s": 0.02}, "226.90")):
         console = stdout_console()
         console.file = io.StringIO()
-        stages = [{**st, "compute_s": 0.34714} for st in DOC["predicted"]["stages"]]
-        render_table({**DOC, "plan": {**DOC["plan"], "schedule": schedule, "recompute": True},
+        stages = [{**st, "compute_s": 0.34714, **extra} for st in DOC["predicted"]["stages"]]
+        render_table({**DOC, "plan": {**DOC["plan"], "recompute": True},
                       "predicted": {**DOC["predicted"], "stages": stages}}, console)
         text = console.file.getvalue()
         assert expected in text and "206.90" not in text and "recomputed forward" in text
+
+
+def test_zero_bubble_compares_the_b_pass(monkeypatch):
+    """Under zero bubble the run times B apart from W (runtime/measure.py), so the column is B's prediction:
+    the backward less W (100 ms), plus one re-run, but on the first stage, whose B torch leaves empty. An older
+    plan's compute_s held two re-runs, B's and W's: 106.90 + 30.62 / 2 = 122.21 ms on stage 1."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    console = stdout_console()
+    console.file = io.StringIO()
+    stages = [{**st, "compute_s": 0.34714, "wgrad_s": 0.1} for st in DOC["predicted"]["stages"]]
+    render_table({**DOC, "plan": {**DOC["plan"], "schedule": "zb-h1", "recompute": True},
+                  "predicted": {**DOC["predicted"], "stages": stages}}, console)
+    rows = [line for line in console.file.getvalue().splitlines() if "120.66" in line]
+    assert len(rows) == 2 and "106.90" in rows[0] and "122.21" in rows[1]
 
 
 def test_the_backward_prediction_counts_the_fresh_ones(monkeypatch):

@@ -87,8 +87,8 @@ def test_a_recompute_plan_charges_the_rerun_up_to_the_last_save(graph):
 
 @pytest.mark.parametrize("schedule, chunks", [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("zb-v", 2), ("pipedream", 1)])
 def test_show_resimulates_a_recompute_plan_to_its_prediction(graph, schedule, chunks):
-    """`show` rebuilds the timeline from the stored stage predictions, where compute_s holds every re-run (two per
-    microbatch under zero bubble): it must give the plan's own iteration time."""
+    """`show` rebuilds the timeline from the stored stage predictions (`recompute_s` and, under zero bubble,
+    `wgrad_recompute_s`): it must give the plan's own iteration time."""
     from pipeplan.hardware_profiles import load_profile
     from pipeplan.planner.replay import simulate_from_plan
 
@@ -127,3 +127,55 @@ def test_a_local_profiles_checkpoint_time_is_in_the_plan(graph):
     for s in range(2):
         assert b.stages[s].predicted.compute_s - a.stages[s].predicted.compute_s == pytest.approx(
             1e-3 + 1e-4 * saves[s])
+
+
+def _torch_reruns_of_a_split_backward(stage: torch.nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    """(forward re-runs in B, in W) of `stage` recomputed as the runtime does, through torch's own split backward."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    from pipeplan.runtime.recompute import recompute
+
+    calls = [0]  # the first child's calls: the checkpoint re-runs the stage's forward, not its hooks
+    next(stage.children()).register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    out = recompute(stage)(x)
+    calls[0] = 0
+    _, groups = stage_backward_input([out], [torch.ones_like(out)], [x], stage.parameters())
+    in_b = calls[0]
+    stage_backward_weight(stage.parameters(), groups)
+    return in_b, calls[0] - in_b
+
+
+def test_zero_bubbles_w_reruns_the_forward_once_per_module_with_parameters():
+    """torch's W calls autograd.grad once per parameter group, and each call re-runs the checkpointed forward; the
+    count from the trace (weight_grad_passes) must be what torch does on the real modules: two GPT blocks of
+    examples/gpt.py (LayerNorm, attention's two Linears, LayerNorm, the MLP's two Linears, each)."""
+    from pipeplan.costmodels.recompute import weight_grad_passes
+    from pipeplan.costmodels.trace import export_structure
+
+    spec = load_model_file(str(HERE.parent / "examples" / "gpt.py"))
+    _, traced = export_structure(spec, 2)
+    blocks = [x for x in traced.layers if x.module.startswith(("h.0.", "h.1."))]
+    model = spec.build()
+    stage = torch.nn.Sequential(model.h[0], model.h[1])
+    x = torch.randn(2, 16, model.h[0].ln_1.normalized_shape[0], requires_grad=True)
+    in_b, in_w = _torch_reruns_of_a_split_backward(stage, x)
+    assert (in_b, in_w) == (1, weight_grad_passes(blocks)) and in_w == 12
+
+
+@pytest.mark.parametrize("schedule, chunks", [("zb-h1", 1), ("zb-v", 2)])
+def test_a_zero_bubble_recompute_plan_charges_a_rerun_per_parameter_group(graph, schedule, chunks):
+    """Each stage's W re-runs the forward once per module with parameters (Linears here), the first stage's once
+    (its W is one whole backward) and its B never; compute_s holds every re-run."""
+    from pipeplan.hardware_profiles import load_profile
+
+    split = [0, 0, 1, 1, 1, 1, 1, 1] if chunks == 1 else [0, 0, 1, 1, 2, 2, 3, 3]
+    plan = evaluate(graph, load_profile("a100-80gb"), split, schedule=schedule, microbatches=4, batch_size=32,
+                    chunks=chunks, recompute=True, times="measured")
+    linears = [sum(1 for i, s in enumerate(split) if s == k and graph.layers[i].params) for k in range(2 * chunks)]
+    assert linears == ([1, 2] if chunks == 1 else [1, 1, 0, 1])  # zb-v's stage 2: a ReLU and a scale
+    for k, st in enumerate(plan.stages):
+        p = st.predicted
+        assert p.recompute_s > 0
+        assert p.wgrad_recompute_s == pytest.approx(p.recompute_s if k == 0 else linears[k] * p.recompute_s)
+        rerun_b = 0.0 if k == 0 else p.recompute_s
+        assert p.compute_s == pytest.approx(p.fwd_s + p.bwd_s + rerun_b + p.wgrad_recompute_s)

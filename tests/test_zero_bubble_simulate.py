@@ -175,15 +175,36 @@ def test_stage_inputs_wgrad_is_each_layers_share_of_its_backward():
 
 @pytest.mark.parametrize("schedule,p,chunks,M", [("zb-h1", 2, 1, 5), ("zb-h1", 4, 1, 8), ("zb-v", 4, 2, 6)])
 @pytest.mark.parametrize("tf,tb,tw", TIMES[:3])
-def test_recomputation_reruns_the_forward_before_b_and_again_before_w(schedule, p, chunks, M, tf, tb, tw):
-    """The runtime's non-reentrant checkpoint frees the re-run's tensors after B, so W re-runs the forward again
-    (runtime/recompute.py). Folding each re-run into the op it precedes must give the same timeline: B lasts
-    r + (T_B) and W lasts r + T_W, i.e. bwd T_B + T_W + 2r with T_W + r of it deferred."""
+@pytest.mark.parametrize("groups", [1, 3])
+def test_recomputation_reruns_the_forward_before_b_and_again_in_w(schedule, p, chunks, M, tf, tb, tw, groups):
+    """The runtime's non-reentrant checkpoint frees the re-run's tensors after B, so W re-runs the forward again,
+    once per parameter group (torch calls autograd.grad per group: costmodels/recompute.weight_grad_passes); the
+    first stage's B, whose input-gradient pass torch skips, re-runs nothing. Folding each re-run into the op it
+    precedes must give the same timeline: B lasts r + T_B (the first stage's T_B) and W k r + T_W."""
     S, r = p * chunks, tf
     sends = [Fr(1, 3)] * S
+    rerun_w = [r] + [groups * r] * (S - 1)  # the first stage's W is one whole backward: one re-run
+    rerun_b = [0] + [r] * (S - 1)
     with_rc = simulate(schedule, [tf] * S, [tb + tw] * S, sends, M, chunks=chunks, wgrad_s=[tw] * S,
-                       recompute_s=[r] * S, keep_events=False)
-    folded = simulate(schedule, [tf] * S, [tb + tw + 2 * r] * S, sends, M, chunks=chunks, wgrad_s=[tw + r] * S,
-                      keep_events=False)
+                       recompute_s=[r] * S, recompute_w_s=rerun_w, keep_events=False)
+    folded = simulate(schedule, [tf] * S, [tb + tw + b + w for b, w in zip(rerun_b, rerun_w, strict=True)],
+                      sends, M, chunks=chunks, wgrad_s=[tw + w for w in rerun_w], keep_events=False)
     assert with_rc.iteration_s == folded.iteration_s
-    assert sum(with_rc.busy_s) == M * S * (tf + tb + tw + 2 * r)
+    assert sum(with_rc.busy_s) == M * (S * (tf + tb + tw) + sum(rerun_b) + sum(rerun_w))
+
+
+def test_dualpipev_reruns_once_per_whole_backward_and_per_pass_of_a_split_one():
+    """DualPipeV mixes whole backwards (one autograd call: one re-run) with split ones (B: one, but none on the
+    first stage; W: one per parameter group): each device's busy time counts its own ops so, from torch's orders."""
+    from pipeplan.v_orders import v_order
+
+    p, M, S = 2, 4, 4
+    tf, tb, tw, r = Fr(3), Fr(2), Fr(1), Fr(1, 2)
+    rerun_w = [r] + [3 * r] * (S - 1)
+    res = simulate("dualpipev", [tf] * S, [tb + tw] * S, [Fr(1, 5)] * S, M, chunks=2, wgrad_s=[tw] * S,
+                   recompute_s=[r] * S, recompute_w_s=rerun_w, keep_events=False)
+    expected = [Fr(0)] * p
+    for d in range(p):
+        for kind, s, _ in v_order("dualpipev", d, p, M):
+            expected[d] += {"F": tf, "B": tb + (0 if s == 0 else r), "W": tw + rerun_w[s], "BW": tb + tw + r}[kind]
+    assert res.busy_s == expected
