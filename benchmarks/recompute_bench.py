@@ -86,12 +86,14 @@ def _split_step(module, inputs) -> float:
     return time.perf_counter() - t0
 
 
-def time_stage(split, spec, stage: int, microbatch: int, pairs: int, step=_step) -> tuple[float, float]:
-    """(forward + backward, re-runs) of one stage, seconds: medians over alternating plain / recomputed pairs."""
+def time_stage(split, spec, stage: int, microbatch: int, pairs: int, split_backward: bool = False) -> tuple[float, float]:
+    """(forward + backward, re-runs) of one stage, seconds: medians over alternating plain / recomputed pairs;
+    `split_backward`: as zero bubble runs it (stage modules that own their outputs, as the runtime builds them)."""
     from pipeplan.runtime.recompute import recompute
 
-    plain = split.module(stage, copy=True)
-    rec = recompute(split.module(stage, copy=True))
+    step = _split_step if split_backward else _step
+    plain = split.module(stage, copy=True, own_outputs=split_backward)
+    rec = recompute(split.module(stage, copy=True, own_outputs=split_backward))
     modules = [split.module(s, copy=True) for s in range(stage)]
     inputs = _inputs(modules, spec, microbatch, stage)
     for _ in range(3):
@@ -132,7 +134,7 @@ def run_case(name: str, microbatch: int, repeats: int, pairs: int, console, tmp:
                    "rerun_s": rerun_forward_s(layers, fwd), "predicted_s": one,
                    "saves": sum(x.saved_tensors or 0 for x in layers)}
             if st.index > 0:
-                fb, rerun = time_stage(split, spec, st.index, microbatch, pairs, step=_split_step)
+                fb, rerun = time_stage(split, spec, st.index, microbatch, pairs, split_backward=True)
                 groups = weight_grad_passes(layers)
                 row["split"] = {"fb_s": fb, "measured_s": rerun, "groups": groups,
                                 "predicted_s": (1 + groups) * one, "before_s": 2 * one}
