@@ -226,18 +226,16 @@ def main(argv=None) -> int:
         for name, mb, repeats, pairs in CASES:
             if name in args.examples.split(","):
                 rows += run_case(name, mb, repeats, pairs, console, Path(tmp), overhead)
-    table = Table(title="recomputation: measured re-run vs predicted (one process, one thread)")
-    for col in HEADER:
-        table.add_column(col, justify="right")
-    for r in table_rows(rows):
-        table.add_row(*r)
-    console.print(table)
-    table = Table(title="zero bubble's split backward, recomputed: measured re-runs vs predicted")
-    for col in SPLIT_HEADER:
-        table.add_column(col, justify="right")
-    for r in split_rows(rows):
-        table.add_row(*r)
-    console.print(table)
+    for title, header, cells in (("recomputation: measured re-run vs predicted (one process, one thread)", HEADER,
+                                  table_rows(rows)),
+                                 ("zero bubble's split backward, recomputed: measured re-runs vs predicted",
+                                  SPLIT_HEADER, split_rows(rows))):
+        table = Table(title=title)
+        for col in header:
+            table.add_column(col, justify="right")
+        for r in cells:
+            table.add_row(*r)
+        console.print(table)
     console.print(summary(rows))
     if args.write_results:
         write_results(rows, overhead)

@@ -35,6 +35,7 @@ from pipeplan.planner.mixed_predict import mixed_predict
 from pipeplan.planner.plan import Plan
 from pipeplan.planner.problem import Problem, build_problem
 from pipeplan.planner.request import PlanRequest, default_dtype
+from pipeplan.planner.runnable import split_backward_conflict
 from pipeplan.planner.search import SearchResult, _summary
 from pipeplan.schedules import facts
 
@@ -161,6 +162,11 @@ class _MixedSearch:
 
     def consider(self, cfg: Config, types: Sequence[int], assignment: Sequence[int], mb: int,
                  solver: str = "mixed-dp") -> None:
+        unrunnable = facts(cfg.schedule).splits_backward and split_backward_conflict(
+            [users for _, users in self.shared], assignment) is not None
+        if unrunnable:  # torch's split backward cannot run it (planner/runnable.py)
+            self.infeasible += 1
+            return
         busiest = max(sum(self.problem(g, mb).compute_s[i] for i, s2 in enumerate(assignment) if s2 == s)
                       for s, g in enumerate(types))
         if busiest > 0 and self.B / (cfg.microbatches * busiest) <= self.best_rate():

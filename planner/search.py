@@ -37,6 +37,7 @@ from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import graph_summary, predict
 from pipeplan.planner.problem import Problem, build_problem
 from pipeplan.planner.request import PlanRequest
+from pipeplan.planner.runnable import split_backward_conflict
 from pipeplan.schedules import facts, stage_device
 
 __all__ = ["search", "SearchResult", "Candidate", "Progress", "pipedream_levels"]
@@ -83,6 +84,7 @@ class _Search:
         self.top: list[Candidate] = []
         self.failures: list[Failure] = []
         self.evaluated = self.pruned = self.infeasible = 0
+        self.unrunnable: list[tuple[Config, int]] = []  # (configuration, stage) torch's split backward cannot run
         self.partitioner = Partitioner(self.cap, heuristics=request.heuristics)
         self._problems: dict[tuple[int, bool], Problem] = {}
         self._memory: dict[tuple[Any, ...], RangeMemory] = {}
@@ -215,6 +217,11 @@ class _Search:
 
     def consider(self, cfg: Config, part: Partition, mb: int) -> Plan | None:
         """Predict a partition (unless its busiest device already loses) and keep it if it fits and ranks."""
+        if facts(cfg.schedule).splits_backward:
+            stage = split_backward_conflict([users for _, users in self.shared], part.assignment)
+            if stage is not None:
+                self.unrunnable.append((cfg, stage))
+                return None
         P = cfg.stages
         prob = self.problem(mb, cfg.recompute)
         busy = [0.0] * P
@@ -380,6 +387,11 @@ def search(graph: Graph, profile: HardwareProfile, request: PlanRequest, *,
             _pipedream_optimizer(sr, M)
     if progress:
         progress("done", len(pairs), len(pairs))
+    if not sr.top and sr.unrunnable and not sr.failures:
+        cfg, stage = sr.unrunnable[0]
+        raise UserError(f"{cfg.schedule}: every split puts two uses of a shared parameter in one stage past the first "
+                        f"(stage {stage} of {cfg.describe()}), which torch's split backward cannot run "
+                        "(docs/schedules.md)", "choose another --schedule, or more --stages")
     if not sr.top:
         raise InfeasibleError(*infeasible_message(sr.view()))
     if _wants_ilp(sr):
