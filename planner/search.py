@@ -389,9 +389,9 @@ def search(graph: Graph, profile: HardwareProfile, request: PlanRequest, *,
         progress("done", len(pairs), len(pairs))
     if not sr.top and sr.unrunnable and not sr.failures:
         cfg, stage = sr.unrunnable[0]
-        raise UserError(f"{cfg.schedule}: every split puts two uses of a shared parameter in one stage past the first "
-                        f"(stage {stage} of {cfg.describe()}), which torch's split backward cannot run "
-                        "(docs/schedules.md)", "choose another --schedule, or more --stages")
+        raise UserError(f"{cfg.schedule}: the balanced splits put two uses of a shared parameter in one stage past the "
+                        f"first (stage {stage} of {cfg.describe()}), which torch's split backward cannot run "
+                        "(docs/schedules.md)", "choose a schedule without split backwards, such as --schedule 1f1b")
     if not sr.top:
         raise InfeasibleError(*infeasible_message(sr.view()))
     if _wants_ilp(sr):
