@@ -6,12 +6,11 @@ draws them, so the runtime layer does no display work.
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 from pipeplan.planner.configs import SHARDING_NAMES
 from pipeplan.planner.plan import StagePrediction
-from pipeplan.schedules import facts
+from pipeplan.schedules import ScheduleFacts, facts
 
 
 def render_table(doc: dict[str, Any], console) -> None:
@@ -30,7 +29,7 @@ def render_table(doc: dict[str, Any], console) -> None:
                       + ("; bwd: with the recomputed forward" if plan.get("recompute") else ""))
     # the backward re-runs the forward up to its last save (runtime/recompute.py); compute_s counts every re-run.
     # bwd_s prices accumulating backwards; the measured mean counts the step's fresh ones (costmodels/accumulate.py)
-    splits = facts(plan["schedule"]).splits_backward
+    rule = facts(plan["schedule"])
     fresh_share = facts(plan["schedule"]).fresh_backwards(mb) / mb
     for col in ("stage", "rank", "fwd ms/mb", "pred", "bwd ms/mb", "pred", "compute ms/step", "wait ms/step",
                 "device peak MiB", "pred"):
@@ -40,7 +39,7 @@ def render_table(doc: dict[str, Any], console) -> None:
         t.add_row(
             str(s["index"]), str(s["rank"]),
             _ms(s["fwd_s"]), _ms(ps.get("fwd_s")), _ms(s["bwd_s"]),
-            _ms(_predicted_bwd_s(ps, splits, fresh_share)) if ps else _ms(None),
+            _ms(_predicted_bwd_s(ps, rule, fresh_share)) if ps else _ms(None),
             _ms(s["compute_s"]), _ms(s["wait_s"]),
             f"{s.get('device_peak_bytes', s['peak_memory_bytes']) / 2**20:.1f}",
             f"{ps.get('memory_bytes', 0) / 2**20:.1f}" if ps else "-",
@@ -54,15 +53,16 @@ def render_table(doc: dict[str, Any], console) -> None:
         console.print("losses: " + ", ".join(f"{x:.5g}" for x in doc["losses"]))
 
 
-def _predicted_bwd_s(ps: dict[str, Any], splits_backward: bool, fresh_share: float) -> float:
+def _predicted_bwd_s(ps: dict[str, Any], rule: ScheduleFacts, fresh_share: float) -> float:
     """A stage's predicted mean backward per microbatch, as the run measures it: with its re-run under
     recomputation, less its share of backwards into fresh gradients. Under zero bubble the run times B apart
     from W (runtime/measure.py), so this is B: the backward less W, re-run included but on the first stage,
     whose B torch leaves empty (its fresh-gradient saving is W's)."""
-    pred = StagePrediction(**{f.name: ps[f.name] for f in fields(StagePrediction) if f.name in ps})
-    rerun, _ = pred.reruns_s(splits_backward)
-    if splits_backward:
-        return pred.bwd_s - pred.wgrad_s + (0.0 if ps.get("index") == 0 else rerun)
+    pred = StagePrediction.from_dict(ps)
+    rerun, _ = pred.reruns_s(rule.splits_backward)
+    rerun *= rule.b_reruns(ps.get("index", 1))
+    if rule.splits_backward:
+        return pred.bwd_s - pred.wgrad_s + rerun
     return pred.bwd_s + rerun - pred.fresh_grad_s * fresh_share
 
 

@@ -146,6 +146,12 @@ class ScheduleFacts:
     update into the stage times; every other schedule updates once per iteration (its plan's M microbatches),
     after the data-parallel all-reduce, and the simulator plays both."""
 
+    def b_reruns(self, stage: int) -> int:
+        """Recomputation's re-runs of the forward before stage `stage`'s backward op (its B where backwards split):
+        none before the first stage's split B, whose input-gradient pass torch skips (its input needs no gradient:
+        stage.py `backward_one_chunk`; that stage's W, its whole backward, re-runs it), one otherwise."""
+        return 0 if self.splits_backward and stage == 0 else 1
+
     def fresh_backwards(self, microbatches: int) -> int:
         """A stage's backwards per step of `microbatches` that write fresh weight gradients instead of adding into
         them (costmodels/accumulate.py): the first, as the runtime clears gradients every step, or every one where

@@ -57,6 +57,12 @@ class StagePrediction:
     recompute_s: float = 0.0  # recomputation: one re-run of the forward, before a backward (0 without)
     wgrad_recompute_s: float = 0.0  # zero bubble + recomputation: the re-runs one W makes (once per parameter group)
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> StagePrediction:
+        """A stage's saved `predicted`: the fields this version knows (newer keys are skipped, missing ones 0)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in known})
+
     def reruns_s(self, splits_backward: bool) -> tuple[float, float]:
         """(the re-run before a backward, the re-runs of a zero-bubble W) of one microbatch.
 
@@ -158,7 +164,6 @@ class Plan:
 
         check_plan_doc(doc, path)
         try:
-            stage_pred = {f.name for f in fields(StagePrediction)}
             pred = {f.name for f in fields(Prediction)}
             stages = [
                 Stage(
@@ -166,7 +171,7 @@ class Plan:
                     layers=list(s["layers"]),
                     devices=list(s["devices"]),
                     replicas=int(s.get("replicas", 1)),
-                    predicted=StagePrediction(**{k: v for k, v in s.get("predicted", {}).items() if k in stage_pred}),
+                    predicted=StagePrediction.from_dict(s.get("predicted", {})),
                     device_type=s.get("device_type"),
                 )
                 for s in doc["stages"]

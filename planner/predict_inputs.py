@@ -304,7 +304,8 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     if not facts(config.schedule).flushes:  # each update also stashes a new weight version (optimizer_step.py)
         opt = [o + slow * stash_copy_s(sums.params[s], profile=profile) for s, o in enumerate(opt)]
     rc = config.recompute
-    rec = rerun_times(problem, graph, profile, assignment, S, slow) if rc else [0.0] * S
+    layers = _stage_layers(graph, problem.names, assignment, S) if rc else []
+    rec = rerun_times(problem, profile, assignment, layers, slow) if rc else [0.0] * S
     fwd, bwd = list(sums.f), list(sums.b)
     fresh = _fresh_saving(problem, graph, assignment, S, slow)
     if not facts(config.schedule).replicates_whole_pipeline:  # a stage with r replicas takes every r-th microbatch
@@ -327,30 +328,35 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     if wgrad:
         wgrad = _first_stage_whole_w(wgrad, bwd)
         fresh = [min(f, w) for f, w in zip(fresh, wgrad, strict=True)]  # the adds are part of W (AccumulateGrad)
-        rec_w = _w_reruns(graph, problem.names, assignment, rec) if rc else []
+        rec_w = _w_reruns(layers, rec) if rc else []
     return StageInputs(fwd, bwd, rec, send, allreduce, sync.fwd, sync.bwd, out_bytes, static, act, rbytes, memory,
                        msg, opt, wgrad, [list(used) for _, used in shared], fresh, rec_w)
 
 
-def _w_reruns(graph: Graph, names: Sequence[str], assignment: Sequence[int], rec: Sequence[float]) -> list[float]:
+def _stage_layers(graph: Graph, names: Sequence[str], assignment: Sequence[int], S: int) -> list[list[Layer]]:
+    """Each stage's layers, in execution order."""
+    layers: list[list[Layer]] = [[] for _ in range(S)]
+    for i, name in enumerate(names):
+        layers[assignment[i]].append(graph.layer(name))
+    return layers
+
+
+def _w_reruns(layers: Sequence[Sequence[Layer]], rec: Sequence[float]) -> list[float]:
     """What each stage's zero-bubble W spends re-running its forward under recomputation: one re-run (`rec`) per
     parameter group (costmodels/recompute.weight_grad_passes: torch calls autograd.grad once per group, and each
     call re-runs the checkpointed forward); one on the first stage, whose W is one whole backward."""
-    layers: list[list[Layer]] = [[] for _ in rec]
-    for i, name in enumerate(names):
-        layers[assignment[i]].append(graph.layer(name))
     return [rec[0], *(weight_grad_passes(layers[s]) * rec[s] for s in range(1, len(rec)))]
 
 
-def rerun_times(problem: Problem, graph: Graph, profile: HardwareProfile, assignment: Sequence[int], S: int,
-                slow: float) -> list[float]:
-    """Each stage's re-run under recomputation: its forward up to its last saved tensor, plus the host time of
-    torch's checkpoint around it, per stage and per tensor its forward saves (costmodels/recompute.py)."""
-    layers: list[list[Layer]] = [[] for _ in range(S)]
+def rerun_times(problem: Problem, profile: HardwareProfile, assignment: Sequence[int],
+                layers: Sequence[Sequence[Layer]], slow: float) -> list[float]:
+    """Each stage's re-run under recomputation (`layers`: each stage's, _stage_layers): its forward up to its last
+    saved tensor, plus the host time of torch's checkpoint around it, per stage and per tensor its forward saves
+    (costmodels/recompute.py)."""
+    S = len(layers)
     fwd: list[list[float]] = [[] for _ in range(S)]
-    for i, name in enumerate(problem.names):
-        layers[assignment[i]].append(graph.layer(name))
-        fwd[assignment[i]].append(slow * problem.fwd_s[i])
+    for i, s in enumerate(assignment):
+        fwd[s].append(slow * problem.fwd_s[i])
     return [rerun_forward_s(layers[s], fwd[s])
             + slow * checkpoint_overhead_s(layers[s], profile.recompute_overhead_s, profile.recompute_tensor_s)
             for s in range(S)]

@@ -73,10 +73,9 @@ def _reruns_s(x: StageInputs, s: int, schedule: str, recompute: bool) -> tuple[f
 
 
 def reruns_per_microbatch_s(schedule: str, s: int, rec_s: float, rec_w: float) -> float:
-    """Stage s's re-runs of one microbatch, which compute_s counts: the backward's (none before the first stage's
-    split B: simulate._rerun_before_b) and W's. DualPipeV's whole backwards re-run it once without the W's, so
-    there this is an upper bound."""
-    return (0.0 if facts(schedule).splits_backward and s == 0 else rec_s) + rec_w
+    """Stage s's re-runs of one microbatch, which compute_s counts: the backward's (ScheduleFacts.b_reruns) and
+    W's. DualPipeV's whole backwards re-run it once without the W's, so there this is an upper bound."""
+    return facts(schedule).b_reruns(s) * rec_s + rec_w
 
 
 def _prediction(graph: Graph, profile: HardwareProfile, request: PlanRequest, memory: Sequence[MemoryBreakdown],

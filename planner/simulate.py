@@ -552,15 +552,9 @@ def _device_stages(inp: _SimInputs) -> list[list[int]]:
 
 
 def _rerun_before_b(inp: _SimInputs) -> tuple[float, ...]:
-    """The re-run before each stage's backward op; under zero bubble, before its split B.
-
-    torch skips the first stage's input-gradient pass (its input needs no gradient: stage.py
-    `backward_one_chunk`), so that split B unpacks no saved tensor and the checkpoint re-runs nothing for it;
-    its W, the whole backward, re-runs the forward. A whole backward ("BW") re-runs it on every stage.
-    """
-    if not inp.schedule.splits_backward:
-        return inp.recompute
-    return (0, *inp.recompute[1:])
+    """The re-run before each stage's backward op; under zero bubble, before its split B (none on the first
+    stage: ScheduleFacts.b_reruns). A whole backward ("BW") re-runs it on every stage."""
+    return tuple(inp.schedule.b_reruns(s) * r for s, r in enumerate(inp.recompute))
 
 
 def _busy_s(inp: _SimInputs, orders: list[Order]) -> list[float]:
