@@ -20,6 +20,13 @@ The second table splits every stage's backward but the first as zero bubble does
 way. W calls autograd once per parameter group and the checkpoint re-runs the forward for each call, so the planner
 charges (1 + groups) re-runs (`costmodels.recompute.weight_grad_passes`); beside it, the two re-runs it charged
 before. The first stage is left out: torch runs its whole backward as W, one re-run, as in the first table.
+
+The third table times the same stages without recomputation, a whole backward against torch's B + W, alternating
+the two: the split's extra is the per-pair difference. Predicted by `costmodels.split_backward.split_backward_extra_s`:
+per split + per parameter group (measured at the start as `profiles calibrate` measures them) + the output gradients
+W reads back from memory at the copy bandwidth (measured at the start as calibrate does). Errors are of the split
+stage's step (measured forward + whole backward + extra against the same with the extra predicted, or with none,
+as before: B + W = the whole backward).
 """
 
 from __future__ import annotations
@@ -107,11 +114,27 @@ def time_stage(split, spec, stage: int, microbatch: int, pairs: int, split_backw
     return statistics.median(base), statistics.median(extra)
 
 
+def time_split_extra(split, spec, stage: int, microbatch: int, pairs: int) -> tuple[float, float]:
+    """(forward + whole backward, what torch's split B + W takes beyond it) of one stage, seconds: medians over
+    alternating pairs on one stage module that owns its outputs, as the runtime builds zero bubble's stages."""
+    module = split.module(stage, copy=True, own_outputs=True)
+    inputs = _inputs([split.module(s, copy=True) for s in range(stage)], spec, microbatch, stage)
+    for _ in range(3):
+        _step(module, inputs), _split_step(module, inputs)
+    whole, extra = [], []
+    for _ in range(2 * pairs):
+        a = _step(module, inputs)
+        whole.append(a)
+        extra.append(_split_step(module, inputs) - a)
+    return statistics.median(whole), statistics.median(extra)
+
+
 def run_case(name: str, microbatch: int, repeats: int, pairs: int, console, tmp: Path,
-             overhead: tuple[float, float]) -> list[dict]:
+             overhead: tuple[float, float], split_cost: tuple[float, float, float]) -> list[dict]:
     import torch
 
     from pipeplan.costmodels.recompute import checkpoint_overhead_s, rerun_forward_s, weight_grad_passes
+    from pipeplan.costmodels.split_backward import cold_gradient_bytes, split_backward_extra_s
     from pipeplan.costmodels.trace import trace
     from pipeplan.planner.plan import load_plan
     from pipeplan.runtime.worker import load_split_model
@@ -138,6 +161,12 @@ def run_case(name: str, microbatch: int, repeats: int, pairs: int, console, tmp:
                 groups = weight_grad_passes(layers)
                 row["split"] = {"fb_s": fb, "measured_s": rerun, "groups": groups,
                                 "predicted_s": (1 + groups) * one, "before_s": 2 * one}
+                fb, extra = time_split_extra(split, spec, st.index, microbatch, pairs)
+                per_split, per_group, bw = split_cost
+                row["extra"] = {"fb_s": fb, "measured_s": extra, "groups": groups, "before_s": 0.0,
+                                "cold_bytes": cold_gradient_bytes(layers),
+                                "predicted_s": split_backward_extra_s(layers, per_split_s=per_split,
+                                                                      per_group_s=per_group, mem_bw_bytes_per_s=bw)}
             rows.append(row)
     return rows
 
@@ -169,24 +198,38 @@ def split_rows(rows: list[dict]) -> list[list[str]]:
             for r in rows if (x := r.get("split"))]
 
 
+EXTRA_HEADER = ["example", "K", "stage", "parameter groups", "cold gradient MiB", "measured fwd+bwd ms",
+                "measured split extra ms", "predicted split extra ms", "step error", "step error, no extra (before)"]
+
+
+def extra_rows(rows: list[dict]) -> list[list[str]]:
+    return [[r["example"], str(r["stages"]), str(r["stage"]), str(x["groups"]), f"{x['cold_bytes'] / 2**20:.2f}",
+             f"{x['fb_s'] * 1e3:.2f}", f"{x['measured_s'] * 1e3:.2f}", f"{x['predicted_s'] * 1e3:.2f}",
+             f"{_step_error(x, x['predicted_s']) * 100:+.1f}%", f"{_step_error(x, x['before_s']) * 100:+.1f}%"]
+            for r in rows if (x := r.get("extra"))]
+
+
 def summary(rows: list[dict]) -> str:
     def stats(key: str) -> str:
         errs = [abs(_step_error(r, r[key])) for r in rows]
         return f"median |error| {statistics.median(errs) * 100:.1f}% (worst {max(errs) * 100:.1f}%)"
 
     split = [r["split"] for r in rows if "split" in r]
+    extra = [r["extra"] for r in rows if "extra" in r]
 
-    def split_stats(key: str) -> str:
-        errs = [abs(_step_error(x, x[key])) for x in split]
+    def split_stats(key: str, of: list[dict] = split) -> str:
+        errs = [abs(_step_error(x, x[key])) for x in of]
         return f"median |error| {statistics.median(errs) * 100:.1f}% (worst {max(errs) * 100:.1f}%)" if errs else "-"
 
     return (f"{len(rows)} stages, the recomputed stage step (forward + backward + re-run): {stats('predicted_s')} as "
             f"priced (re-run to the last save + checkpoint host time), {stats('rerun_s')} with the re-run alone, "
             f"{stats('fwd_s')} with the whole forward. {len(split)} stages with zero bubble's split backward: "
-            f"{split_stats('predicted_s')} with 1 + groups re-runs, {split_stats('before_s')} with two")
+            f"{split_stats('predicted_s')} with 1 + groups re-runs, {split_stats('before_s')} with two. The same "
+            f"{len(extra)} stages without recomputation, split against whole: {split_stats('predicted_s', extra)} "
+            f"with the split's extra priced, {split_stats('before_s', extra)} without")
 
 
-def write_results(rows: list[dict], overhead: tuple[float, float]) -> None:
+def write_results(rows: list[dict], overhead: tuple[float, float], split_cost: tuple[float, float, float]) -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     from results import write_section
     from runtime_bench import machine
@@ -200,6 +243,11 @@ def write_results(rows: list[dict], overhead: tuple[float, float]) -> None:
     lines += ["", "Zero bubble's split backward, recomputed (all stages but the first):", "",
               "| " + " | ".join(SPLIT_HEADER) + " |", "|" + "---|" * len(SPLIT_HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in split_rows(rows)]
+    lines += ["", f"Zero bubble's split backward against a whole backward (no recomputation; all stages but the first; "
+              f"measured at the start: {split_cost[0] * 1e6:.0f} µs a split + {split_cost[1] * 1e6:.1f} µs a "
+              f"parameter group, copy bandwidth {split_cost[2] / 1e9:.1f} GB/s):", "",
+              "| " + " | ".join(EXTRA_HEADER) + " |", "|" + "---|" * len(EXTRA_HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in extra_rows(rows)]
     lines += ["", summary(rows) + "."]
     write_section(SECTION, "\n".join(lines))
 
@@ -212,7 +260,9 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from pipeplan.hardware_profiles.calibrate import measure_memory
     from pipeplan.hardware_profiles.recompute_overhead import checkpoint_overhead_s
+    from pipeplan.hardware_profiles.split_backward_overhead import split_backward_overhead_s
 
     console = Console()
     import torch
@@ -221,15 +271,20 @@ def main(argv=None) -> int:
     overhead = checkpoint_overhead_s()
     console.print(f"torch's checkpoint host time: {overhead[0] * 1e6:.0f} µs a region + {overhead[1] * 1e6:.1f} µs "
                   "a saved tensor")
+    split_cost = (*split_backward_overhead_s(), measure_memory(1.5)[0])
+    console.print(f"torch's split backward: {split_cost[0] * 1e6:.0f} µs a split + {split_cost[1] * 1e6:.1f} µs a "
+                  f"group; copy bandwidth {split_cost[2] / 1e9:.1f} GB/s")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, mb, repeats, pairs in CASES:
             if name in args.examples.split(","):
-                rows += run_case(name, mb, repeats, pairs, console, Path(tmp), overhead)
+                rows += run_case(name, mb, repeats, pairs, console, Path(tmp), overhead, split_cost)
     for title, header, cells in (("recomputation: measured re-run vs predicted (one process, one thread)", HEADER,
                                   table_rows(rows)),
                                  ("zero bubble's split backward, recomputed: measured re-runs vs predicted",
-                                  SPLIT_HEADER, split_rows(rows))):
+                                  SPLIT_HEADER, split_rows(rows)),
+                                 ("zero bubble's split backward against a whole one: measured extra vs predicted",
+                                  EXTRA_HEADER, extra_rows(rows))):
         table = Table(title=title)
         for col in header:
             table.add_column(col, justify="right")
@@ -238,7 +293,7 @@ def main(argv=None) -> int:
         console.print(table)
     console.print(summary(rows))
     if args.write_results:
-        write_results(rows, overhead)
+        write_results(rows, overhead, split_cost)
     return 0
 
 

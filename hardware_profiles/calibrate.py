@@ -55,6 +55,7 @@ from pipeplan.hardware_profiles.local_device import (
 )
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.hardware_profiles.recompute_overhead import checkpoint_overhead_s
+from pipeplan.hardware_profiles.split_backward_overhead import split_backward_overhead_s
 from pipeplan.units import KIB, MIB
 
 if TYPE_CHECKING:
@@ -390,6 +391,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         optimizer_s = step("optimizer step", optimizer_overhead.per_tensor_s)
         param_s = step("optimizer step (large tensors)", lambda: optimizer_overhead.per_param_s(optimizer_s))
         recompute_s, recompute_tensor_s = step("recomputation's checkpoint", checkpoint_overhead_s)
+        split_s, split_group_s = step("zero bubble's split backward", split_backward_overhead_s)
     finally:
         torch.set_num_threads(prev_threads)
     share = cpu_share(wall0, cpu0)
@@ -440,6 +442,8 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         optimizer_param_s=param_s,
         recompute_overhead_s=recompute_s,
         recompute_tensor_s=recompute_tensor_s,
+        split_backward_s=split_s,
+        split_backward_group_s=split_group_s,
         notes=(
             "One device = one CPU core running one thread. Memory is MemTotal split evenly over the cores; "
             "usable is 80% of that (the OS, Python and torch need the rest). The inter-node link is the "
@@ -471,6 +475,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
             "optimizer_ns_per_param": {k: round(v * 1e9, 3) for k, v in param_s.items()},
             "recompute_us": {"per_region": round(recompute_s * 1e6, 1),
                              "per_saved_tensor": round(recompute_tensor_s * 1e6, 2)},
+            "split_backward_us": {"per_split": round(split_s * 1e6, 1), "per_group": round(split_group_s * 1e6, 2)},
             "concurrency_slowdown_per_rank": [round(x, 3) for x in rank_slowdowns(slowdowns)],
             "memory_total_bytes": mem_total,
         },

@@ -68,6 +68,8 @@ _UNITS = {
     "optimizer_ns_per_param": ("ns", 1e4),
     "recompute_overhead_us": ("µs", 1e6),
     "recompute_us_per_saved_tensor": ("µs", 1e4),
+    "split_backward_overhead_us": ("µs", 1e6),
+    "split_backward_us_per_group": ("µs", 1e4),
     "peak_tflops": ("TFLOP/s", 1e5),
 }
 
@@ -95,6 +97,8 @@ _TOP_KEYS = {
     "optimizer_ns_per_param": False,
     "recompute_overhead_us": False,
     "recompute_us_per_saved_tensor": False,
+    "split_backward_overhead_us": False,
+    "split_backward_us_per_group": False,
     "concurrency_slowdown": False,
     "sources": False,
     "confidence": False,
@@ -310,6 +314,9 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     recompute_s = c.number(doc.get("recompute_overhead_us", 0), "recompute_overhead_us", allow_zero=True) * 1e-6
     recompute_tensor_s = c.number(doc.get("recompute_us_per_saved_tensor", 0), "recompute_us_per_saved_tensor",
                                   allow_zero=True) * 1e-6
+    split_s = c.number(doc.get("split_backward_overhead_us", 0), "split_backward_overhead_us", allow_zero=True) * 1e-6
+    split_group_s = c.number(doc.get("split_backward_us_per_group", 0), "split_backward_us_per_group",
+                             allow_zero=True) * 1e-6
 
     sources = c.string_list(doc.get("sources", []), "sources")
     confidence = c.mapping(doc.get("confidence") or {}, "confidence")
@@ -353,6 +360,8 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         optimizer_param_s=param_s,
         recompute_overhead_s=recompute_s,
         recompute_tensor_s=recompute_tensor_s,
+        split_backward_s=split_s,
+        split_backward_group_s=split_group_s,
     )
 
 
@@ -402,6 +411,9 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
     if profile.recompute_overhead_s or profile.recompute_tensor_s:
         doc["recompute_overhead_us"] = _num(profile.recompute_overhead_s * 1e6)
         doc["recompute_us_per_saved_tensor"] = _num(profile.recompute_tensor_s * 1e6)
+    if profile.split_backward_s or profile.split_backward_group_s:
+        doc["split_backward_overhead_us"] = _num(profile.split_backward_s * 1e6)
+        doc["split_backward_us_per_group"] = _num(profile.split_backward_group_s * 1e6)
     if profile.local:
         doc["local"] = True
     if profile.collectives:

@@ -77,6 +77,10 @@ class HardwareProfile:
     # 0 = none (catalogue GPUs: host work that overlaps the kernels).
     recompute_overhead_s: float = 0.0
     recompute_tensor_s: float = 0.0
+    # Host time zero bubble's split backward (torch's B and W) spends beyond one whole backward: per split and per
+    # parameter group (hardware_profiles/split_backward_overhead.py). Measured by `profiles calibrate`; 0 = none.
+    split_backward_s: float = 0.0
+    split_backward_group_s: float = 0.0
 
     def gpu_vendor(self) -> str | None:
         """"nvidia" or "amd" where `device` starts with a GPU maker's name (every catalogue GPU and every profile

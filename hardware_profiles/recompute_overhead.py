@@ -65,9 +65,13 @@ def checkpoint_overhead_s() -> tuple[float, float]:
     A least-squares line through regions of several sizes: two sizes alone let one noisy timing swing the split
     between the terms (this machine's speed drifts by 10-15% within seconds).
     """
-    points = [_extra_s(k) for k in SIZES]
+    return nonnegative_line([_extra_s(k) for k in SIZES])
+
+
+def nonnegative_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (time, count) points, each clamped at 0 (a noisy
+    timing can tilt the line below zero; a host cost never is)."""
     n_mean = sum(n for _, n in points) / len(points)
     t_mean = sum(t for t, _ in points) / len(points)
-    slope = (sum((n - n_mean) * (t - t_mean) for t, n in points) / sum((n - n_mean) ** 2 for _, n in points))
-    per_tensor = max(0.0, slope)
-    return max(0.0, t_mean - per_tensor * n_mean), per_tensor
+    slope = max(0.0, sum((n - n_mean) * (t - t_mean) for t, n in points) / sum((n - n_mean) ** 2 for _, n in points))
+    return max(0.0, t_mean - slope * n_mean), slope

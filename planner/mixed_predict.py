@@ -50,8 +50,9 @@ def mixed_ranks(cluster: Cluster, types: Sequence[int], replicas: int) -> list[l
 
 
 def _spliced(parts: dict[int, StageInputs], types: Sequence[int]) -> StageInputs:
-    """Stage s's numbers from its own group's inputs (zero bubble's W split too, where the schedule has one)."""
-    fields = _FIELDS + (("wgrad",) if all(parts[g].wgrad for g in types) else ())
+    """Stage s's numbers from its own group's inputs (zero bubble's W, its re-runs under recomputation and what the
+    split adds too, where the schedule has them)."""
+    fields = _FIELDS + tuple(name for name in ("wgrad", "rec_w", "split") if all(getattr(parts[g], name) for g in types))
     return StageInputs(**{name: [getattr(parts[g], name)[s] for s, g in enumerate(types)] for name in fields},
                        tied=parts[types[0]].tied)  # the same graph and assignment in every group
 
@@ -94,16 +95,18 @@ def mixed_predict(graph: Graph, cluster: Cluster, assignment: Sequence[int], typ
                          ranks=ranks, reps=reps, dp=dp, mb=mb, devices=S * dp, slow=1.0, overhead_s=overhead_s,
                          solver=dict(solver or {}), graph_info=graph_summary(graph), overlap=overlap,
                          slowdown=slowdown)
-    _own_times(plan, problems, assignment, types)
+    _own_times(plan, problems, assignment, types, x.split)
     return Evaluation(_mixed_record(plan, cluster, types, x, request, graph), sim)
 
 
-def _own_times(plan: Plan, problems: dict[int, Problem], assignment: Sequence[int], types: Sequence[int]) -> None:
+def _own_times(plan: Plan, problems: dict[int, Problem], assignment: Sequence[int], types: Sequence[int],
+               split: Sequence[float]) -> None:
     """Each stage's reported fwd/bwd from its own type's problem (`assemble_plan` sums one problem's); its re-runs
-    under recomputation come from the stage inputs, already each type's own (0 without)."""
+    under recomputation and what zero bubble's split backward adds come from the stage inputs, already each type's
+    own (0 without)."""
     for s, g in enumerate(types):
         f = float(sum(problems[g].fwd_s[i] for i, a in enumerate(assignment) if a == s))
-        b = float(sum(problems[g].bwd_s[i] for i, a in enumerate(assignment) if a == s))
+        b = float(sum(problems[g].bwd_s[i] for i, a in enumerate(assignment) if a == s)) + (split[s] if split else 0.0)
         old = plan.stages[s].predicted
         rerun = reruns_per_microbatch_s(plan.schedule, s, old.recompute_s, old.wgrad_recompute_s)
         plan.stages[s].predicted = replace(old, fwd_s=f, bwd_s=b, compute_s=f + b + rerun)

@@ -17,6 +17,7 @@ from pipeplan.costmodels.graph import Graph, Layer, SharedParam, weight_grad_tim
 from pipeplan.costmodels.memory import MemoryBreakdown, is_mixed_precision, model_state_bytes, stage_memory
 from pipeplan.costmodels.optimizer_step import optimizer_step_s, stash_copy_s
 from pipeplan.costmodels.recompute import checkpoint_overhead_s, rerun_forward_s, weight_grad_passes
+from pipeplan.costmodels.split_backward import split_backward_extra_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.problem import Problem
@@ -88,6 +89,7 @@ class StageInputs:
     tied: list[list[int]] = field(default_factory=list)  # stages holding one tied parameter (shared_stages)
     fresh: list[float] = field(default_factory=list)  # of bwd (W), what a backward into fresh gradients saves
     rec_w: list[float] = field(default_factory=list)  # zero bubble + recomputation: the re-runs each W makes (_w_reruns)
+    split: list[float] = field(default_factory=list)  # of bwd (W), what torch's split backward adds (_split_extra)
 
 
 def contiguous(assignment: Sequence[int]) -> bool:
@@ -304,7 +306,8 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     if not facts(config.schedule).flushes:  # each update also stashes a new weight version (optimizer_step.py)
         opt = [o + slow * stash_copy_s(sums.params[s], profile=profile) for s, o in enumerate(opt)]
     rc = config.recompute
-    layers = _stage_layers(graph, problem.names, assignment, S) if rc else []
+    splits = facts(config.schedule).splits_backward
+    layers = _stage_layers(graph, problem.names, assignment, S) if rc or splits else []
     rec = rerun_times(problem, profile, assignment, layers, slow) if rc else [0.0] * S
     fwd, bwd = list(sums.f), list(sums.b)
     fresh = _fresh_saving(problem, graph, assignment, S, slow)
@@ -323,14 +326,27 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     remote = [list(ranks[s]) != list(ranks[s + 1]) for s in range(S - 1)]
     msg = [(in_bytes[s] if s > 0 and remote[s - 1] else 0) + (out_bytes[s] if s < S - 1 and remote[s] else 0)
            for s in range(S)]
-    wgrad = _wgrad(problem, graph, assignment, S, slow) if facts(config.schedule).splits_backward else []
+    wgrad = _wgrad(problem, graph, assignment, S, slow) if splits else []
     rec_w: list[float] = []
+    split: list[float] = []
     if wgrad:
         wgrad = _first_stage_whole_w(wgrad, bwd)
+        split = _split_extra(profile, layers, slow)
+        wgrad = [w + e for w, e in zip(wgrad, split, strict=True)]
+        bwd = [b + e for b, e in zip(bwd, split, strict=True)]
         fresh = [min(f, w) for f, w in zip(fresh, wgrad, strict=True)]  # the adds are part of W (AccumulateGrad)
         rec_w = _w_reruns(layers, rec) if rc else []
     return StageInputs(fwd, bwd, rec, send, allreduce, sync.fwd, sync.bwd, out_bytes, static, act, rbytes, memory,
-                       msg, opt, wgrad, [list(used) for _, used in shared], fresh, rec_w)
+                       msg, opt, wgrad, [list(used) for _, used in shared], fresh, rec_w, split)
+
+
+def _split_extra(profile: HardwareProfile, layers: Sequence[Sequence[Layer]], slow: float) -> list[float]:
+    """What each stage's split backward takes beyond its whole backward (costmodels/split_backward.py), charged to
+    its W; none on the first stage, whose W is one whole backward (`_first_stage_whole_w`)."""
+    return [0.0, *(slow * split_backward_extra_s(layers[s], per_split_s=profile.split_backward_s,
+                                                  per_group_s=profile.split_backward_group_s,
+                                                  mem_bw_bytes_per_s=profile.mem_bw_bytes_per_s)
+                   for s in range(1, len(layers)))]
 
 
 def _stage_layers(graph: Graph, names: Sequence[str], assignment: Sequence[int], S: int) -> list[list[Layer]]:

@@ -40,6 +40,7 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, sche
         mem = x.memory[stage_device(schedule, s, P)]
         f_s = slow * float(sum(problem.fwd_s[i] for i in range(n) if assignment[i] == s))
         b_s = slow * float(sum(problem.bwd_s[i] for i in range(n) if assignment[i] == s))
+        b_s += x.split[s] if x.split else 0.0  # zero bubble: torch's split backward beyond a whole one
         per_replica = 1 if whole else reps[s]  # x.rec and x.fresh are per replica where replicas share a stage's work
         rec_s, rec_w = _reruns_s(x, s, schedule, recompute)
         rec_s, rec_w = rec_s * per_replica, rec_w * per_replica

@@ -71,6 +71,7 @@ FAKE_GAP_S = {"gpipe": (8e-4, 0.0), "1f1b": (2e-4, 1e-10), "interleaved": (3e-4,
 FAKE_OPTIMIZER_S = {"sgd": 2e-6, "momentum": 6e-6, "adam": 22e-6, "adamw": 25e-6}  # per parameter tensor
 FAKE_PARAM_S = {"sgd": 0.5e-9, "momentum": 1.1e-9, "adam": 3.3e-9, "adamw": 3.5e-9}  # per parameter
 FAKE_CHECKPOINT_S = (4e-4, 3e-5)  # torch's checkpoint: per recomputed region, per saved tensor
+FAKE_SPLIT_S = (1e-4, 5e-5)  # zero bubble's split backward: per split, per parameter group
 FAKE_COLLECTIVES = {"allreduce": (1e9, 100e-6), "reduce_scatter": (0.5e9, 250e-6), "all_gather": (1e9, 120e-6)}
 
 
@@ -139,6 +140,7 @@ def fake_measurements(monkeypatch):
     monkeypatch.setattr(calibrate_mod.optimizer_overhead, "per_param_s",
                         lambda tensor_s: dict(FAKE_PARAM_S) if tensor_s == FAKE_OPTIMIZER_S else {})
     monkeypatch.setattr(calibrate_mod, "checkpoint_overhead_s", lambda: FAKE_CHECKPOINT_S)
+    monkeypatch.setattr(calibrate_mod, "split_backward_overhead_s", lambda: FAKE_SPLIT_S)
     monkeypatch.setattr(calibrate_mod, "measure_memory", lambda cap: (20e9, [20e9, 10e9]))
     monkeypatch.setattr(calibrate_mod, "measure_p2p",
                         lambda: (dict(FAKE_P2P), fake_pipeline_events(), FAKE_PROBES, fake_collective_times()))
@@ -180,15 +182,17 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
     assert p.usable_memory_bytes == int(p.memory_bytes * 0.8)
     # every phase reported as started (0/1) and finished (1/1)
     names = [ph for ph, done, _ in phases if done == 0]
-    assert len(names) == 7 and all((n, 1, 1) in phases for n in names)
+    assert len(names) == 8 and all((n, 1, 1) in phases for n in names)
     assert p.optimizer_tensor_s == FAKE_OPTIMIZER_S
     assert p.optimizer_param_s == FAKE_PARAM_S  # measured with the per-tensor times taken out
     assert (p.recompute_overhead_s, p.recompute_tensor_s) == FAKE_CHECKPOINT_S
+    assert (p.split_backward_s, p.split_backward_group_s) == FAKE_SPLIT_S
     # the result is an ordinary profile: it survives the YAML format
     save_profile(p, tmp_path / "local.yaml")
     q = load_profile(str(tmp_path / "local.yaml"))
     assert q.local and q.peak_flops == p.peak_flops and q.efficiency == pytest.approx(p.efficiency)
     assert (q.recompute_overhead_s, q.recompute_tensor_s) == pytest.approx(FAKE_CHECKPOINT_S)
+    assert (q.split_backward_s, q.split_backward_group_s) == pytest.approx(FAKE_SPLIT_S)
     assert q.optimizer_param_s == pytest.approx(FAKE_PARAM_S)
     assert q.calibration["matmul_fp32_gflops"] == [80.0, 100.0, 64.0, 100.0]
     assert set(q.collectives) == set(p.collectives)
@@ -262,6 +266,8 @@ def test_real_calibration_writes_a_loadable_local_profile(real_run):
     assert len(prof.calibration["concurrency_slowdown_per_rank"]) == 2
     # torch's checkpoint runs Python hooks for every saved tensor: microseconds each, never free, never a millisecond
     assert 1e-6 < prof.recompute_tensor_s < 1e-3 and 0 <= prof.recompute_overhead_s < 0.05
+    # zero bubble's split backward: an autograd call and hooks per parameter group, tens of microseconds each
+    assert 1e-6 < prof.split_backward_group_s < 1e-3 and 0 <= prof.split_backward_s < 0.05
     # gloo's collectives, timed and fitted: the fitted all-reduce gives back the measured 16 MiB time
     assert set(prof.collectives) == {"allreduce", "reduce_scatter", "all_gather"}
     measured_s = prof.calibration["collectives_us"]["allreduce"][16 * MIB] / 1e6

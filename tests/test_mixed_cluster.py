@@ -100,6 +100,21 @@ def test_one_type_prediction_equals_the_plain_prediction():
     assert [s.device_type for s in mixed.stages] == ["fast", "fast"]
 
 
+@pytest.mark.parametrize("recompute", ["off", "on"])
+def test_one_type_zero_bubble_prediction_equals_the_plain_prediction(recompute):
+    """Zero bubble's W, its re-runs under recomputation and what torch's split adds carry through the splice."""
+    fast = replace(FAST, split_backward_s=1e-4, split_backward_group_s=5e-5)
+    g = gpt_like(blocks=4)
+    cfg = Config(schedule="zb-h1", stages=2, data_parallel=1, microbatches=4, recompute=recompute == "on")
+    req = request(recompute=recompute)
+    assign = [0, 0, 0, 1, 1, 1]
+    plain = predict(g, fast, assign, cfg, req).plan
+    mixed = mixed_predict(g, cluster(4, 2, fast=fast), assign, (0, 0), cfg, req).plan
+    assert plain.stages[1].predicted.wgrad_s > 0 and (recompute == "off" or plain.stages[1].predicted.wgrad_recompute_s > 0)
+    assert [s.predicted for s in mixed.stages] == [s.predicted for s in plain.stages]
+    assert mixed.predicted.iteration_s == plain.predicted.iteration_s
+
+
 def test_each_stage_priced_on_its_own_type_and_the_cluster_link_between():
     g = gpt_like(blocks=4)
     cfg = Config(schedule="gpipe", stages=2, data_parallel=1, microbatches=2)
