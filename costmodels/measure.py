@@ -18,7 +18,7 @@ import contextlib
 import gc
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -383,13 +383,9 @@ def _one_step(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
     # Gradients are kept from the step before: a pipeline's microbatches 2..M accumulate into them,
     # which reads and writes each gradient instead of writing a fresh one (11-15% of a weight-heavy
     # backward here, docs/runtime.md), so that is the backward a stage runs most often.
-    gc.collect()  # a garbage collection inside a timed step lands on whichever layer is running
-    gc.disable()
-    try:
-        step, b_pass, b = _timed_step(ep, spec, args, target, layer_of, forward, attribution, before, after)
-        return forward.totals(), attribution.totals(), marks.elapsed_s(*step) - marks.elapsed_s(*b_pass), b
-    finally:
-        gc.enable()
+    # The garbage collector is off while steps are timed (`_collector_off`).
+    step, b_pass, b = _timed_step(ep, spec, args, target, layer_of, forward, attribution, before, after)
+    return forward.totals(), attribution.totals(), marks.elapsed_s(*step) - marks.elapsed_s(*b_pass), b
 
 
 def _timed_step(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[Any], target: Any,
@@ -428,6 +424,23 @@ def _device_of(args: list[Any]) -> torch.device:
     return next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
 
 
+@contextlib.contextmanager
+def _collector_off() -> Iterator[None]:
+    """Python's garbage collector off for the warm-up and every timed step, after one collection before them.
+
+    A collection inside a timed step lands on whichever layer is running. Collecting before each step instead
+    (as the tracer did) walks every Python object and leaves the caches cold for the step that follows: a tiny
+    U-Net's interpreted forward (tests/runtime_model_unet.py, batch 64) took 1.5 ms after a collection against
+    0.73 ms without, while `pipeplan run`, which never collects, runs the whole stage's forward in 0.63 ms.
+    """
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: tuple[Any, ...],
               target: Any, layer_of: dict[str, int], nlayers: int, *, repeats: int | None, budget_s: float = 10.0,
               progress: Callable[[str, int, int], None] | None = None,
@@ -447,23 +460,24 @@ def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
     # separately (that saves a whole backward, ~2/3 of a step, on GPT-2-sized models).
     # A GPU's first step loads kernels and picks cuBLAS/cuDNN algorithms, so it always warms a whole step.
     cuda = isinstance(marks, CudaEventMarks)
-    t0 = time.perf_counter()
-    _forward_only(ep, spec, args, target)
-    marks.wait()
-    warm = time.perf_counter() - t0
-    if warm < 1.0 or cuda:
-        _, _, warm, _ = _one_step(ep, model, spec, args, target, layer_of, nlayers, marks)
-    else:
-        warm *= 3.0  # a step is roughly forward + 2x backward
-    if progress:
-        progress("timing (warm-up step)", 1, 1)
-    if repeats is None:
-        repeats = max(1, min(10, int(budget_s / max(warm, 1e-6))))
-    runs = []
-    for r in range(repeats):
+    with _collector_off():
+        t0 = time.perf_counter()
+        _forward_only(ep, spec, args, target)
+        marks.wait()
+        warm = time.perf_counter() - t0
+        if warm < 1.0 or cuda:
+            _, _, warm, _ = _one_step(ep, model, spec, args, target, layer_of, nlayers, marks)
+        else:
+            warm *= 3.0  # a step is roughly forward + 2x backward
         if progress:
-            progress("timing layers", r, repeats)
-        runs.append(_one_step(ep, model, spec, args, target, layer_of, nlayers, marks))
+            progress("timing (warm-up step)", 1, 1)
+        if repeats is None:
+            repeats = max(1, min(10, int(budget_s / max(warm, 1e-6))))
+        runs = []
+        for r in range(repeats):
+            if progress:
+                progress("timing layers", r, repeats)
+            runs.append(_one_step(ep, model, spec, args, target, layer_of, nlayers, marks))
     if progress:
         progress("timing layers", repeats, repeats)
     accumulate: list[float] = []
