@@ -14,8 +14,9 @@ split costs more, for two reasons:
   parameter tensors reads the output gradient back from memory: output bytes x parameter tensors (up to two:
   weight and bias) at the memory bandwidth.
 Paired on one core on pipeplan's own 2- and 4-stage splits of the four examples (16 stages past the first,
-benchmarks/RESULTS.md, "Recomputation's re-run", third table): the split cost 0.04-2.0 ms more, and the stage's
-forward + split backward is predicted within 2.6% median (worst 5.1%) with this extra, 7.6% (worst 40.7%) without.
+benchmarks/RESULTS.md, "Recomputation's re-run", third table): the split cost 0.04-2.2 ms more, and the stage's
+forward + split backward is predicted within 2.6-2.7% median (worst 5.1-9.3%) with this extra, 7.6-10.6% (worst
+~40%) without, in two runs.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ stage's autograd graph to group its parameters (`get_param_groups`) and hooks ea
 backward's; the walks, hooks and one autograd call per group are not, and neither is reading each group's
 output gradient back from memory (`costmodels/split_backward.py` prices those bytes at the memory bandwidth).
 Paired on one thread, split against whole, on pipeplan's own stages of the four examples (16 stages past the
-first; benchmarks/RESULTS.md, "Recomputation's re-run", third table): the split cost 0.04-2.0 ms more, 2-15% of
+first; benchmarks/RESULTS.md, "Recomputation's re-run", third table): the split cost 0.04-2.2 ms more, 1-19% of
 the stage's forward + whole backward (40% of a 0.1 ms stage).
 So calibrate times stages of tiny layers (their arithmetic and bytes are microseconds) whole and split, and
 fits a line: per split backward + per parameter group.
