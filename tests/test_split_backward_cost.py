@@ -77,10 +77,14 @@ def _paired_extra_s(model: torch.nn.Module, x: torch.Tensor, pairs: int = 40) ->
 def test_calibrated_overhead_predicts_a_stage_it_was_not_fitted_on():
     """Measured on this machine: a stage of 24 tiny pairs (the fit used 2, 8, 16 and 32) costs what the line says
     beyond its whole backward, within a factor of two (the machine's speed drifts; the terms are ~50 µs a group)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    per_split, per_group = split_backward_overhead.split_backward_overhead_s()
-    model = torch.nn.Sequential(*[m for _ in range(24) for m in (torch.nn.Linear(8, 8), torch.nn.ReLU())])
-    measured = _paired_extra_s(model, torch.randn(4, 8, requires_grad=True))
+    try:
+        per_split, per_group = split_backward_overhead.split_backward_overhead_s()
+        model = torch.nn.Sequential(*[m for _ in range(24) for m in (torch.nn.Linear(8, 8), torch.nn.ReLU())])
+        measured = _paired_extra_s(model, torch.randn(4, 8, requires_grad=True))
+    finally:
+        torch.set_num_threads(threads)
     assert 0.5 < (per_split + 24 * per_group) / measured < 2.0, (per_split, per_group, measured)
 
 
