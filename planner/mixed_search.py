@@ -90,6 +90,7 @@ class _MixedSearch:
         index = {layer.name: i for i, layer in enumerate(graph.layers)}
         self.shared = [(int(sp.bytes), sorted(index[name] for name in sp.layers if name in index))
                        for sp in graph.shared_params]
+        self.shared_users = [users for _, users in self.shared]  # per candidate: planner/runnable.py
         self._problems: dict[tuple[int, int], Problem] = {}
         self._partitions: dict[tuple[Any, ...], tuple[float, list[int]] | None] = {}
         self.top: list[MixedCandidate] = []
@@ -162,9 +163,8 @@ class _MixedSearch:
 
     def consider(self, cfg: Config, types: Sequence[int], assignment: Sequence[int], mb: int,
                  solver: str = "mixed-dp") -> None:
-        unrunnable = facts(cfg.schedule).splits_backward and split_backward_conflict(
-            [users for _, users in self.shared], assignment) is not None
-        if unrunnable:  # torch's split backward cannot run it (planner/runnable.py)
+        # a split torch's split backward cannot run (planner/runnable.py)
+        if facts(cfg.schedule).splits_backward and split_backward_conflict(self.shared_users, assignment) is not None:
             self.infeasible += 1
             return
         busiest = max(sum(self.problem(g, mb).compute_s[i] for i, s2 in enumerate(assignment) if s2 == s)

@@ -81,6 +81,7 @@ class _Search:
         index = {layer.name: i for i, layer in enumerate(graph.layers)}
         self.shared = [(int(sp.bytes), sorted(index[name] for name in sp.layers if name in index))
                        for sp in graph.shared_params]
+        self.shared_users = [users for _, users in self.shared]  # per candidate: planner/runnable.py
         self.top: list[Candidate] = []
         self.failures: list[Failure] = []
         self.evaluated = self.pruned = self.infeasible = 0
@@ -218,7 +219,7 @@ class _Search:
     def consider(self, cfg: Config, part: Partition, mb: int) -> Plan | None:
         """Predict a partition (unless its busiest device already loses) and keep it if it fits and ranks."""
         if facts(cfg.schedule).splits_backward:
-            stage = split_backward_conflict([users for _, users in self.shared], part.assignment)
+            stage = split_backward_conflict(self.shared_users, part.assignment)
             if stage is not None:
                 self.unrunnable.append((cfg, stage))
                 return None

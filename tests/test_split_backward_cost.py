@@ -3,8 +3,6 @@ and one autograd call per parameter group (measured by calibrate), and each para
 reading the output gradient back from memory."""
 
 import dataclasses
-import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -51,29 +49,6 @@ def test_torch_makes_one_group_per_linear_of_calibrates_stage():
     assert len(groups) == 5
 
 
-def _paired_extra_s(model: torch.nn.Module, x: torch.Tensor, pairs: int = 40) -> float:
-    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
-
-    def whole():
-        out = model(x)
-        out.backward(torch.ones_like(out))
-
-    def split():
-        out = model(x)
-        _, groups = stage_backward_input([out], [torch.ones_like(out)], [x], model.parameters())
-        stage_backward_weight(model.parameters(), groups)
-
-    extra = []
-    for i in range(pairs + 5):
-        t0 = time.perf_counter()
-        whole()
-        t1 = time.perf_counter()
-        split()
-        if i >= 5:
-            extra.append((time.perf_counter() - t1) - (t1 - t0))
-    return statistics.median(extra)
-
-
 def test_calibrated_overhead_predicts_a_stage_it_was_not_fitted_on():
     """Measured on this machine: a stage of 24 tiny pairs (the fit used 2, 8, 16 and 32) costs what the line says
     beyond its whole backward, within a factor of two (the machine's speed drifts; the terms are ~50 µs a group)."""
@@ -81,8 +56,7 @@ def test_calibrated_overhead_predicts_a_stage_it_was_not_fitted_on():
     torch.set_num_threads(1)
     try:
         per_split, per_group = split_backward_overhead.split_backward_overhead_s()
-        model = torch.nn.Sequential(*[m for _ in range(24) for m in (torch.nn.Linear(8, 8), torch.nn.ReLU())])
-        measured = _paired_extra_s(model, torch.randn(4, 8, requires_grad=True))
+        measured = split_backward_overhead._extra_s(24)
     finally:
         torch.set_num_threads(threads)
     assert 0.5 < (per_split + 24 * per_group) / measured < 2.0, (per_split, per_group, measured)
