@@ -28,6 +28,8 @@ CUDA_NAMES: tuple[tuple[str, str], ...] = (
     (r"RTX 4090", "rtx-4090"),
     (r"\bT4\b", "t4"),
     (r"\bP40\b", "p40"),  # "Tesla P40"
+    (r"TITAN X \(Pascal\)", "titan-x-pascal"),  # not the later "TITAN Xp" (3840 cores)
+    (r"GTX 1080 Ti", "gtx-1080-ti"),
     (r"V100.*32", "v100-32gb-sxm2"),
     (r"V100", "v100-16gb-sxm2"),
 )

@@ -60,11 +60,13 @@ def simulate_plan(plan: Plan, graph: Graph, profile: HardwareProfile) -> SimResu
                    ranks=[st.devices for st in plan.stages], keep_events=True).sim
 
 
-def simulate_from_plan(plan: Plan) -> SimResult:
+def simulate_from_plan(plan: Plan, *, recompute_last: bool = True) -> SimResult:
     """Re-simulate from the per-stage predictions stored in the plan (no graph needed; used by `show`).
 
     The plan keeps each stage's per-microbatch forward, backward, recompute
     (`recompute_s`, `wgrad_recompute_s`: StagePrediction.reruns_s) and send times and its all-reduce time.
+    `recompute_last=False` replays it as a framework that spares one microbatch's re-run would run it
+    (simulate's option: torchgpipe's `checkpoint="except_last"`).
     """
     rule = facts(plan.schedule)
     stages = sorted(plan.stages, key=lambda s: s.index)
@@ -99,4 +101,5 @@ def simulate_from_plan(plan: Plan) -> SimResult:
         tied_stages=plan.tied_stages or None,
         fresh_grad_s=[x.fresh_grad_s / k for x, k in zip(p, r, strict=True)] if any(x.fresh_grad_s for x in p) else None,
         recompute_w_s=recompute_w if rule.splits_backward and any(recompute_w) else None,
+        recompute_last=recompute_last,
     )

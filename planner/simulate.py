@@ -218,6 +218,7 @@ class _SimInputs:
     wgrad: tuple[float, ...] = ()  # the weight-gradient part W of each bwd (zero bubble; empty otherwise)
     tied: tuple[tuple[int, ...], ...] = ()  # without a flush: stages whose updates meet (a tied parameter's holders)
     fresh: tuple[float, ...] = ()  # of bwd (W), what a backward into fresh gradients saves (_fresh_times)
+    keep_first: bool = False  # recomputation spares each stage's first backward (simulate's recompute_last=False)
 
     @property
     def update_every(self) -> int:
@@ -362,6 +363,7 @@ def _validate(
     tied_stages: Sequence[Sequence[int]] | None = None,
     fresh_grad_s: Sequence[float] | None = None,
     recompute_w_s: Sequence[float] | None = None,
+    recompute_last: bool = True,
 ) -> _SimInputs:
     """Check and normalise `simulate`'s arguments (see its docstring), raising on the first problem."""
     S = len(fwd_s)
@@ -376,6 +378,8 @@ def _validate(
     recompute = _optional("recompute_s", recompute_s, S)
     if recompute_w_s is not None and not schedule_facts.splits_backward:
         raise ValueError(f"{schedule} runs whole backwards; recompute_w_s is not used")
+    if not recompute_last and (schedule_facts.splits_backward or not schedule_facts.flushes):
+        raise ValueError(f"recompute_last=False spares one microbatch of a flushing schedule's whole backwards, not {schedule}'s")
     return _SimInputs(
         schedule=schedule_facts, stages=S, devices=K, chunks=chunks, microbatches=microbatches,
         device_of=tuple(stage_device(schedule, s, K) for s in range(S)),
@@ -390,6 +394,7 @@ def _validate(
         wgrad=wgrad,
         tied=_tied_groups(schedule_facts, tied_stages, S),
         fresh=_fresh_times(fresh_grad_s, bwd, wgrad),
+        keep_first=not recompute_last,
     )
 
 
@@ -470,6 +475,7 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
     dev = inp.device_of
     tied = {s: g for g in inp.tied for s in g}
     ptr = [0] * K
+    kept = 0 if inp.keep_first else -1  # the microbatch recomputation spares (kept whole): the first to go back
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
@@ -506,7 +512,7 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
                     f_start[s][m] = start
                     f_end[s][m] = end
                     f_arrive[s][m] = send(d, dev[s + 1], end, sends[s], s, m) if s + 1 < S else end
-                    mem_deltas[d].append((start, 1, act[s]))
+                    mem_deltas[d].append((start, 1, act[s] + (rbytes[s] if m == kept else 0)))
                     if events is not None:
                         events.append(Event(d, s, s // K, m, "fwd", start, end))
                 else:
@@ -517,7 +523,9 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
                     start = max(free[d], ready, forward_end)
                     whole = not split or kind == "BW"
                     r = inp.recompute[s] if whole else rec[s]
-                    if r or rbytes[s]:
+                    if m == kept:  # its activations were kept whole at its forward: nothing to re-run
+                        pass
+                    elif r or rbytes[s]:
                         mem_deltas[d].append((start, 1, rbytes[s]))
                         if events is not None and r:
                             events.append(Event(d, s, s // K, m, "recompute", start, start + r))
@@ -569,7 +577,8 @@ def _busy_s(inp: _SimInputs, orders: list[Order]) -> list[float]:
     fresh_backwards = inp.schedule.fresh_backwards(inp.microbatches)
     split = inp.schedule.splits_backward
     for s in range(inp.stages):
-        busy[inp.device_of[s]] += inp.microbatches * (inp.fwd[s] + inp.bwd[s] + (0 if split else inp.recompute[s]))
+        reruns = 0 if split else (inp.microbatches - (1 if inp.keep_first else 0)) * inp.recompute[s]
+        busy[inp.device_of[s]] += inp.microbatches * (inp.fwd[s] + inp.bwd[s]) + reruns
         busy[inp.device_of[s]] -= fresh_backwards * (inp.fresh[s] if inp.fresh else 0)
     if split and (any(inp.recompute) or any(inp.recompute_w)):
         rerun = {"B": _rerun_before_b(inp), "BW": inp.recompute, "W": inp.recompute_w}
@@ -688,6 +697,7 @@ def simulate(
     tied_stages: Sequence[Sequence[int]] | None = None,
     fresh_grad_s: Sequence[float] | None = None,
     recompute_w_s: Sequence[float] | None = None,
+    recompute_last: bool = True,
     keep_events: bool = True,
 ) -> SimResult:
     """Play a pipeline schedule out and measure time, bubbles and memory.
@@ -707,11 +717,17 @@ def simulate(
     zero bubble): its first of the iteration, every one for async PipeDream, a window's first for PipeDream-2BW.
     `recompute_w_s[i]`: with recomputation under zero bubble, the forward re-runs each W of stage i makes (torch
     re-runs it once per parameter group: costmodels/recompute.weight_grad_passes); default `recompute_s`, one.
+    `recompute_last=False`: recomputation spares one microbatch per stage, the first whose backward runs, which keeps
+    its activations whole (torchgpipe's default, `GPipe(checkpoint="except_last")` in its API docs: it runs the
+    backwards last microbatch first, so the one it does not checkpoint, the last, is the first to go back; in the
+    orders here backwards run first microbatch first, so microbatch 0 is spared and held whole from its forward,
+    more memory than torchgpipe holds). Flushing schedules with whole backwards only. pipeplan's runtime re-runs
+    every microbatch, so its plans never set it; it models frameworks that do.
     `keep_events=False` skips building the Event list (the search's fast path).
     """
     inp = _validate(schedule, fwd_s, bwd_s, send_s, microbatches, chunks, static_bytes, activation_bytes_per_mb,
                     allreduce_s, recompute_s, recompute_bytes, optimizer_s, wgrad_s, tied_stages, fresh_grad_s,
-                    recompute_w_s)
+                    recompute_w_s, recompute_last)
     stream = _stream_length(inp)
     run = _Run.empty(inp.stages, inp.devices, stream)
     orders = _update_points(inp, stream)

@@ -126,6 +126,7 @@ def test_the_committed_h100_calibration_loads_and_its_curve_rises_with_size():
     ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H200", "h200"),
     ("NVIDIA A100-SXM4-80GB", "a100-80gb-sxm"), ("NVIDIA A100-SXM4-40GB", "a100-40gb-sxm"),
     ("NVIDIA L4", "l4"), ("Tesla T4", "t4"), ("Tesla P40", "p40"), ("NVIDIA GeForce RTX 3090", None),
+    ("NVIDIA TITAN X (Pascal)", "titan-x-pascal"), ("NVIDIA TITAN Xp", None), ("GeForce GTX 1080 Ti", "gtx-1080-ti"),
 ])
 def test_cuda_names_map_to_catalogue_profiles(name, expected):
     assert catalog_name(name) == expected
