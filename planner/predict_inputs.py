@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_ring_time_s, p2p_time_s
 from pipeplan.costmodels.graph import Graph, Layer, SharedParam, weight_grad_time_share
 from pipeplan.costmodels.memory import MemoryBreakdown, is_mixed_precision, model_state_bytes, stage_memory
-from pipeplan.costmodels.optimizer_step import optimizer_step_s, stash_copy_s
+from pipeplan.costmodels.optimizer_step import grad_scale_s, optimizer_step_s, stash_copy_s
 from pipeplan.costmodels.recompute import checkpoint_overhead_s, rerun_forward_s, weight_grad_passes
 from pipeplan.costmodels.split_backward import split_backward_extra_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
@@ -302,7 +302,8 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     sync = _sync_times(profile, config, request, sums.own_params, reps, ranks, shared)
     allreduce = sync.step_end
     opt = _optimizer_times(profile, config, request, sums.params, reps, slow,
-                           _param_tensors(graph, problem.names, assignment, S, config.sharding))
+                           _param_tensors(graph, problem.names, assignment, S, config.sharding),
+                           _param_tensors(graph, problem.names, assignment, S, "none"))
     if not facts(config.schedule).flushes:  # each update also stashes a new weight version (optimizer_step.py)
         opt = [o + slow * stash_copy_s(sums.params[s], profile=profile) for s, o in enumerate(opt)]
     rc = config.recompute
@@ -389,11 +390,17 @@ def _param_tensors(graph: Graph, names: Sequence[str], assignment: Sequence[int]
 
 
 def _optimizer_times(profile: HardwareProfile, config: Config, request: PlanRequest, params: Sequence[int],
-                     reps: Sequence[int], slow: float, tensors: Sequence[int]) -> list[float]:
-    """Each stage's optimizer step (costmodels/optimizer_step.py). Under ZeRO a replica steps its shard only;
-    devices computing side by side on one machine share its memory as they share its cores (`slow`)."""
+                     reps: Sequence[int], slow: float, tensors: Sequence[int],
+                     grad_tensors: Sequence[int]) -> list[float]:
+    """Each stage's optimizer step (costmodels/optimizer_step.py), after the division of its gradients by M that
+    every update of M > 1 microbatches but async PipeDream's makes (`grad_scale_s`; priced for a batch-mean loss,
+    which the graph does not record: a summed one skips it). Under ZeRO a replica steps its shard only (`tensors`:
+    one flat shard) but divides its full gradients first (`grad_tensors`: every parameter); devices computing
+    side by side on one machine share its memory as they share its cores (`slow`)."""
     mixed = is_mixed_precision(request.training_dtype)
-    return [slow * optimizer_step_s(params[s] / (reps[s] if config.sharding != "none" else 1),
-                                    optimizer=request.optimizer, mixed_precision=mixed, profile=profile,
-                                    tensors=tensors[s])
+    scales = config.microbatches > 1 and not facts(config.schedule).updates_each_microbatch
+    return [slow * (optimizer_step_s(params[s] / (reps[s] if config.sharding != "none" else 1),
+                                     optimizer=request.optimizer, mixed_precision=mixed, profile=profile,
+                                     tensors=tensors[s])
+                    + (grad_scale_s(params[s], profile=profile, tensors=grad_tensors[s]) if scales else 0.0))
             for s in range(len(params))]
