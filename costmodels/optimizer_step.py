@@ -31,18 +31,15 @@ from __future__ import annotations
 
 from typing import Final
 
-from pipeplan.costmodels.part_costs import kernel_overheads_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
 
-__all__ = ["FOREACH_BYTES_PER_PARAM", "FUSED_BYTES_PER_PARAM", "GRAD_SCALE_BYTES_PER_PARAM", "HALF_COPY_BYTES_PER_PARAM",
-           "grad_scale_s", "optimizer_step_s", "stash_copy_s"]
+__all__ = ["FOREACH_BYTES_PER_PARAM", "FUSED_BYTES_PER_PARAM", "HALF_COPY_BYTES_PER_PARAM", "optimizer_step_s",
+           "stash_copy_s"]
 
 FOREACH_BYTES_PER_PARAM: Final[dict[str, int]] = {"sgd": 12, "momentum": 32, "adam": 72, "adamw": 80}
 FUSED_BYTES_PER_PARAM: Final[dict[str, int]] = {"sgd": 12, "momentum": 20, "adam": 28, "adamw": 28}
 HALF_COPY_BYTES_PER_PARAM: Final[int] = 2
 FP32_BYTES: Final[int] = 4
-# One in-place division of an fp32 gradient: read it and write it.
-GRAD_SCALE_BYTES_PER_PARAM: Final[int] = 8
 
 
 def optimizer_step_s(param_bytes_fp32: float, *, optimizer: str, mixed_precision: bool,
@@ -70,24 +67,3 @@ def stash_copy_s(param_bytes: float, *, profile: HardwareProfile) -> float:
     each byte once (runtime/pipedream.keep_version, `p.detach().clone()`). PipeDream makes a version per
     update, so every microbatch; 2BW once per window. Memory-bound, like the optimizer step beside it."""
     return 2.0 * param_bytes / profile.mem_bw_bytes_per_s
-
-
-def grad_scale_s(param_bytes_fp32: float, *, profile: HardwareProfile, tensors: int) -> float:
-    """Seconds to divide a stage's gradients by the microbatch count M before its update.
-
-    torch.distributed.pipelining's schedules do it after a stage's last backward of a step when the loss is a
-    batch mean (`_PipelineStageBase.scale_grads`: `p.grad.div_(M)` for each parameter, one eager op per tensor;
-    runtime/worker.py asks for it exactly then), and PipeDream-2BW once per window (runtime/pipedream_2bw.py).
-    It reads and writes every gradient, GRAD_SCALE_BYTES_PER_PARAM bytes a parameter. Measured here on
-    examples/mlp.py's 2-stage 1F1B at M = 2: 0.46 ms for stage 0's 3.7M parameters, 1.6% of the step.
-    A calibrated profile prices it like the plain SGD step it measured (`p.add_(g)`: also one in-place op a
-    tensor, 12 bytes a parameter, hardware_profiles/optimizer_overhead.py), scaled to 8 bytes; a GPU profile
-    from the bytes at its memory bandwidth, and a kernel launch per tensor.
-    """
-    params = param_bytes_fp32 / FP32_BYTES
-    measured = profile.optimizer_param_s.get("sgd")
-    bytes_share = GRAD_SCALE_BYTES_PER_PARAM / FUSED_BYTES_PER_PARAM["sgd"]
-    per_param = measured * bytes_share if measured is not None else GRAD_SCALE_BYTES_PER_PARAM / profile.mem_bw_bytes_per_s
-    kernel_s, dispatch_s = kernel_overheads_s(profile)
-    per_tensor = profile.optimizer_tensor_s.get("sgd", 0.0) + kernel_s
-    return max(params * per_param + tensors * per_tensor, tensors * dispatch_s)

@@ -41,7 +41,7 @@ class StagePrediction:
     send_bytes: int = 0  # bytes sent downstream per microbatch
     allreduce_s: float = 0.0  # data-parallel sync after the last backward (all-reduce; ZeRO: reduce-scatter/all-gather)
     optimizer_s: float = 0.0  # the optimizer step after it, once per iteration (PipeDream: per microbatch, in bwd),
-    # with the division of the gradients by M before it (costmodels/optimizer_step.grad_scale_s)
+    # with the division of the gradients by M before it (costmodels/grad_passes.grad_scale_s)
     memory_bytes: int = 0  # predicted peak per device
     weights_bytes: int = 0
     optimizer_bytes: int = 0  # gradients + optimizer state (this device's share when sharded)

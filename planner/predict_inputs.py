@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_ring_time_s, p2p_time_s
+from pipeplan.costmodels.grad_passes import dp_flatten_s, grad_scale_s
 from pipeplan.costmodels.graph import Graph, Layer, SharedParam, weight_grad_time_share
 from pipeplan.costmodels.memory import MemoryBreakdown, is_mixed_precision, model_state_bytes, stage_memory
-from pipeplan.costmodels.optimizer_step import grad_scale_s, optimizer_step_s, stash_copy_s
+from pipeplan.costmodels.optimizer_step import optimizer_step_s, stash_copy_s
 from pipeplan.costmodels.recompute import checkpoint_overhead_s, rerun_forward_s, weight_grad_passes
 from pipeplan.costmodels.split_backward import split_backward_extra_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
@@ -227,6 +228,15 @@ def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, 
     return _Sync(step_end, fwd, bwd)
 
 
+def _with_flatten(profile: HardwareProfile, config: Config, step_end: Sequence[float], params: Sequence[int],
+                  reps: Sequence[int], tensors: Sequence[int], slow: float) -> list[float]:
+    """Each stage's end-of-step sync with the runtime's copies around an unsharded all-reduce (its gradients into
+    one buffer, divided, and back: costmodels/grad_passes.dp_flatten_s), which every replica makes at once."""
+    return [t + (slow * dp_flatten_s(params[s], profile=profile, tensors=tensors[s])
+                 if reps[s] > 1 and config.sharding == "none" else 0.0)
+            for s, t in enumerate(step_end)]
+
+
 def _backward_part(problem: Problem, assignment: Sequence[int], S: int, slow: float,
                    share: dict[str, float]) -> list[float]:
     """Per stage, the part of its backward that `share` (layer name -> share of the layer's backward) names: every
@@ -300,10 +310,10 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     in_bytes = [problem.input_bytes] + out_bytes[:-1]
     send = _send_times(profile, config.schedule, out_bytes, reps, ranks)
     sync = _sync_times(profile, config, request, sums.own_params, reps, ranks, shared)
-    allreduce = sync.step_end
+    grad_tensors = _param_tensors(graph, problem.names, assignment, S, "none")
+    allreduce = _with_flatten(profile, config, sync.step_end, sums.params, reps, grad_tensors, slow)
     opt = _optimizer_times(profile, config, request, sums.params, reps, slow,
-                           _param_tensors(graph, problem.names, assignment, S, config.sharding),
-                           _param_tensors(graph, problem.names, assignment, S, "none"))
+                           _param_tensors(graph, problem.names, assignment, S, config.sharding), grad_tensors)
     if not facts(config.schedule).flushes:  # each update also stashes a new weight version (optimizer_step.py)
         opt = [o + slow * stash_copy_s(sums.params[s], profile=profile) for s, o in enumerate(opt)]
     rc = config.recompute

@@ -7,7 +7,8 @@ from fractions import Fraction
 
 import pytest
 
-from pipeplan.costmodels.optimizer_step import grad_scale_s, optimizer_step_s
+from pipeplan.costmodels.grad_passes import grad_scale_s
+from pipeplan.costmodels.optimizer_step import optimizer_step_s
 from pipeplan.hardware_profiles import load_profile
 from pipeplan.planner.simulate import simulate
 
@@ -91,51 +92,3 @@ def test_asynchronous_updates_also_copy_the_weights_into_a_stash(schedule, stash
 
 def _tensors(graph, assignment) -> list[int]:
     return [len({p for l, a in zip(graph.layers, assignment, strict=True) if a == s for p in l.params}) for s in (0, 1)]
-
-
-def test_dividing_the_gradients_reads_and_writes_each_once():
-    """8 bytes per fp32 parameter at the memory bandwidth and a kernel per tensor, no less than the host's dispatch
-    per tensor (one eager div_ each); a calibrated profile takes its plain SGD step (one in-place op, 12 bytes a
-    parameter) scaled to 8 bytes, and its per-tensor time."""
-    a100 = load_profile("a100-80gb-sxm")
-    n, t = 10_000_000, 4
-    assert grad_scale_s(4 * n, profile=a100, tensors=t) == pytest.approx(8 * n / a100.mem_bw_bytes_per_s + t * 3e-6)
-    assert grad_scale_s(4 * 1000, profile=a100, tensors=100) == pytest.approx(100 * 8e-6)  # host-bound
-    local = dataclasses.replace(a100, local=True, optimizer_param_s={"sgd": 0.6e-9}, optimizer_tensor_s={"sgd": 2e-6})
-    assert grad_scale_s(4 * n, profile=local, tensors=t) == pytest.approx(n * 0.4e-9 + t * 2e-6)
-
-
-def test_torchs_own_gradient_division_takes_what_the_calibrated_profile_predicts():
-    """Held out: torch's `_PipelineStageBase.scale_grads` (the code every schedule runs after a stage's last
-    backward) on a stage of 8 Linear(1024, 1024), timed on one thread, against `grad_scale_s` from this
-    machine's plain SGD step measured as `profiles calibrate` measures it."""
-    import statistics
-    import time
-    from types import SimpleNamespace
-
-    import torch
-    from torch.distributed.pipelining.stage import _PipelineStageBase
-
-    from pipeplan.hardware_profiles.allocator import keep_freed_memory
-    from pipeplan.hardware_profiles.optimizer_overhead import per_param_s, per_tensor_s
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        keep_freed_memory()
-        per_tensor = per_tensor_s()
-        profile = dataclasses.replace(load_profile("a100-80gb-sxm"), local=True, optimizer_tensor_s=per_tensor,
-                                      optimizer_param_s=per_param_s(per_tensor))
-        stage = SimpleNamespace(submod=torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]))
-        for p in stage.submod.parameters():
-            p.grad = torch.ones_like(p)
-        times = []
-        for _ in range(25):
-            t0 = time.perf_counter()
-            _PipelineStageBase.scale_grads(stage, 4)
-            times.append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
-    params = sum(p.numel() for p in stage.submod.parameters())
-    predicted = grad_scale_s(4 * params, profile=profile, tensors=16)
-    assert 0.5 < statistics.median(times[5:]) / predicted < 2.0

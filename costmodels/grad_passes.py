@@ -1,0 +1,57 @@
+"""Passes the runtime makes over a stage's gradients besides the optimizer's: memory-bound copies that no layer's
+time and no collective's time includes.
+
+* Dividing by the microbatch count (`grad_scale_s`). torch.distributed.pipelining's schedules do it after a
+  stage's last backward of a step when the loss is a batch mean (`_PipelineStageBase.scale_grads`:
+  `p.grad.div_(M)` for each parameter, one eager op a tensor; runtime/worker.py asks for it exactly then), and
+  PipeDream-2BW once per window (runtime/pipedream_2bw.py). One pass: it reads and writes every gradient.
+  Measured on examples/mlp.py's 2-stage 1F1B at M = 2: 0.46 ms for stage 0's 3.7M parameters, 1.6% of the step.
+* Flattening for the data-parallel all-reduce (`dp_flatten_s`). runtime/worker.average_replica_grads concatenates
+  a stage's gradients into one buffer, all-reduces it, divides it by the replica count (a batch-mean loss) and
+  clones each parameter's slice back out: three passes that read and write every gradient, and an op a tensor.
+  `profiles calibrate` times the all-reduce alone (hardware_profiles/collectives.py). Measured here (one core,
+  8 Linear(1024, 1024), 8.4M parameters in 16 tensors): 5.4-5.7 ms against 4.0 predicted. The concatenation
+  and the clones write new buffers, dearer than the in-place pass the SGD step times; the division by M
+  (in place) took 0.88-0.93 ms against 1.0 predicted (tests/test_grad_passes.py).
+
+Both are priced the same way. A calibrated profile measured its plain SGD step (`p.add_(g)`: one in-place op a
+tensor, reading 8 and writing 4 bytes a parameter, hardware_profiles/optimizer_overhead.py), so a pass of 8
+bytes costs 8/12 of its time per parameter and its time per tensor; a GPU profile the bytes at its memory
+bandwidth, a kernel per tensor, and no less than the host's dispatch per tensor. The planner does not know the
+loss's reduction (the graph does not record it) and prices the division for a batch mean; a summed loss skips it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from pipeplan.costmodels.optimizer_step import FP32_BYTES, FUSED_BYTES_PER_PARAM
+from pipeplan.costmodels.part_costs import kernel_overheads_s
+from pipeplan.hardware_profiles.profile import HardwareProfile
+
+__all__ = ["PASS_BYTES_PER_PARAM", "DP_FLATTEN_PASSES", "dp_flatten_s", "grad_scale_s", "gradient_pass_s"]
+
+PASS_BYTES_PER_PARAM: Final[int] = 8  # read and write an fp32 gradient
+DP_FLATTEN_PASSES: Final[int] = 3  # torch.cat in, the division, each slice's clone out
+
+
+def gradient_pass_s(param_bytes_fp32: float, *, profile: HardwareProfile, tensors: int, passes: int = 1) -> float:
+    """Seconds for `passes` eager passes that each read and write every fp32 gradient of `tensors` tensors."""
+    params = param_bytes_fp32 / FP32_BYTES
+    measured = profile.optimizer_param_s.get("sgd")
+    per_param = (measured * PASS_BYTES_PER_PARAM / FUSED_BYTES_PER_PARAM["sgd"] if measured is not None
+                 else PASS_BYTES_PER_PARAM / profile.mem_bw_bytes_per_s)
+    kernel_s, dispatch_s = kernel_overheads_s(profile)
+    per_tensor = profile.optimizer_tensor_s.get("sgd", 0.0) + kernel_s
+    return passes * max(params * per_param + tensors * per_tensor, tensors * dispatch_s)
+
+
+def grad_scale_s(param_bytes_fp32: float, *, profile: HardwareProfile, tensors: int) -> float:
+    """Seconds to divide a stage's gradients by M before its update (torch's scale_grads; 2BW per window)."""
+    return gradient_pass_s(param_bytes_fp32, profile=profile, tensors=tensors)
+
+
+def dp_flatten_s(param_bytes_fp32: float, *, profile: HardwareProfile, tensors: int) -> float:
+    """Seconds the data-parallel sync spends copying a stage's gradients into one buffer and back, dividing on the
+    way (runtime/worker.average_replica_grads), beside the all-reduce itself."""
+    return gradient_pass_s(param_bytes_fp32, profile=profile, tensors=tensors, passes=DP_FLATTEN_PASSES)
