@@ -21,6 +21,7 @@ from runtime_helpers import REPO, hand_plan, reference_steps, run_cli
 
 MODEL = REPO / "tests" / "runtime_model_unet.py"
 FAULT_WORKER = REPO / "tests" / "runtime_fault_worker.py"  # the worker, with a step hook that kills a rank
+EXIT_WORKER = REPO / "tests" / "runtime_exit_worker.py"  # the worker, with an exit handler that leaves a mark
 BATCH, M, STEPS, LR = 8, 4, 4, 0.01
 
 
@@ -162,3 +163,16 @@ def test_a_plan_traced_at_batch_1_runs_at_another_microbatch(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(renamed))
     r = run_cli("run", str(tmp_path / "bad.json"), "--steps", "1", "--warmup", "0", timeout=300)
     assert r.returncode == 2 and "no longer matches the plan" in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_finished_rank_leaves_without_python_finalization(plan_path, tmp_path):
+    """Every rank ends through runtime/worker.leave_without_finalizing once its work is done: its exit handlers do
+    not run (torch's C++ teardown during finalization aborted a finished rank now and then), the run succeeds."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    r = run_cli("run", str(plan_path), "--steps", "2", "--warmup", "0", "--json", "--worker-script", str(EXIT_WORKER),
+                env={"PIPEPLAN_TEST_MARK_DIR": str(marks)}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["measured"]["steps_measured"] == 2
+    assert list(marks.iterdir()) == []
