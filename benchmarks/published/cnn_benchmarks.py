@@ -14,10 +14,10 @@ over 16 x 1000 logits) is negligible beside a step.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from torch import nn
-from torchgpipe_resnet101 import Residual, resnet_layers
+
+# the model-file protocol's inputs, target and loss: ImageNet's, as for torchgpipe's ResNet-101
+from torchgpipe_resnet101 import Residual, example_inputs, example_target, loss_fn, resnet_layers  # noqa: F401
 from torchgpipe_seq import SkipSequential, Stash
 
 VGG_CONFIGS = {
@@ -48,17 +48,6 @@ def basic_block(cin: int, cout: int, stride: int) -> list[nn.Module]:
             nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), Residual(down), nn.ReLU()]
 
 
-def basic_resnet_layers(blocks: tuple[int, ...], classes: int = 1000) -> list[nn.Module]:
-    layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
-                               nn.MaxPool2d(3, stride=2, padding=1)]
-    cin = 64
-    for i, (width, n) in enumerate(zip((64, 128, 256, 512), blocks, strict=True)):
-        for j in range(n):
-            layers += basic_block(cin, width, 2 if (j == 0 and i > 0) else 1)
-            cin = width
-    return layers + [nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Linear(cin, classes)]
-
-
 def build_vgg16() -> nn.Module:
     return SkipSequential(vgg_layers(16))
 
@@ -68,11 +57,11 @@ def build_vgg19() -> nn.Module:
 
 
 def build_resnet18() -> nn.Module:
-    return SkipSequential(basic_resnet_layers((2, 2, 2, 2)))
+    return SkipSequential(resnet_layers((2, 2, 2, 2), block=basic_block, expansion=1))
 
 
 def build_resnet34() -> nn.Module:
-    return SkipSequential(basic_resnet_layers((3, 4, 6, 3)))
+    return SkipSequential(resnet_layers((3, 4, 6, 3), block=basic_block, expansion=1))
 
 
 def build_resnet50() -> nn.Module:
@@ -85,15 +74,3 @@ def build_resnet101() -> nn.Module:
 
 def build_resnet152() -> nn.Module:
     return SkipSequential(resnet_layers((3, 8, 36, 3)))
-
-
-def example_inputs(batch_size: int) -> tuple[torch.Tensor, ...]:
-    return (torch.rand(batch_size, 3, 224, 224),)
-
-
-def example_target(batch_size: int) -> torch.Tensor:
-    return torch.randint(0, 1000, (batch_size,))
-
-
-def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(output, target)

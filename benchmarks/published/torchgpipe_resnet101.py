@@ -8,6 +8,8 @@ benchmarks/resnet101-speed/main.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,14 +37,17 @@ def bottleneck(cin: int, width: int, stride: int) -> list[nn.Module]:
             nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout), Residual(down), nn.ReLU()]
 
 
-def resnet_layers(blocks: tuple[int, ...] = (3, 4, 23, 3), classes: int = 1000) -> list[nn.Module]:
+def resnet_layers(blocks: tuple[int, ...] = (3, 4, 23, 3), classes: int = 1000, *,
+                  block: Callable[[int, int, int], list[nn.Module]] = bottleneck, expansion: int = 4) -> list[nn.Module]:
+    """The stem, `blocks` blocks per stage (widths 64-512, stride 2 entering stages 2-4) and the head; `block`
+    (cin, width, stride) makes a block's items, whose output has width x `expansion` channels."""
     layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
                                nn.MaxPool2d(3, stride=2, padding=1)]
     cin = 64
     for i, (width, n) in enumerate(zip((64, 128, 256, 512), blocks, strict=True)):
         for j in range(n):
-            layers += bottleneck(cin, width, 2 if (j == 0 and i > 0) else 1)
-            cin = width * 4
+            layers += block(cin, width, 2 if (j == 0 and i > 0) else 1)
+            cin = width * expansion
     return layers + [nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Linear(cin, classes)]
 
 
