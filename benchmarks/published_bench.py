@@ -8,7 +8,8 @@ Each row of benchmarks/published/cases.yaml is a measured number from a paper or
 (quoted there with its source): a model of known shape trained on named GPUs with a known parallel
 configuration. For each row the model is traced weight-free (a Hugging Face config.json through
 `pipeplan.trace(..., time_layers=False)`; ResNet-50 from the model defined below; torchgpipe's U-Net and
-ResNet-101 from benchmarks/published/torchgpipe_*.py), `pipeplan.search` is run with everything the source fixed
+ResNet-101 from benchmarks/published/torchgpipe_*.py; cnn-benchmarks' VGGs and ResNets from
+benchmarks/published/cnn_benchmarks.py), `pipeplan.search` is run with everything the source fixed
 (stages, data-parallel replicas, microbatches, schedule, recomputation, dtype, ZeRO level, mixed-precision recipe)
 on the catalogue profile of that GPU, or, where the source gives its split (`balance`), that split is evaluated;
 the plan's samples/s is converted to the source's metric (tokens/s per GPU, samples/s, or the
