@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from pipeplan.costmodels.optimizer_step import FP32_BYTES, FUSED_BYTES_PER_PARAM
+from pipeplan.costmodels.optimizer_step import FOREACH_BYTES_PER_PARAM, FP32_BYTES
 from pipeplan.costmodels.part_costs import kernel_overheads_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
 
@@ -39,7 +39,7 @@ def gradient_pass_s(param_bytes_fp32: float, *, profile: HardwareProfile, tensor
     """Seconds for `passes` eager passes that each read and write every fp32 gradient of `tensors` tensors."""
     params = param_bytes_fp32 / FP32_BYTES
     measured = profile.optimizer_param_s.get("sgd")
-    per_param = (measured * PASS_BYTES_PER_PARAM / FUSED_BYTES_PER_PARAM["sgd"] if measured is not None
+    per_param = (measured * PASS_BYTES_PER_PARAM / FOREACH_BYTES_PER_PARAM["sgd"] if measured is not None
                  else PASS_BYTES_PER_PARAM / profile.mem_bw_bytes_per_s)
     kernel_s, dispatch_s = kernel_overheads_s(profile)
     per_tensor = profile.optimizer_tensor_s.get("sgd", 0.0) + kernel_s
