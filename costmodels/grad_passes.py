@@ -14,9 +14,10 @@ time and no collective's time includes.
   and the clones write new buffers, dearer than the in-place pass the SGD step times; the division by M
   (in place) took 0.88-0.93 ms against 1.0 predicted (tests/test_grad_passes.py).
 
-Both are priced the same way. A calibrated profile measured its plain SGD step (`p.add_(g)`: one in-place op a
-tensor, reading 8 and writing 4 bytes a parameter, hardware_profiles/optimizer_overhead.py), so a pass of 8
-bytes costs 8/12 of its time per parameter and its time per tensor; a GPU profile the bytes at its memory
+Both are priced the same way, by the bytes of the gradients in their dtype. A calibrated profile measured its
+plain SGD step (`p.add_(g)`: one in-place op a tensor, reading 8 and writing 4 bytes a parameter,
+hardware_profiles/optimizer_overhead.py), so a pass over fp32 gradients (8 bytes a parameter) costs 8/12 of its
+time per parameter, and its time per tensor; a GPU profile the bytes at its memory
 bandwidth, a kernel per tensor, and no less than the host's dispatch per tensor. The planner does not know the
 loss's reduction (the graph does not record it) and prices the division for a batch mean; a summed loss skips it.
 """
@@ -25,33 +26,32 @@ from __future__ import annotations
 
 from typing import Final
 
-from pipeplan.costmodels.optimizer_step import FOREACH_BYTES_PER_PARAM, FP32_BYTES
+from pipeplan.costmodels.optimizer_step import FOREACH_BYTES_PER_PARAM
 from pipeplan.costmodels.part_costs import kernel_overheads_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
 
-__all__ = ["PASS_BYTES_PER_PARAM", "DP_FLATTEN_PASSES", "dp_flatten_s", "grad_scale_s", "gradient_pass_s"]
+__all__ = ["DP_FLATTEN_PASSES", "dp_flatten_s", "grad_scale_s", "gradient_pass_s"]
 
-PASS_BYTES_PER_PARAM: Final[int] = 8  # read and write an fp32 gradient
 DP_FLATTEN_PASSES: Final[int] = 3  # torch.cat in, the division, each slice's clone out
 
 
-def gradient_pass_s(param_bytes_fp32: float, *, profile: HardwareProfile, tensors: int, passes: int = 1) -> float:
-    """Seconds for `passes` eager passes that each read and write every fp32 gradient of `tensors` tensors."""
-    params = param_bytes_fp32 / FP32_BYTES
-    measured = profile.optimizer_param_s.get("sgd")
-    per_param = (measured * PASS_BYTES_PER_PARAM / FOREACH_BYTES_PER_PARAM["sgd"] if measured is not None
-                 else PASS_BYTES_PER_PARAM / profile.mem_bw_bytes_per_s)
+def gradient_pass_s(grad_bytes: float, *, profile: HardwareProfile, tensors: int, passes: int = 1) -> float:
+    """Seconds for `passes` eager passes that each read and write `grad_bytes` of gradients in `tensors` tensors
+    (8 bytes a parameter in fp32, 4 in 16 bits)."""
+    measured = profile.optimizer_param_s.get("sgd")  # seconds per parameter of a step moving 12 bytes of it
+    per_byte = (measured / FOREACH_BYTES_PER_PARAM["sgd"] if measured is not None
+                else 1.0 / profile.mem_bw_bytes_per_s)
     kernel_s, dispatch_s = kernel_overheads_s(profile)
     per_tensor = profile.optimizer_tensor_s.get("sgd", 0.0) + kernel_s
-    return passes * max(params * per_param + tensors * per_tensor, tensors * dispatch_s)
+    return passes * max(2 * grad_bytes * per_byte + tensors * per_tensor, tensors * dispatch_s)
 
 
-def grad_scale_s(param_bytes_fp32: float, *, profile: HardwareProfile, tensors: int) -> float:
+def grad_scale_s(grad_bytes: float, *, profile: HardwareProfile, tensors: int) -> float:
     """Seconds to divide a stage's gradients by M before its update (torch's scale_grads; 2BW per window)."""
-    return gradient_pass_s(param_bytes_fp32, profile=profile, tensors=tensors)
+    return gradient_pass_s(grad_bytes, profile=profile, tensors=tensors)
 
 
-def dp_flatten_s(param_bytes_fp32: float, *, profile: HardwareProfile, tensors: int) -> float:
+def dp_flatten_s(grad_bytes: float, *, profile: HardwareProfile, tensors: int) -> float:
     """Seconds the data-parallel sync spends copying a stage's gradients into one buffer and back, dividing on the
     way (runtime/worker.average_replica_grads), beside the all-reduce itself."""
-    return gradient_pass_s(param_bytes_fp32, profile=profile, tensors=tensors, passes=DP_FLATTEN_PASSES)
+    return gradient_pass_s(grad_bytes, profile=profile, tensors=tensors, passes=DP_FLATTEN_PASSES)

@@ -228,13 +228,19 @@ def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, 
     return _Sync(step_end, fwd, bwd)
 
 
-def _with_flatten(profile: HardwareProfile, config: Config, step_end: Sequence[float], params: Sequence[int],
-                  reps: Sequence[int], tensors: Sequence[int], slow: float) -> list[float]:
+def _with_flatten(profile: HardwareProfile, config: Config, request: PlanRequest, step_end: Sequence[float],
+                  params: Sequence[int], reps: Sequence[int], tensors: Sequence[int], slow: float) -> list[float]:
     """Each stage's end-of-step sync with the runtime's copies around an unsharded all-reduce (its gradients into
     one buffer, divided, and back: costmodels/grad_passes.dp_flatten_s), which every replica makes at once."""
-    return [t + (slow * dp_flatten_s(params[s], profile=profile, tensors=tensors[s])
+    return [t + (slow * dp_flatten_s(_grad_bytes(params[s], request), profile=profile, tensors=tensors[s])
                  if reps[s] > 1 and config.sharding == "none" else 0.0)
             for s, t in enumerate(step_end)]
+
+
+def _grad_bytes(param_bytes: int, request: PlanRequest) -> int:
+    """The gradients' bytes of `param_bytes` of fp32 parameters, in the recipe's gradient dtype."""
+    return model_state_bytes(param_bytes, optimizer=request.optimizer, dtype=request.training_dtype,
+                             mixed_precision=request.mixed_precision).grad_bytes
 
 
 def _backward_part(problem: Problem, assignment: Sequence[int], S: int, slow: float,
@@ -311,7 +317,7 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     send = _send_times(profile, config.schedule, out_bytes, reps, ranks)
     sync = _sync_times(profile, config, request, sums.own_params, reps, ranks, shared)
     grad_tensors = _param_tensors(graph, problem.names, assignment, S, "none")
-    allreduce = _with_flatten(profile, config, sync.step_end, sums.params, reps, grad_tensors, slow)
+    allreduce = _with_flatten(profile, config, request, sync.step_end, sums.params, reps, grad_tensors, slow)
     opt = _optimizer_times(profile, config, request, sums.params, reps, slow,
                            _param_tensors(graph, problem.names, assignment, S, config.sharding), grad_tensors)
     if not facts(config.schedule).flushes:  # each update also stashes a new weight version (optimizer_step.py)
@@ -412,5 +418,6 @@ def _optimizer_times(profile: HardwareProfile, config: Config, request: PlanRequ
     return [slow * (optimizer_step_s(params[s] / (reps[s] if config.sharding != "none" else 1),
                                      optimizer=request.optimizer, mixed_precision=mixed, profile=profile,
                                      tensors=tensors[s])
-                    + (grad_scale_s(params[s], profile=profile, tensors=grad_tensors[s]) if scales else 0.0))
+                    + (grad_scale_s(_grad_bytes(params[s], request), profile=profile, tensors=grad_tensors[s])
+                       if scales else 0.0))
             for s in range(len(params))]
