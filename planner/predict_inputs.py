@@ -228,11 +228,11 @@ def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, 
     return _Sync(step_end, fwd, bwd)
 
 
-def _with_flatten(profile: HardwareProfile, config: Config, request: PlanRequest, step_end: Sequence[float],
-                  params: Sequence[int], reps: Sequence[int], tensors: Sequence[int], slow: float) -> list[float]:
+def _with_flatten(profile: HardwareProfile, config: Config, step_end: Sequence[float], grads: Sequence[int],
+                  reps: Sequence[int], tensors: Sequence[int], slow: float) -> list[float]:
     """Each stage's end-of-step sync with the runtime's copies around an unsharded all-reduce (its gradients into
     one buffer, divided, and back: costmodels/grad_passes.dp_flatten_s), which every replica makes at once."""
-    return [t + (slow * dp_flatten_s(_grad_bytes(params[s], request), profile=profile, tensors=tensors[s])
+    return [t + (slow * dp_flatten_s(grads[s], profile=profile, tensors=tensors[s])
                  if reps[s] > 1 and config.sharding == "none" else 0.0)
             for s, t in enumerate(step_end)]
 
@@ -316,10 +316,10 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     in_bytes = [problem.input_bytes] + out_bytes[:-1]
     send = _send_times(profile, config.schedule, out_bytes, reps, ranks)
     sync = _sync_times(profile, config, request, sums.own_params, reps, ranks, shared)
-    grad_tensors = _param_tensors(graph, problem.names, assignment, S, "none")
-    allreduce = _with_flatten(profile, config, request, sync.step_end, sums.params, reps, grad_tensors, slow)
-    opt = _optimizer_times(profile, config, request, sums.params, reps, slow,
-                           _param_tensors(graph, problem.names, assignment, S, config.sharding), grad_tensors)
+    tensors = _param_tensors(graph, problem.names, assignment, S)
+    grads = [_grad_bytes(p, request) for p in sums.params]
+    allreduce = _with_flatten(profile, config, sync.step_end, grads, reps, tensors, slow)
+    opt = _optimizer_times(profile, config, request, sums.params, grads, reps, slow, tensors)
     if not facts(config.schedule).flushes:  # each update also stashes a new weight version (optimizer_step.py)
         opt = [o + slow * stash_copy_s(sums.params[s], profile=profile) for s, o in enumerate(opt)]
     rc = config.recompute
@@ -395,29 +395,28 @@ def rerun_times(problem: Problem, profile: HardwareProfile, assignment: Sequence
             for s in range(S)]
 
 
-def _param_tensors(graph: Graph, names: Sequence[str], assignment: Sequence[int], S: int, sharding: str) -> list[int]:
-    """Parameter tensors each stage's optimizer steps: the distinct parameters its layers use (a tied one in every
-    stage holding a copy), or under ZeRO the one flat shard runtime/sharding.py makes of them."""
+def _param_tensors(graph: Graph, names: Sequence[str], assignment: Sequence[int], S: int) -> list[int]:
+    """Parameter tensors of each stage: the distinct parameters its layers use (a tied one in every stage holding
+    a copy)."""
     layers = {layer.name: layer for layer in graph.layers}
     fqns: list[set[str]] = [set() for _ in range(S)]
     for i, name in enumerate(names):
         fqns[assignment[i]].update(layers[name].params)
-    return [min(1, len(f)) if sharding != "none" else len(f) for f in fqns]
+    return [len(f) for f in fqns]
 
 
 def _optimizer_times(profile: HardwareProfile, config: Config, request: PlanRequest, params: Sequence[int],
-                     reps: Sequence[int], slow: float, tensors: Sequence[int],
-                     grad_tensors: Sequence[int]) -> list[float]:
-    """Each stage's optimizer step (costmodels/optimizer_step.py), after the division of its gradients by M that
-    every update of M > 1 microbatches but async PipeDream's makes (`grad_scale_s`; priced for a batch-mean loss,
-    which the graph does not record: a summed one skips it). Under ZeRO a replica steps its shard only (`tensors`:
-    one flat shard) but divides its full gradients first (`grad_tensors`: every parameter); devices computing
-    side by side on one machine share its memory as they share its cores (`slow`)."""
+                     grads: Sequence[int], reps: Sequence[int], slow: float, tensors: Sequence[int]) -> list[float]:
+    """Each stage's optimizer step (costmodels/optimizer_step.py), after the division of its gradients (`grads`
+    bytes in `tensors` tensors) by M that every update of M > 1 microbatches but async PipeDream's makes
+    (`grad_scale_s`; priced for a batch-mean loss, which the graph does not record: a summed one skips it). Under
+    ZeRO a replica steps its shard only, one flat tensor (runtime/sharding.py), but divides its full gradients
+    first; devices computing side by side on one machine share its memory as they share its cores (`slow`)."""
     mixed = is_mixed_precision(request.training_dtype)
+    sharded = config.sharding != "none"
     scales = config.microbatches > 1 and not facts(config.schedule).updates_each_microbatch
-    return [slow * (optimizer_step_s(params[s] / (reps[s] if config.sharding != "none" else 1),
-                                     optimizer=request.optimizer, mixed_precision=mixed, profile=profile,
-                                     tensors=tensors[s])
-                    + (grad_scale_s(_grad_bytes(params[s], request), profile=profile, tensors=grad_tensors[s])
-                       if scales else 0.0))
+    return [slow * (optimizer_step_s(params[s] / (reps[s] if sharded else 1), optimizer=request.optimizer,
+                                     mixed_precision=mixed, profile=profile,
+                                     tensors=min(1, tensors[s]) if sharded else tensors[s])
+                    + (grad_scale_s(grads[s], profile=profile, tensors=tensors[s]) if scales else 0.0))
             for s in range(len(params))]
