@@ -38,11 +38,9 @@ def with_memory_efficiency(profile, value: float):
 def ratios(cases, graphs, value: float) -> dict[str, float]:
     import pipeplan
 
-    out = {}
-    for c in cases:
-        profile = with_memory_efficiency(pipeplan.load_profile(c["gpu"]), value)
-        out[c["id"]] = pb.predict_case(c, graphs[c["model"]], profile)["samples_per_s"] / float(c["published"])
-    return out
+    profiles = {gpu: with_memory_efficiency(pipeplan.load_profile(gpu), value) for gpu in {c["gpu"] for c in cases}}
+    return {c["id"]: pb.predict_case(c, graphs[c["model"]], profiles[c["gpu"]])["samples_per_s"] / float(c["published"])
+            for c in cases}
 
 
 def median_log_error(values) -> float:
@@ -59,10 +57,11 @@ def main() -> int:
     print(f"| memory efficiency | {FIT_SOURCE}: median, worst error (fitted) | {HELD_OUT}: median, worst error "
           "(held out) |\n|---:|---|---|")
     best = None
+    source = {c["id"]: c["source"] for c in cases}
     for value in GRID:
         r = ratios(cases, graphs, value)
-        fit = [v for k, v in r.items() if next(c for c in cases if c["id"] == k)["source"] == FIT_SOURCE]
-        held = [v for k, v in r.items() if next(c for c in cases if c["id"] == k)["source"] == HELD_OUT]
+        fit = [v for k, v in r.items() if source[k] == FIT_SOURCE]
+        held = [v for k, v in r.items() if source[k] == HELD_OUT]
         score = median_log_error(fit)
         if best is None or score < best[0]:
             best = (score, value)
