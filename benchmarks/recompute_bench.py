@@ -22,7 +22,8 @@ charges (1 + groups) re-runs (`costmodels.recompute.weight_grad_passes`); beside
 before. The first stage is left out: torch runs its whole backward as W, one re-run, as in the first table.
 
 The third table times the same stages without recomputation, a whole backward against torch's B + W, alternating
-the two: the split's extra is the per-pair difference. Predicted by `costmodels.split_backward.split_backward_extra_s`:
+the two, both seeded with the same contiguous gradients (runtime/split_cost.py, what `analyze` measures on a local
+profile): the split's extra is the per-pair difference. Predicted by `costmodels.split_backward.split_backward_extra_s`:
 per split + per parameter group (measured at the start as `profiles calibrate` measures them) + the output gradients
 W reads back from memory at the copy bandwidth (measured at the start as calibrate does). Errors are of the split
 stage's step (measured forward + whole backward + extra against the same with the extra predicted, or with none,
@@ -115,18 +116,15 @@ def time_stage(split, spec, stage: int, microbatch: int, pairs: int, split_backw
 
 
 def time_split_extra(split, spec, stage: int, microbatch: int, pairs: int) -> tuple[float, float]:
-    """(forward + whole backward, what torch's split B + W takes beyond it) of one stage, seconds: medians over
-    alternating pairs on one stage module that owns its outputs, as the runtime builds zero bubble's stages."""
+    """(forward + whole backward, what torch's split B + W takes beyond it) of one stage, seconds: the first a median
+    of steps, the second as `analyze` measures it (runtime/split_cost.py: alternating pairs on one stage module that
+    owns its outputs, both backwards seeded with the same contiguous gradients, as the runtime seeds them)."""
+    from pipeplan.runtime.split_cost import stage_split_extra_s
+
     module = split.module(stage, copy=True, own_outputs=True)
     inputs = _inputs([split.module(s, copy=True) for s in range(stage)], spec, microbatch, stage)
-    for _ in range(3):
-        _step(module, inputs), _split_step(module, inputs)
-    whole, extra = [], []
-    for _ in range(2 * pairs):
-        a = _step(module, inputs)
-        whole.append(a)
-        extra.append(_split_step(module, inputs) - a)
-    return statistics.median(whole), statistics.median(extra)
+    whole = [_step(module, inputs) for _ in range(pairs)]
+    return statistics.median(whole), stage_split_extra_s(split, spec, stage, microbatch, 2 * pairs)
 
 
 def run_case(name: str, microbatch: int, repeats: int, pairs: int, console, tmp: Path,

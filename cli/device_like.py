@@ -10,7 +10,8 @@ device's own (`costmodels.compute.local_times_note`), the model is traced again
 at the plan's microbatch size on one core with the device's threads, and the
 search runs again on those times over the configurations that keep that
 microbatch size (the plan's replica and microbatch counts fixed), which the new
-times describe exactly.
+times describe exactly. A zero-bubble plan's split backward is then timed on its
+own stages (`measure_split_like_device`, runtime/split_cost.py).
 """
 
 from __future__ import annotations
@@ -43,3 +44,24 @@ def retime_like_device(graph: Any, profile: Any, request: Any, result: Any, retr
     if facts(best.schedule).replicates_whole_pipeline:  # PipeDream's replicas are per stage
         narrowed = replace(narrowed, data_parallel=best.data_parallel)
     return timed, run_search(timed, profile, narrowed, progress=progress)
+
+
+def measure_split_like_device(graph: Any, profile: Any, request: Any, result: Any) -> Any:
+    """The search result with its best plan re-predicted on its stages' measured split-backward extras, or as given.
+
+    Only where that is what `pipeplan run` will see: a local profile, a zero-bubble schedule (its backward split
+    into B and W) and a plan built from a model file on this machine (runtime/split_cost.py says why the model of
+    the extra is not enough). Timed like a device, as the re-trace above.
+    """
+    from pipeplan.costmodels.compute import device_threads
+    from pipeplan.hardware_profiles.local_device import DeviceLikeThreads
+    from pipeplan.planner.replay import with_split_extra
+    from pipeplan.runtime.split_cost import measure_split_extra_s
+    from pipeplan.schedules import facts
+
+    best = result.best
+    if not (profile.local and facts(best.schedule).splits_backward and best.graph.get("model_file")):
+        return result
+    with DeviceLikeThreads(device_threads(profile)):
+        extra_s = measure_split_extra_s(best)
+    return replace(result, best=with_split_extra(best, graph, profile, extra_s, request))

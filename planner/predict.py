@@ -160,12 +160,14 @@ def _simulate(config: Config, x: StageInputs, overhead_s: Sequence[float], keep_
 def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], config: Config, request: PlanRequest,
             *, ranks: list[list[int]] | None = None, problem: Problem | None = None,
             solver: dict[str, Any] | None = None, summary: dict[str, Any] | None = None,
-            keep_events: bool = False) -> Evaluation:
+            keep_events: bool = False, split_extra_s: Sequence[float] | None = None) -> Evaluation:
     """The plan for partition `assignment` (virtual stage of every layer, in graph order) under `config`.
 
     `request` supplies what is not the configuration's (batch, dtype, optimizer,
     times); `problem` may be passed when already built for this microbatch;
-    `ranks` overrides the placement (a saved plan's own devices).
+    `ranks` overrides the placement (a saved plan's own devices); `split_extra_s`, per stage, what torch's split
+    backward takes beyond a whole one as measured on the plan's own stages (runtime/split_cost.py), in place of
+    the model's (zero-bubble schedules only).
     """
     facts(config.schedule)
     n = len(graph.layers)
@@ -180,7 +182,8 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], c
     devices = len({r for rs in ranks for r in rs})
     # Devices computing side by side on one machine slow each other (local profiles; 1 on GPUs).
     slow = profile.concurrency_slowdown if devices > 1 else 1.0
-    x = stage_inputs(problem, profile, graph, assignment, config, request, reps, ranks, slow=slow)
+    x = stage_inputs(problem, profile, graph, assignment, config, request, reps, ranks, slow=slow,
+                     split_extra_s=split_extra_s)
     # The runtime's own time around every op (calibrated on local profiles, else 0) is part of
     # the iteration but not of the stage's compute: simulated, reported apart from fwd_s/bwd_s.
     overhead_s = [profile.overhead_for(config.schedule, nbytes) for nbytes in x.msg_bytes]

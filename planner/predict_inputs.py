@@ -307,8 +307,9 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
 
 def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assignment: Sequence[int], config: Config,
                  request: PlanRequest, reps: Sequence[int], ranks: Sequence[Sequence[int]], *,
-                 slow: float = 1.0) -> StageInputs:
-    """The per-stage numbers of a partition, ready for the simulator and the report."""
+                 slow: float = 1.0, split_extra_s: Sequence[float] | None = None) -> StageInputs:
+    """The per-stage numbers of a partition, ready for the simulator and the report (`split_extra_s`: measured
+    per stage, see `_split_extra`)."""
     S = len(reps)
     shared = [(int(sp.bytes), used) for sp, used in shared_stages(graph, problem.names, assignment)]
     sums = _stage_sums(problem, assignment, S, slow, shared)
@@ -348,7 +349,7 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     split: list[float] = []
     if wgrad:
         wgrad = _first_stage_whole_w(wgrad, bwd)
-        split = _split_extra(profile, layers, slow)
+        split = _split_extra(profile, layers, slow, split_extra_s)
         wgrad = [w + e for w, e in zip(wgrad, split, strict=True)]
         bwd = [b + e for b, e in zip(bwd, split, strict=True)]
         fresh = [min(f, w) for f, w in zip(fresh, wgrad, strict=True)]  # the adds are part of W (AccumulateGrad)
@@ -357,9 +358,18 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
                        msg, opt, wgrad, [list(used) for _, used in shared], fresh, rec_w, split)
 
 
-def _split_extra(profile: HardwareProfile, layers: Sequence[Sequence[Layer]], slow: float) -> list[float]:
+def _split_extra(profile: HardwareProfile, layers: Sequence[Sequence[Layer]], slow: float,
+                 measured_s: Sequence[float] | None = None) -> list[float]:
     """What each stage's split backward takes beyond its whole backward (costmodels/split_backward.py), charged to
-    its W; none on the first stage, whose W is one whole backward (`_first_stage_whole_w`)."""
+    its W; none on the first stage, whose W is one whole backward (`_first_stage_whole_w`).
+
+    `measured_s`: the stages' own extras timed on one core (runtime/split_cost.py), used instead of the model;
+    like the traced layer times, they are scaled by the slowdown of cores computing side by side.
+    """
+    if measured_s is not None:
+        if len(measured_s) != len(layers):
+            raise ValueError(f"{len(measured_s)} measured split extras for {len(layers)} stages")
+        return [0.0, *(slow * max(0.0, float(e)) for e in measured_s[1:])]
     return [0.0, *(slow * split_backward_extra_s(layers[s], per_split_s=profile.split_backward_s,
                                                   per_group_s=profile.split_backward_group_s,
                                                   mem_bw_bytes_per_s=profile.mem_bw_bytes_per_s)

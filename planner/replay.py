@@ -21,7 +21,12 @@ from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.simulate import SimResult, simulate
 from pipeplan.schedules import facts
 
-__all__ = ["config_of", "request_of", "assignment_of", "simulate_plan", "simulate_from_plan"]
+__all__ = ["config_of", "request_of", "assignment_of", "simulate_plan", "simulate_from_plan", "with_split_extra",
+           "MEASURED_SPLIT_KEY"]
+
+# Where a plan keeps the split-backward extras measured on its own stages (runtime/split_cost.py), so that a
+# re-prediction from the graph reproduces the plan's numbers.
+MEASURED_SPLIT_KEY = "split_extra_measured_s"
 
 
 def config_of(plan: Plan) -> Config:
@@ -57,7 +62,24 @@ def assignment_of(plan: Plan, graph: Graph) -> list[int]:
 def simulate_plan(plan: Plan, graph: Graph, profile: HardwareProfile) -> SimResult:
     """The plan's timeline (events and memory over time) for plots and Chrome traces, re-predicted exactly."""
     return predict(graph, profile, assignment_of(plan, graph), config_of(plan), request_of(plan),
-                   ranks=[st.devices for st in plan.stages], keep_events=True).sim
+                   ranks=[st.devices for st in plan.stages], keep_events=True,
+                   split_extra_s=plan.solver.get(MEASURED_SPLIT_KEY)).sim
+
+
+def with_split_extra(plan: Plan, graph: Graph, profile: HardwareProfile, extra_s: list[float],
+                     request: PlanRequest | None = None) -> Plan:
+    """The plan re-predicted with its stages' measured split-backward extras (seconds per stage, the first 0).
+
+    Same partition, configuration and placement; the measurements are kept in `plan.solver` under
+    `MEASURED_SPLIT_KEY` for `simulate_plan`. `request`: the search's own (default: what the plan records).
+    """
+    solver = {**plan.solver, MEASURED_SPLIT_KEY: [float(e) for e in extra_s]}
+    new = predict(graph, profile, assignment_of(plan, graph), config_of(plan), request or request_of(plan),
+                  ranks=[st.devices for st in plan.stages], solver=solver, split_extra_s=extra_s).plan
+    ms = ", ".join(f"{e * 1e3:.2f}" for e in extra_s[1:])
+    new.notes.append(f"the split backward's extra (torch's B + W beyond a whole backward) was timed on stages 1.. of "
+                     f"this plan: {ms} ms a microbatch; the search ranked plans by the calibrated model of it")
+    return new
 
 
 def simulate_from_plan(plan: Plan, *, recompute_last: bool = True) -> SimResult:
