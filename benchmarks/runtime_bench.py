@@ -19,7 +19,8 @@ benchmarks/RESULTS.md):
    slower (6.0 s: every layer's activations no longer stay in cache), 2 x 4096
    fastest (5.36 s), 8 x 1024 within ~5% of it.
 3. Prediction: measured vs predicted iteration time for every schedule's pipeline and
-   data parallelism (CONFIGS) on three examples (target within 10%). Each
+   data parallelism (CONFIGS) on the examples in CASES (target within 10%); a zero-bubble plan is made as
+   `analyze` makes it on a local profile, its split backward timed on its own stages. Each
    configuration is planned from a trace taken just before its run, on one thread (a
    local device), so the local profile's cost model uses the tracer's measured layer
    times (docs/cost-models.md) as the machine runs at that minute: its speed drifts by
@@ -48,7 +49,8 @@ SUBSET_SECTION = "## Runtime, every schedule on the smaller examples (`benchmark
 # Repeats and steps make the trace and each run last ~8-30 s: this machine's speed drifts by
 # +-10-15% from one second to the next (other tenants), and a 0.5 s trace against a 2 s run
 # would compare two different machines.
-CASES = [("wide_mlp", 8192, 8, 8, 8), ("mlp", 2048, 8, 40, 20), ("gpt", 256, 8, 100, 50)]
+CASES = [("wide_mlp", 8192, 8, 8, 8), ("mlp", 2048, 8, 40, 20), ("gpt", 256, 8, 100, 50), ("unet", 256, 8, 100, 40),
+         ("resnet", 128, 8, 100, 30)]
 # (label, schedule, pipeline stages, data-parallel replicas, chunks per device, recomputation): what users run on 2
 # devices.
 # Data parallelism halves the microbatch count so the microbatch size, and so the trace, stays the same.
@@ -148,6 +150,9 @@ def trace_one_device(model_file: str, microbatch: int, repeats: int):
 
 
 def make_plan(graph, profile, batch: int, m: int, config: tuple, out: Path):
+    """The configuration's best plan, as `analyze` makes it on a local profile: a zero-bubble plan's split backward
+    timed on its own stages (cli/device_like.measure_split_like_device); the trace is a device's already."""
+    from pipeplan.cli.device_like import measure_split_like_device
     from pipeplan.planner.request import PlanRequest
     from pipeplan.planner.search import search
 
@@ -156,7 +161,7 @@ def make_plan(graph, profile, batch: int, m: int, config: tuple, out: Path):
                           chunks=chunks, microbatches=m // dp, optimizer="sgd", recompute="on" if rc else "off",
                           sharding="none",
                           times="model")
-    result = search(graph, profile, request)
+    result = measure_split_like_device(graph, profile, request, search(graph, profile, request))
     result.best.save(out)
     return result.best
 
