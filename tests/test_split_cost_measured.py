@@ -123,3 +123,17 @@ def test_analyze_on_a_local_profile_times_a_zero_bubble_plans_split(tmp_path):
     measured = plan.solver[MEASURED_SPLIT_KEY]
     assert len(measured) == 2 and measured[0] == 0.0 and measured[1] > 0
     assert any("split backward's extra" in n for n in plan.notes)
+
+
+def test_a_plan_whose_stages_cannot_be_built_keeps_the_models_figure(graph, monkeypatch):
+    """The measurement refines a plan; where it fails (here: the model file is gone) the plan stands, with a note."""
+    from pipeplan.cli.device_like import measure_split_like_device
+    from pipeplan.planner.search import SearchResult
+
+    local = dataclasses.replace(load_profile("a100-80gb"), local=True)
+    plan = zb_plan(graph, local)
+    plan.graph["model_file"] = str(HERE / "no_such_model.py")
+    result = SearchResult(best=plan, alternatives=[], baseline=None, evaluated=1)
+    out = measure_split_like_device(graph, local, None, result)
+    assert out.best is plan and MEASURED_SPLIT_KEY not in plan.solver
+    assert any("could not be timed" in n for n in plan.notes)
