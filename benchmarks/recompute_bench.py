@@ -59,18 +59,6 @@ def stage_splits(graph, stages: int, microbatch: int, out: Path):
     return plan
 
 
-def _inputs(modules, spec, microbatch: int, stage: int):
-    """Stage `stage`'s inputs: the stages before it run once without gradients; detached leaves that need one."""
-    import torch
-
-    values = tuple(spec.example_inputs(microbatch))
-    with torch.no_grad():
-        for m in modules[:stage]:
-            values = m(*values)
-    return tuple(v.detach().requires_grad_(stage > 0 and v.is_floating_point()) if isinstance(v, torch.Tensor) else v
-                 for v in values)
-
-
 def _step(module, inputs) -> float:
     import torch
 
@@ -98,12 +86,12 @@ def time_stage(split, spec, stage: int, microbatch: int, pairs: int, split_backw
     """(forward + backward, re-runs) of one stage, seconds: medians over alternating plain / recomputed pairs;
     `split_backward`: as zero bubble runs it (stage modules that own their outputs, as the runtime builds them)."""
     from pipeplan.runtime.recompute import recompute
+    from pipeplan.runtime.split_cost import stage_inputs
 
     step = _split_step if split_backward else _step
     plain = split.module(stage, copy=True, own_outputs=split_backward)
     rec = recompute(split.module(stage, copy=True, own_outputs=split_backward))
-    modules = [split.module(s, copy=True) for s in range(stage)]
-    inputs = _inputs(modules, spec, microbatch, stage)
+    inputs = stage_inputs(split, spec, stage, microbatch)
     for _ in range(3):
         step(plain, inputs), step(rec, inputs)
     base, extra = [], []
@@ -119,10 +107,10 @@ def time_split_extra(split, spec, stage: int, microbatch: int, pairs: int) -> tu
     """(forward + whole backward, what torch's split B + W takes beyond it) of one stage, seconds: the first a median
     of steps, the second as `analyze` measures it (runtime/split_cost.py: alternating pairs on one stage module that
     owns its outputs, both backwards seeded with the same contiguous gradients, as the runtime seeds them)."""
-    from pipeplan.runtime.split_cost import stage_split_extra_s
+    from pipeplan.runtime.split_cost import stage_inputs, stage_split_extra_s
 
     module = split.module(stage, copy=True, own_outputs=True)
-    inputs = _inputs([split.module(s, copy=True) for s in range(stage)], spec, microbatch, stage)
+    inputs = stage_inputs(split, spec, stage, microbatch)
     whole = [_step(module, inputs) for _ in range(pairs)]
     return statistics.median(whole), stage_split_extra_s(split, spec, stage, microbatch, 2 * pairs)
 

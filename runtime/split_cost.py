@@ -26,8 +26,9 @@ from typing import Any
 PAIRS, WARMUP = 12, 3  # whole / split pairs per stage (median of the differences), after warm-up pairs
 
 
-def _stage_inputs(split: Any, spec: Any, stage: int, microbatch: int) -> tuple[Any, ...]:
-    """Stage `stage`'s inputs: the stages before it run once without gradients; detached leaves that need one."""
+def stage_inputs(split: Any, spec: Any, stage: int, microbatch: int) -> tuple[Any, ...]:
+    """Stage `stage`'s inputs: the stages before it run once without gradients; detached leaves, which need a
+    gradient past the first stage (floating-point ones), as a pipeline's received activations do."""
     import torch
 
     values = tuple(spec.example_inputs(microbatch))
@@ -35,8 +36,8 @@ def _stage_inputs(split: Any, spec: Any, stage: int, microbatch: int) -> tuple[A
         for s in range(stage):
             values = split.module(s, copy=True)(*values)
             values = values if isinstance(values, tuple) else (values,)
-    return tuple(v.detach().requires_grad_(v.is_floating_point()) if isinstance(v, torch.Tensor) else v
-                 for v in values)
+    return tuple(v.detach().requires_grad_(stage > 0 and v.is_floating_point()) if isinstance(v, torch.Tensor)
+                 else v for v in values)
 
 
 def _outputs(module: Any, inputs: tuple[Any, ...]) -> list[Any]:
@@ -77,7 +78,7 @@ def stage_split_extra_s(split: Any, spec: Any, stage: int, microbatch: int, pair
     The module owns its outputs, as the runtime builds zero bubble's stages; forwards stay outside the clocks.
     """
     module = split.module(stage, copy=True, own_outputs=True)
-    inputs = _stage_inputs(split, spec, stage, microbatch)
+    inputs = stage_inputs(split, spec, stage, microbatch)
     for _ in range(WARMUP):
         _whole_s(module, inputs), _split_s(module, inputs)
     extra = []
