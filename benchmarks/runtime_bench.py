@@ -279,7 +279,8 @@ def main(argv=None) -> int:
             profiles.append(profile)
             console.print(f"profile: concurrency_slowdown {profile.concurrency_slowdown:.3f}, op_overhead_us "
                           f"{ {k: round(v * 1e6) for k, v in profile.op_overhead_s.items()} }, per MiB "
-                          f"{ {k: round(v * 2**20 * 1e6) for k, v in profile.op_overhead_s_per_byte.items()} }")
+                          f"{ {k: round(v * 2**20 * 1e6) for k, v in profile.op_overhead_s_per_byte.items()} }, per "
+                          f"extra tensor { {k: round(v * 1e6) for k, v in profile.op_overhead_s_per_tensor.items()} }")
             rows, speedup = run_round(profile, args, console, Path(tmp), rnd)
             for r in rows:
                 console.print(f"  {r['example']} {r['schedule']}: measured {r['measured_s'] * 1e3:.1f} ms, predicted "
@@ -373,6 +374,8 @@ def _configs() -> str:
 
 def write_results(rows, speedups, profiles, profile_desc, args, capacities) -> None:
     overhead = "; ".join(", ".join(f"{k} {v * 1e6:.0f} µs + {p.op_overhead_s_per_byte.get(k, 0) * 2**20 * 1e6:.0f} µs/MiB"
+                                   + (f" + {p.op_overhead_s_per_tensor[k] * 1e6:.0f} µs/tensor"
+                                      if k in p.op_overhead_s_per_tensor else "")
                                    for k, v in p.op_overhead_s.items()) or "none" for p in profiles)
     slowdowns = ", ".join(f"{p.concurrency_slowdown:.3f}" for p in profiles)
     subset = "wide_mlp" not in args.examples
@@ -389,7 +392,8 @@ def write_results(rows, speedups, profiles, profile_desc, args, capacities) -> N
              "machine's speed drifts by +-10-15% from second to second and by 10-20% over minutes (other tenants); "
              "the table shows medians over the rounds and every round's error.", "",
              f"The profile's runtime overhead per op (`op_overhead_us` + `op_overhead_us_per_mib` x MiB the op sends and "
-             f"receives) by round: {overhead}. Its "
+             f"receives + `op_overhead_us_per_tensor` x the tensors its messages carry beyond one each) by round: "
+             f"{overhead}. Its "
              f"`concurrency_slowdown` (compute time with both cores busy / one core alone) by round: {slowdowns}.", "",
              "Parallel capacity before the first and after each round (two single-thread matmul processes at "
              f"once vs one; 2.00 = two free cores): {', '.join(f'{c:.2f}' for c in capacities)}.", ""]

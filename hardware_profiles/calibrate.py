@@ -266,12 +266,13 @@ def _p2p_worker(rank: int, port: int, queue: Queue[tuple[str, Any]]) -> None:
         queue.put(("error", f"rank {rank}: {type(e).__name__}: {e}"))
 
 
-def measure_p2p(timeout_s: float = 120.0) -> P2PResult:
+def measure_p2p(timeout_s: float = 240.0) -> P2PResult:
     """One-way seconds per message size between two spawned processes over gloo, both ranks'
     op timings from `pipeline_ops.run_pipeline`, and each rank's `concurrency_probe` (alone, together).
 
     `timeout_s` bounds a hang, not the work: the whole phase (spawn, link, collectives, probe and six
-    schedules' pipelines) ran 41 s on this repo's 2-core VM under its neighbours' load, so 120 s leaves ~3x."""
+    schedules' pipelines, three rounds of three shapes) ran 46 s on this repo's 2-core VM with the host quiet;
+    one round of two shapes had run 20 s quiet and 41 s under its neighbours' load, so 240 s leaves ~2.5x."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # fork after OpenMP/MKL init can deadlock
@@ -398,7 +399,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
     one_way, pipeline_events, slowdowns, collective_times = step(
         "link, collectives, pipeline ops and two busy cores (2 processes, gloo)", measure_p2p)
     link_bw, link_lat = link_from_p2p(one_way)
-    overhead_s, overhead_per_byte_s, overhead_detail = op_overhead.op_overhead_s(
+    overhead_s, overhead_per_byte_s, overhead_per_tensor_s, overhead_detail = op_overhead.op_overhead_s(
         pipeline_events, lambda nbytes: link_lat + nbytes / link_bw)
     peak32 = max(fp32)
     peak16 = max(bf16) if bf16 else None
@@ -436,6 +437,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         local=True,
         op_overhead_s=overhead_s,
         op_overhead_s_per_byte=overhead_per_byte_s,
+        op_overhead_s_per_tensor=overhead_per_tensor_s,
         concurrency_slowdown=min(4.0, max(1.0, slowdown_from_probes(slowdowns))),
         collectives=collectives.links_from_times(collective_times),
         optimizer_tensor_s=optimizer_s,

@@ -62,6 +62,7 @@ _UNITS = {
     "latency_us": ("µs", 1e6),
     "op_overhead_us": ("µs", 1e6),
     "op_overhead_us_per_mib": ("µs per MiB", 1e6),
+    "op_overhead_us_per_tensor": ("µs per tensor", 1e6),
     "kernel_overhead_us": ("µs", 1e4),
     "dispatch_us": ("µs", 1e4),
     "optimizer_us_per_tensor": ("µs", 1e4),
@@ -93,6 +94,7 @@ _TOP_KEYS = {
     "kernel_overhead_us": False,
     "dispatch_us": False,
     "op_overhead_us_per_mib": False,
+    "op_overhead_us_per_tensor": False,
     "optimizer_us_per_tensor": False,
     "optimizer_ns_per_param": False,
     "recompute_overhead_us": False,
@@ -303,6 +305,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     kernel_s = None if kernel_us is None else c.number(kernel_us, "kernel_overhead_us", allow_zero=True) * 1e-6
     dispatch_s = None if dispatch_us is None else c.number(dispatch_us, "dispatch_us", allow_zero=True) * 1e-6
     per_byte_s = {k: v * 1e-6 / MIB for k, v in c.schedule_map(doc, "op_overhead_us_per_mib").items()}
+    per_tensor_s = {k: v * 1e-6 for k, v in c.schedule_map(doc, "op_overhead_us_per_tensor").items()}
     optimizer_us = c.mapping(doc.get("optimizer_us_per_tensor") or {}, "optimizer_us_per_tensor")
     c.keys(optimizer_us, {k: False for k in OPTIMIZERS}, prefix="optimizer_us_per_tensor.")
     optimizer_s = {k: c.number(v, f"optimizer_us_per_tensor.{k}", "optimizer_us_per_tensor", allow_zero=True) * 1e-6
@@ -351,6 +354,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         calibration=dict(calibration),
         op_overhead_s=overhead_s,
         op_overhead_s_per_byte=per_byte_s,
+        op_overhead_s_per_tensor=per_tensor_s,
         concurrency_slowdown=slowdown,
         collectives={k: c.link(v, f"collectives.{k}") for k, v in collectives.items()},
         kernel_overhead_s=kernel_s,
@@ -404,6 +408,8 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         doc["op_overhead_us"] = {k: _num(v * 1e6) for k, v in profile.op_overhead_s.items()}
     if profile.op_overhead_s_per_byte:
         doc["op_overhead_us_per_mib"] = {k: _num(v * 1e6 * MIB) for k, v in profile.op_overhead_s_per_byte.items()}
+    if profile.op_overhead_s_per_tensor:
+        doc["op_overhead_us_per_tensor"] = {k: _num(v * 1e6) for k, v in profile.op_overhead_s_per_tensor.items()}
     if profile.optimizer_tensor_s:
         doc["optimizer_us_per_tensor"] = {k: _num(v * 1e6) for k, v in profile.optimizer_tensor_s.items()}
     if profile.optimizer_param_s:

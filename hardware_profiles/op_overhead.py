@@ -53,10 +53,17 @@ from pipeplan.schedules import ScheduleName, facts
 
 WIDTH = 512
 # name: (rows per microbatch, Linear(WIDTH) + ReLU layers per stage). Equal compute (512 row-layers,
-# ~3 ms forward at ~100 GFLOP/s per core); activations of 256 KiB and 1 MiB.
-SHAPES = {"small": (128, 4), "large": (512, 1)}
+# ~3 ms forward at ~100 GFLOP/s per core); activations of 256 KiB and 1 MiB; "split" is "large" with its cut sent
+# as TENSORS["split"] tensors of a quarter each (the same bytes), as a cut that skip connections cross is.
+SHAPES = {"small": (128, 4), "large": (512, 1), "split": (512, 1)}
+TENSORS: Final[dict[str, int]] = {"small": 1, "large": 1, "split": 4}
 MICROBATCHES = 8
-STEPS, WARMUP = 6, 2
+STEPS, WARMUP = 5, 2
+# Every shape and schedule is run this many times, the rounds one after another over all of them, so that the
+# medians over steps span the whole measurement: run once each, a shape's few steps all fell within a fraction of a
+# second, and a passing burst of the host's other tenants moved one schedule's fitted terms 2-8x between
+# calibrations (1F1B per extra tensor 55 and 434 µs, GPipe fixed 332 and 102 µs, runtime_bench 2026-11-27).
+ROUNDS = 2
 # The schedules measured here: GPipe, 1F1B and ZB-H1 (one stage a rank), interleaved 1F1B (two a rank: twice
 # the ops, each posting its own sends and receives; taking 1F1B's figure for it left examples/gpt.py's
 # interleaved plans 16-20% slower than predicted), ZB-V (two a rank in a V, the turn a hand-over on one rank,
@@ -123,38 +130,65 @@ def op_gaps_s(first: list[Event], second: list[Event], transfer_s: float) -> lis
     return gaps
 
 
+def shape_schedules(shape: str) -> tuple[ScheduleName, ...]:
+    """The schedules run at `shape`: all of them with one tensor at the cut; the torch schedules only with several
+    (PipeDream's own loop sends each tensor of a cut as its own message as well, and takes their figure,
+    `HardwareProfile.overhead_for`)."""
+    return SCHEDULES if TENSORS[shape] == 1 else TORCH_SCHEDULES
+
+
+def messages_per_op(first: list[Event], second: list[Event]) -> float:
+    """The mean number of messages a forward or backward sends or receives in this step: one per neighbouring stage
+    on the other rank (a cut between two stages of one rank, the turn of a V, is a hand-over in memory)."""
+    rank_of = {stage: rank for rank, events in enumerate((first, second)) for _, stage, *_ in events}
+    last = max(rank_of)
+    counts = [sum(1 for n in (stage - 1, stage + 1) if 0 <= n <= last and rank_of[n] != rank_of[stage])
+              for kind, stage, *_ in first + second if kind != "W"]
+    return sum(counts) / max(1, len(counts))
+
+
 def op_overhead_s(
     per_rank: list[dict[str, list[list[Event]]]], transfer_s: Callable[[int], float]
-) -> tuple[dict[str, float], dict[str, float], dict[str, Any]]:
-    """Per schedule: (fixed seconds per op, seconds per byte the op sends or receives), and the raw figures.
+) -> tuple[dict[str, float], dict[str, float], dict[str, float], dict[str, Any]]:
+    """Per schedule: (fixed seconds per op, seconds per byte the op sends or receives, seconds per tensor its
+    messages carry beyond one each), and the raw figures.
 
     An op's charge is its gap (`op_gaps_s`) plus the CPU that gloo's threads took from it (`stolen_s`), per
     forward or backward (per shape the median over steps of a step's sum over its forwards and backwards,
     `_charge_parts`): a zero-bubble W's gap and theft are charged to them, where the simulator adds them.
     `transfer_s(nbytes)` is the idle link's time for a message. Every op of the 2-stage pipeline (and of ZB-V's V:
     its hand-over from stage 1 to 2 stays on the rank) sends or receives exactly one activation or gradient, so
-    the two shapes' charges give a line through (bytes, charge); its parts are clamped at 0 (a noisy run may make
-    the larger messages look cheaper). The detail also keeps how much longer the ops ran than alone
+    the two one-tensor shapes' charges give a line through (bytes, charge); its parts are clamped at 0 (a noisy run
+    may make the larger messages look cheaper). The "split" shape sends the large shape's bytes as several tensors:
+    what it is charged beyond the large shape, over the extra tensors of an op's messages (`messages_per_op`), is
+    the per-tensor term (clamped at 0 too). The detail also keeps how much longer the ops ran than alone
     (`pipeline_ops.solo_events`; the module doc says why that wall-clock figure is not what is charged).
     """
     fixed: dict[str, float] = {}
     per_byte: dict[str, float] = {}
+    per_tensor: dict[str, float] = {}
     detail: dict[str, Any] = {
-        "stages": {s: f"{layers} x Linear({WIDTH}) + ReLU, {rows}-row microbatches, M={MICROBATCHES}"
-                   for s, (rows, layers) in SHAPES.items()}}
+        "stages": {s: f"{layers} x Linear({WIDTH}) + ReLU, {rows}-row microbatches, the cut as {TENSORS[s]} "
+                      f"tensor(s), M={MICROBATCHES}" for s, (rows, layers) in SHAPES.items()}}
     for name in SCHEDULES:
-        points = []
+        charge = {}
         for shape in SHAPES:
+            if name not in shape_schedules(shape):
+                continue
             gap_s, stolen_s, excess_s, compute_s = _charge_parts(per_rank, shape, name,
                                                                  transfer_s(message_bytes(shape)))
-            points.append((message_bytes(shape), gap_s + stolen_s))
+            charge[shape] = gap_s + stolen_s
             detail[f"{shape}_{name}"] = {"gap_us": round(gap_s * 1e6, 1), "stolen_us": round(stolen_s * 1e6, 1),
                                           "excess_us": round(excess_s * 1e6, 1),
                                           "compute_per_op_ms": round(compute_s * 1e3, 3)}
-        (b0, g0), (b1, g1) = points
+        (b0, g0), (b1, g1) = ((message_bytes(shape), charge[shape]) for shape in ("small", "large"))
         per_byte[name] = max(0.0, (g1 - g0) / (b1 - b0))
         fixed[name] = max(0.0, g0 - per_byte[name] * b0)
-    return fixed, per_byte, detail
+        if "split" in charge:
+            first, second = _steps(per_rank, f"split/{name}")[0]
+            extra = (TENSORS["split"] - 1) * messages_per_op(first, second)
+            per_tensor[name] = max(0.0, (charge["split"] - charge["large"]) / extra)
+    return fixed, per_byte, per_tensor, detail
 
 
 def _charge_parts(per_rank: list[dict[str, list[list[Event]]]], shape: str, name: str,
@@ -186,12 +220,15 @@ def _charge_parts(per_rank: list[dict[str, list[list[Event]]]], shape: str, name
 
 
 def _steps(per_rank: list[dict[str, list[list[Event]]]], key: str) -> list[tuple[list[Event], list[Event]]]:
-    """Both ranks' events of `key`, step by step (both record the same STEPS - WARMUP steps,
-    pipeline_ops.run_pipeline); the asynchronous loop, which has no steps, cut into runs of MICROBATCHES
+    """Both ranks' events of `key`, step by step (both record the same steps, pipeline_ops.run_pipeline); the
+    asynchronous loop, which has no steps, records one list per run, each cut here into runs of MICROBATCHES
     microbatches, as long as a flushing schedule's step."""
     first, second = per_rank[0][key], per_rank[1][key]
-    if len(first) != 1:
+    if key.rsplit("/", 1)[-1] in TORCH_SCHEDULES:
         return list(zip(first, second, strict=True))
-    runs = sorted({e[2] // MICROBATCHES for e in first[0] + second[0]})
-    return [([e for e in first[0] if e[2] // MICROBATCHES == r], [e for e in second[0] if e[2] // MICROBATCHES == r])
-            for r in runs]
+    out = []
+    for a, b in zip(first, second, strict=True):
+        runs = sorted({e[2] // MICROBATCHES for e in a + b})
+        out += [([e for e in a if e[2] // MICROBATCHES == r], [e for e in b if e[2] // MICROBATCHES == r])
+                for r in runs]
+    return out

@@ -15,14 +15,16 @@ from typing import Any
 from pipeplan.hardware_profiles.op_overhead import (
     CHUNKS,
     MICROBATCHES,
-    SCHEDULES,
+    ROUNDS,
     SHAPES,
     SOLO,
     STEPS,
+    TENSORS,
     TORCH_SCHEDULES,
     WARMUP,
     WIDTH,
     Event,
+    shape_schedules,
 )
 from pipeplan.schedules import ScheduleName, device_stages, facts, local_order
 
@@ -42,21 +44,25 @@ def stolen_since(clocks: tuple[float, float]) -> float:
 
 
 def run_pipeline(rank: int) -> dict[str, list[list[Event]]]:
-    """Run every (shape, schedule) on an initialised 2-rank gloo group; this rank's events per measured step,
-    keyed "shape/schedule" (the asynchronous loop has no steps: one list of its measured microbatches' ops)."""
+    """Run every (shape, schedule) ROUNDS times on an initialised 2-rank gloo group; this rank's events per
+    measured step, keyed "shape/schedule" (the asynchronous loop has no steps: a list of its measured
+    microbatches' ops per run)."""
     import torch
     import torch.distributed as dist
 
     out: dict[str, list[list[Event]]] = {}
-    for shape, (rows, layers) in SHAPES.items():
-        torch.manual_seed(rank)
-        dist.barrier()
-        out[f"{shape}/{SOLO}"] = [solo_events(rank, rows, layers)]
-        for name in SCHEDULES:
-            torch.manual_seed(rank)
-            dist.barrier()
-            out[f"{shape}/{name}"] = (_torch_steps(rank, name, rows, layers) if name in TORCH_SCHEDULES
-                                      else [_async_events(rank, rows, layers)])
+    for round_ in range(ROUNDS):
+        for shape, (rows, layers) in SHAPES.items():
+            if round_ == 0:
+                torch.manual_seed(rank)
+                dist.barrier()
+                out[f"{shape}/{SOLO}"] = [solo_events(rank, rows, layers)]
+            for name in shape_schedules(shape):
+                torch.manual_seed(rank)
+                dist.barrier()
+                out.setdefault(f"{shape}/{name}", []).extend(
+                    _torch_steps(rank, name, rows, layers, TENSORS[shape]) if name in TORCH_SCHEDULES
+                    else [_async_events(rank, rows, layers)])
     return out
 
 
@@ -81,16 +87,30 @@ def solo_events(rank: int, rows: int, layers: int) -> list[Event]:
     return events
 
 
-def _stage_module(layers: int) -> Any:
+def _stage_module(layers: int, tensors_in: int = 1, tensors_out: int = 1) -> Any:
+    """`layers` x Linear(WIDTH) + ReLU; with several tensors in, it stacks their rows first, with several out it
+    returns its output's rows in that many equal parts, a cut of several tensors."""
+    import torch
     import torch.nn as nn
 
-    return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())])
+    class Stage(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())])
+
+        def forward(self, *xs: Any) -> Any:
+            out = self.layers(xs[0] if tensors_in == 1 else torch.cat(xs))
+            # copies, not views: torch's split backward detaches a stage's outputs in place, which views refuse
+            return out if tensors_out == 1 else tuple(part.clone() for part in out.chunk(tensors_out))
+
+    return Stage()
 
 
-def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int) -> list[list[Event]]:
+def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors: int = 1) -> list[list[Event]]:
     """`name` under its torch.distributed.pipelining class, every forward and backward (and W) timed, its stages
     where the runtime puts them (pipeplan.schedules.stage_device): stage s on rank s % 2, or ZB-V's V (stages 0 and
-    3 on rank 0, 1 and 2 on rank 1, the hand-over from 1 to 2 without a transfer)."""
+    3 on rank 0, 1 and 2 on rank 1, the hand-over from 1 to 2 without a transfer). Every cut carries `tensors`
+    tensors (the model's input and the last stage's output stay one)."""
     import torch
     import torch.distributed as dist
     from torch.distributed import pipelining
@@ -100,7 +120,8 @@ def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int) -> list[
     events: list[Event] = []
     stages: list[Any] = []
     for index in mine:  # in model order, as the runtime lists a rank's stages
-        stage = pipelining.PipelineStage(_stage_module(layers), index, n_stages, torch.device("cpu"))
+        module = _stage_module(layers, 1 if index == 0 else tensors, 1 if index == n_stages - 1 else tensors)
+        stage = pipelining.PipelineStage(module, index, n_stages, torch.device("cpu"))
 
         def timed(fn: Callable[..., Any], kind: str, index: int = index,
                   events: list[Event] = events) -> Callable[..., Any]:

@@ -49,6 +49,9 @@ class HardwareProfile:
     # communication thread), per schedule. Measured by `profiles calibrate`; empty = not measured.
     op_overhead_s: dict[str, float] = field(default_factory=dict)
     op_overhead_s_per_byte: dict[str, float] = field(default_factory=dict)  # ... plus this per byte sent/received
+    # ... plus this per tensor a message carries beyond its first (a cut with skip connections sends several; torch
+    # posts one gloo message per tensor)
+    op_overhead_s_per_tensor: dict[str, float] = field(default_factory=dict)
     # Factor on a device's compute time while the other devices of its node compute too.
     # GPUs: 1. A local profile's cores share caches, memory bandwidth and sometimes a physical
     # core, so `profiles calibrate` measures it (its other timings run on one core alone).
@@ -89,20 +92,28 @@ class HardwareProfile:
         maker = self.device.split()[0].lower() if self.device.strip() else ""
         return maker if not self.local and maker in ("nvidia", "amd") else None
 
-    def overhead_for(self, schedule: str, nbytes: int = 0) -> float:
-        """Runtime seconds for one op of `schedule` that sends and receives `nbytes` in all: the schedule's
-        own measurement (`profiles calibrate` measures GPipe, 1F1B, interleaved, ZB-H1, ZB-V and PipeDream),
-        else the nearest measured runtime: PipeDream's for PipeDream-2BW (the same asynchronous loop and
-        messages), ZB-V's for DualPipeV (the same V placement, its turn a hand-over on one rank, and split
-        backwards, under the same torch runtime posting each op's sends and receives), interleaved's for the
-        schedules with several stages a rank (the V schedules in a profile calibrated before ZB-V was measured:
-        each op posting its own sends), else 1F1B's (and 1F1B's for all of them in a profile calibrated before
-        the others were measured); 0 where nothing was measured."""
+    def overhead_for(self, schedule: str, nbytes: int = 0, extra_tensors: int = 0) -> float:
+        """Runtime seconds for one op of `schedule` that sends and receives `nbytes` in all, in messages that carry
+        `extra_tensors` tensors beyond one each: the schedule's own measurement (`profiles calibrate` measures
+        GPipe, 1F1B, interleaved, ZB-H1, ZB-V and PipeDream; the per-tensor term the torch schedules only), else
+        the nearest measured runtime: PipeDream's for PipeDream-2BW (the same asynchronous loop and messages), ZB-V's
+        for DualPipeV (the same V placement, its turn a hand-over on one rank, and split backwards, under the same
+        torch runtime posting each op's sends and receives), interleaved's for the schedules with several stages a
+        rank (the V schedules in a profile calibrated before ZB-V was measured: each op posting its own sends), else
+        1F1B's (and 1F1B's for all of them in a profile calibrated before the others were measured); 0 where nothing
+        was measured."""
+        fixed = self._nearest(schedule, self.op_overhead_s)
+        per_byte = self.op_overhead_s_per_byte.get(fixed, 0.0)
+        per_tensor = self.op_overhead_s_per_tensor.get(self._nearest(schedule, self.op_overhead_s_per_tensor), 0.0)
+        return float(self.op_overhead_s.get(fixed, 0.0) + per_byte * nbytes + per_tensor * extra_tensors)
+
+    @staticmethod
+    def _nearest(schedule: str, measured: dict[str, float]) -> str:
+        """The key of `measured` that stands for `schedule` (`overhead_for`'s order), "1f1b" where none does."""
         f = facts(schedule)
         nearest = ((f.name, True), ("pipedream", not f.flushes), ("zb-v", f.placement == "v"),
                    ("interleaved", f.interleaves))
-        key = next((k for k, ok in nearest if ok and k in self.op_overhead_s), "1f1b")
-        return float(self.op_overhead_s.get(key, 0.0) + self.op_overhead_s_per_byte.get(key, 0.0) * nbytes)
+        return next((k for k, ok in nearest if ok and k in measured), "1f1b")
 
     def link_between(self, device_a: int, device_b: int) -> Link:
         """The link two global device ranks talk over (same node or not)."""

@@ -32,7 +32,7 @@ __all__ = ["mixed_predict", "mixed_ranks"]
 
 GIB = 2**30
 _FIELDS = ("fwd", "bwd", "rec", "send", "allreduce", "fwd_comm", "bwd_comm", "send_bytes", "static", "act", "rbytes",
-           "memory", "msg_bytes", "optimizer", "fresh")
+           "memory", "msg_bytes", "optimizer", "fresh", "msg_extra_tensors")
 
 
 def mixed_ranks(cluster: Cluster, types: Sequence[int], replicas: int) -> list[list[int]]:
@@ -84,8 +84,8 @@ def mixed_predict(graph: Graph, cluster: Cluster, assignment: Sequence[int], typ
     for s in range(S - 1):
         if types[s] != types[s + 1]:  # across groups: the cluster's link
             x.send[s] = p2p_time_s(x.send_bytes[s], cluster.link) if x.send_bytes[s] else 0.0
-    overhead_s = [cluster.groups[g].profile.overhead_for(config.schedule, n) for g, n in zip(types, x.msg_bytes,
-                                                                                             strict=True)]
+    overhead_s = [cluster.groups[g].profile.overhead_for(config.schedule, n, extra)
+                  for g, n, extra in zip(types, x.msg_bytes, x.msg_extra_tensors, strict=True)]
     group_profiles = [cluster.groups[g].profile for g in set(types)]
     overlap = all(collectives_overlap(p) for p in group_profiles)
     slowdown = max(overlap_slowdown(p) for p in group_profiles)

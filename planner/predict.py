@@ -186,7 +186,8 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], c
                      split_extra_s=split_extra_s)
     # The runtime's own time around every op (calibrated on local profiles, else 0) is part of
     # the iteration but not of the stage's compute: simulated, reported apart from fwd_s/bwd_s.
-    overhead_s = [profile.overhead_for(config.schedule, nbytes) for nbytes in x.msg_bytes]
+    overhead_s = [profile.overhead_for(config.schedule, nbytes, extra)
+                  for nbytes, extra in zip(x.msg_bytes, x.msg_extra_tensors, strict=True)]
     overlap, slowdown = collectives_overlap(profile), overlap_slowdown(profile)
     sim = _simulate(config, x, overhead_s, keep_events, overlap=overlap, slowdown=slowdown)
     plan = assemble_plan(graph, profile, problem, assignment, config, request, x, sim, ranks=ranks, reps=reps,

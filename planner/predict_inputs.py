@@ -25,7 +25,7 @@ from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
 from pipeplan.schedules import device_stages, facts
 
-__all__ = ["StageInputs", "stage_inputs", "boundary_bytes", "contiguous", "shared_stages", "op_times",
+__all__ = ["StageInputs", "stage_inputs", "boundary_bytes", "boundary_tensors", "contiguous", "shared_stages", "op_times",
            "collectives_overlap", "overlap_slowdown"]
 
 
@@ -91,6 +91,7 @@ class StageInputs:
     fresh: list[float] = field(default_factory=list)  # of bwd (W), what a backward into fresh gradients saves
     rec_w: list[float] = field(default_factory=list)  # zero bubble + recomputation: the re-runs each W makes (_w_reruns)
     split: list[float] = field(default_factory=list)  # of bwd (W), what torch's split backward adds (_split_extra)
+    msg_extra_tensors: list[int] = field(default_factory=list)  # per stage: tensors its ops' messages carry beyond one each
 
 
 def contiguous(assignment: Sequence[int]) -> bool:
@@ -119,6 +120,21 @@ def boundary_bytes(problem: Problem, assignment: Sequence[int], stages: int) -> 
     for (src, b), nbytes in per_src.items():
         out[b] += min(nbytes, problem.output_bytes[src])
     return out
+
+
+def boundary_tensors(graph: Graph, names: Sequence[str], assignment: Sequence[int], stages: int) -> list[int]:
+    """Tensors per microbatch crossing each stage boundary (index s: from stage s to s+1): every tensor made before
+    the boundary and read after it, as the runtime sends them (runtime/split.py's live-in sets: a skip connection's
+    tensor is forwarded by the stages it spans, one tensor of each boundary). An edge that names no tensors (an
+    imported profile) is one tensor of its source."""
+    stage_of = {names[i]: assignment[i] for i in range(len(names))}
+    crossing: list[set[str]] = [set() for _ in range(max(0, stages - 1))]
+    for e in graph.edges:
+        if e.src not in stage_of or e.dst not in stage_of:
+            continue
+        for b in range(stage_of[e.src], stage_of[e.dst]):
+            crossing[b].update(f"{e.src}/{t}" for t in e.tensors or [""])
+    return [len(c) for c in crossing] + [0] * (stages > 0)
 
 
 def shared_stages(graph: Graph, names: Sequence[str], assignment: Sequence[int]) -> list[tuple[SharedParam, list[int]]]:
@@ -344,6 +360,10 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     remote = [list(ranks[s]) != list(ranks[s + 1]) for s in range(S - 1)]
     msg = [(in_bytes[s] if s > 0 and remote[s - 1] else 0) + (out_bytes[s] if s < S - 1 and remote[s] else 0)
            for s in range(S)]
+    # torch posts a message per tensor, each with its own cost (HardwareProfile.overhead_for's per-tensor term)
+    cut_tensors = boundary_tensors(graph, problem.names, assignment, S)
+    extra = [(max(0, cut_tensors[s - 1] - 1) if s > 0 and remote[s - 1] else 0)
+             + (max(0, cut_tensors[s] - 1) if s < S - 1 and remote[s] else 0) for s in range(S)]
     wgrad = _wgrad(problem, graph, assignment, S, slow) if splits else []
     rec_w: list[float] = []
     split: list[float] = []
@@ -355,7 +375,7 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
         fresh = [min(f, w) for f, w in zip(fresh, wgrad, strict=True)]  # the adds are part of W (AccumulateGrad)
         rec_w = _w_reruns(layers, rec) if rc else []
     return StageInputs(fwd, bwd, rec, send, allreduce, sync.fwd, sync.bwd, out_bytes, static, act, rbytes, memory,
-                       msg, opt, wgrad, [list(used) for _, used in shared], fresh, rec_w, split)
+                       msg, opt, wgrad, [list(used) for _, used in shared], fresh, rec_w, split, extra)
 
 
 def _split_extra(profile: HardwareProfile, layers: Sequence[Sequence[Layer]], slow: float,

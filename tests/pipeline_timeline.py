@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pipeplan.hardware_profiles.op_overhead import CHUNKS, SCHEDULES, SHAPES, depends_on
+from pipeplan.hardware_profiles.op_overhead import CHUNKS, SHAPES, depends_on, shape_schedules
 from pipeplan.schedules import local_order, stage_device
 from pipeplan.v_orders import zbv_order
 
@@ -39,10 +39,10 @@ def orders(schedule: str, M: int) -> tuple[list, list]:
 
 
 def timeline(schedule: str, M: int, f: float, b: float, gap: float, transfer: float,
-             stolen: float = 0.0) -> tuple[list, list]:
+             stolen: float = 0.0, gap_of: Callable[[str, int], float] | None = None) -> tuple[list, list]:
     """Events of a pipeline in which every op starts exactly `gap` after it could have (a dependency on the other
-    rank: `transfer` after it ended; the schedule's placement says which rank a stage is on), and during every op
-    other threads used `stolen` seconds of CPU."""
+    rank: `transfer` after it ended; the schedule's placement says which rank a stage is on), plus `gap_of(kind,
+    stage)` where given, and during every op other threads used `stolen` seconds of CPU."""
     order = orders(schedule, M)
     stages = 2 * CHUNKS[schedule]
     events: list[list] = [[], []]
@@ -57,12 +57,21 @@ def timeline(schedule: str, M: int, f: float, b: float, gap: float, transfer: fl
                     break
                 cross = dep is not None and stage_device(schedule, dep[1], 2) != r
                 ready = [t for t in (free[r], end[dep] + (transfer if cross else 0.0) if dep else None) if t is not None]
-                start = (max(ready) if ready else 0.0) + gap
+                start = (max(ready) if ready else 0.0) + gap + (gap_of(kind, stage) if gap_of else 0.0)
                 stop = start + (f if kind == "F" else b)
                 events[r].append((kind, stage, m, start, stop, stolen))
                 end[(kind, stage, m)] = free[r] = stop
                 ptr[r] += 1
     return events[0], events[1]
+
+
+def messages(schedule: str, kind: str, stage: int) -> int:
+    """Messages an op of the calibration's 2-rank pipeline sends or receives: one per neighbouring stage on the
+    other rank (written from the placement, not from the code under test); a W none."""
+    last = 2 * CHUNKS[schedule] - 1
+    here = stage_device(schedule, stage, 2)
+    return 0 if kind == "W" else sum(1 for n in (stage - 1, stage + 1) if 0 <= n <= last
+                                     and stage_device(schedule, n, 2) != here)
 
 
 def charged_per_op(schedule: str, M: int, gap: float) -> float:
@@ -78,8 +87,8 @@ def per_rank_events(steps_of: Callable[[str, str], list[tuple[list, list]]]) -> 
     every measured schedule and stage shape: `steps_of(schedule, shape)` gives each step's (rank 0, rank 1)
     timelines."""
     per_rank: list[dict] = [{}, {}]
-    for schedule in SCHEDULES:
-        for shape in SHAPES:
+    for shape in SHAPES:
+        for schedule in shape_schedules(shape):
             steps = steps_of(schedule, shape)
             for r in (0, 1):
                 per_rank[r][f"{shape}/{schedule}"] = [step[r] for step in steps]

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import pipeplan.hardware_profiles.calibrate as calibrate_mod
-from pipeline_timeline import charged_per_op, per_rank_events, timeline
+from pipeline_timeline import charged_per_op, messages, per_rank_events, timeline
 from pipeplan.cli.main import cli
 from pipeplan.costmodels.comm import allreduce_time_s
 from pipeplan.errors import UserError
@@ -67,6 +67,7 @@ FAKE_P2P = {4: 50e-6, 64 * 1024: 50e-6 + 64 * 1024 / 2e9, MIB: 50e-6 + MIB / 2e9
 
 FAKE_GAP_S = {"gpipe": (8e-4, 0.0), "1f1b": (2e-4, 1e-10), "interleaved": (3e-4, 2e-10),  # per op: fixed s, s per byte moved
               "zb-h1": (1e-4, 1e-10), "zb-v": (4e-4, 3e-10), "pipedream": (6e-4, 5e-10)}
+FAKE_TENSOR_S = {"gpipe": 3e-4, "1f1b": 2e-4, "interleaved": 1e-4, "zb-h1": 4e-4, "zb-v": 5e-4}  # per extra tensor
 # gloo collectives of a 2-rank group: (bandwidth B/s, latency s) each, timed through the ring formulas
 FAKE_OPTIMIZER_S = {"sgd": 2e-6, "momentum": 6e-6, "adam": 22e-6, "adamw": 25e-6}  # per parameter tensor
 FAKE_PARAM_S = {"sgd": 0.5e-9, "momentum": 1.1e-9, "adam": 3.3e-9, "adamw": 3.5e-9}  # per parameter
@@ -91,7 +92,13 @@ def fake_pipeline_events() -> list[dict]:
         fixed, per_byte = FAKE_GAP_S[schedule]
         nbytes = op_overhead.message_bytes(shape)
         gap, transfer = fixed + per_byte * nbytes, 50e-6 + nbytes / 2e9
-        return [timeline(schedule, op_overhead.MICROBATCHES, 3e-3, 6e-3, gap, transfer) for _ in range(2)]
+        tensors = op_overhead.TENSORS[shape] - 1  # each message's tensors beyond one
+
+        def per_tensor(kind: str, stage: int) -> float:
+            return FAKE_TENSOR_S.get(schedule, 0.0) * tensors * messages(schedule, kind, stage)
+
+        return [timeline(schedule, op_overhead.MICROBATCHES, 3e-3, 6e-3, gap, transfer, gap_of=per_tensor)
+                for _ in range(2)]
 
     return per_rank_events(steps_of)
 
@@ -170,6 +177,10 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
     assert p.op_overhead_s == pytest.approx({k: charged_per_op(k, M, v[0]) for k, v in FAKE_GAP_S.items()}, abs=1e-12)
     assert p.op_overhead_s_per_byte == pytest.approx({k: charged_per_op(k, M, v[1]) for k, v in FAKE_GAP_S.items()},
                                                      abs=1e-16)
+    # one message an op (ZB-V's turn is none), so the charge is the figure; interleaved's middle stages have two
+    assert p.op_overhead_s_per_tensor == pytest.approx(FAKE_TENSOR_S, rel=0.01)
+    assert {k: v for k, v in p.op_overhead_s_per_tensor.items() if k != "interleaved"} == pytest.approx(
+        {k: v for k, v in FAKE_TENSOR_S.items() if k != "interleaved"}, rel=1e-9)
     # ZB-V, written out: 96 ops a step (2 ranks x 2 stages x M x F, B, W), 95 with a gap, 63 of those F or B
     assert M == 8 and p.op_overhead_s["zb-v"] == pytest.approx(4e-4 * 95 / 63, abs=1e-12)
     # each rank alone averages 1.2x slower together, but in every round one of them ran 1.3x slower,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from pipeline_timeline import charged_per_op, orders, per_rank_events, timeline
+from pipeline_timeline import charged_per_op, messages, orders, per_rank_events, timeline
 from pipeplan.cli.main import cli
 from pipeplan.hardware_profiles import load_profile
 from pipeplan.hardware_profiles.loader import save_profile
@@ -16,9 +16,11 @@ from pipeplan.hardware_profiles.op_overhead import (
     SCHEDULES,
     SHAPES,
     SOLO,
+    TENSORS,
     message_bytes,
     op_gaps_s,
     op_overhead_s,
+    shape_schedules,
 )
 from pipeplan.schedules import SCHEDULE_NAMES
 
@@ -64,7 +66,7 @@ def test_overhead_is_a_line_through_the_mean_gaps_of_the_two_message_sizes():
         return [timeline(schedule, 8, 3e-3, 6e-3, truth[schedule][0] + truth[schedule][1] * n, link(n))
                 for _ in range(3)]
 
-    fixed, per_byte, detail = op_overhead_s(per_rank_events(steps_of), link)
+    fixed, per_byte, _, detail = op_overhead_s(per_rank_events(steps_of), link)
     assert fixed == pytest.approx({k: charged_per_op(k, 8, v[0]) for k, v in truth.items()}, abs=1e-12)
     assert per_byte == pytest.approx({k: charged_per_op(k, 8, v[1]) for k, v in truth.items()}, abs=1e-16)
     assert charged_per_op("zb-h1", 8, 1.0) == pytest.approx(47 / 31)  # 48 ops a step, 32 of them F or B
@@ -73,6 +75,33 @@ def test_overhead_is_a_line_through_the_mean_gaps_of_the_two_message_sizes():
     assert per_byte["zb-v"] == pytest.approx(6e-10 * 95 / 63, abs=1e-16)
     assert charged_per_op("1f1b", 8, 1.0) == 1.0
     assert detail["small_1f1b"]["compute_per_op_ms"] == pytest.approx(4.5)  # 8 F of 3 ms and 8 B of 6 ms per rank
+
+
+def test_each_tensor_beyond_one_that_a_message_carries_is_charged_per_tensor():
+    """The "split" shape sends the large shape's bytes as 4 tensors. Each op starts 0.2 ms late plus, at that shape,
+    `per_tensor` for each of the 3 extra tensors of each of its messages (a middle stage of interleaved's 4 sends
+    and receives: 6; ZB-V's turn none). The fit divides what the split shape is charged beyond the large one by
+    the extra tensors of a mean op: each schedule's figure back, up to the first op's share (it has no gap)."""
+    truth = {"gpipe": 3e-4, "1f1b": 2e-4, "interleaved": 1e-4, "zb-h1": 4e-4, "zb-v": 5e-4}
+    assert set(truth) == set(shape_schedules("split")) and TENSORS["split"] == 4
+    assert message_bytes("split") == message_bytes("large")
+
+    def steps_of(schedule: str, shape: str) -> list[tuple[list, list]]:
+        extra = (lambda kind, stage: 3 * truth[schedule] * messages(schedule, kind, stage)) if shape == "split" else None
+        return [timeline(schedule, 8, 3e-3, 6e-3, 2e-4, 1e-4, gap_of=extra) for _ in range(3)]
+
+    fixed, per_byte, per_tensor, _ = op_overhead_s(per_rank_events(steps_of), lambda nbytes: 1e-4)
+    assert set(per_tensor) == set(truth)
+    for schedule, want in truth.items():
+        first, second = orders(schedule, 8)
+        fb = [op for op in first + second if op[0] != "W"]
+        total = sum(messages(schedule, kind, stage) for kind, stage, _ in fb)
+        assert total == 32 * (1.5 if schedule == "interleaved" else 1) * CHUNKS[schedule]
+        charged = want * (total - messages(schedule, *first[0][:2])) / (len(fb) - 1)  # all but the first op
+        assert per_tensor[schedule] == pytest.approx(charged / (total / len(fb)), rel=1e-9)
+        assert per_tensor[schedule] == pytest.approx(want, rel=0.02)
+    assert fixed == pytest.approx({k: charged_per_op(k, 8, 2e-4) for k in SCHEDULES}, abs=1e-12)
+    assert per_byte == pytest.approx({k: 0.0 for k in SCHEDULES}, abs=1e-16)
 
 
 def test_cpu_that_gloo_threads_take_from_the_ops_is_charged_with_the_gaps():
@@ -87,7 +116,7 @@ def test_cpu_that_gloo_threads_take_from_the_ops_is_charged_with_the_gaps():
         gap, stolen = gap_line[0] + gap_line[1] * n, stolen_line[0] + stolen_line[1] * n
         return [timeline(schedule, 8, 3e-3, 6e-3, gap, link(n), stolen) for _ in range(3)]
 
-    fixed, per_byte, detail = op_overhead_s(per_rank_events(steps_of), link)
+    fixed, per_byte, _, detail = op_overhead_s(per_rank_events(steps_of), link)
     for schedule in SCHEDULES:
         first, second = orders(schedule, 8)
         ops = first + second
@@ -137,7 +166,7 @@ def test_ops_longer_than_alone_are_reported_not_charged():
         for rank in (0, 1):
             solo = [op for i in range(4) for op in (("F", rank, i, 0.0, 2.5e-3, 0.0), ("B", rank, i, 0.0, 5e-3, 0.0))]
             per_rank[rank][f"{shape}/{SOLO}"] = [solo]
-    fixed, per_byte, detail = op_overhead_s(per_rank, lambda nbytes: 1e-4)
+    fixed, per_byte, _, detail = op_overhead_s(per_rank, lambda nbytes: 1e-4)
     M = 8
     excess_us = {k: 750.0 for k in SCHEDULES} | {"zb-h1": (M * 500 + M * 1000 + M * 6000) / (2 * M),
                                                  "zb-v": (2 * M * 500 + 2 * M * 1000 + 2 * M * 6000) / (4 * M)}
@@ -173,6 +202,8 @@ def test_profile_keeps_overhead_per_schedule_and_falls_back_to_1f1b(tmp_path):
     again = load_profile(str(tmp_path / "again.yaml"))
     assert again.op_overhead_s == pytest.approx(prof.op_overhead_s)
     assert again.op_overhead_s_per_byte == pytest.approx(prof.op_overhead_s_per_byte)
+    assert prof.op_overhead_s_per_tensor == again.op_overhead_s_per_tensor == {}
+    assert prof.overhead_for("1f1b", 0, extra_tensors=3) == pytest.approx(2.505e-4)  # no per-tensor term measured
     path.write_text(BASE)
     assert load_profile(str(path)).overhead_for("gpipe") == 0.0  # catalogue profiles: not measured
 
@@ -187,6 +218,27 @@ def test_unmeasured_schedules_take_the_nearest_measured_runtime(tmp_path):
                "pipedream-2bw": 700 + 1000, "zb-v": 800 + 400, "dualpipev": 800 + 400}
     assert {k: prof.overhead_for(k, 2**20) * 1e6 for k in want_us} == pytest.approx(want_us)
     assert set(want_us) == set(SCHEDULE_NAMES)
+
+
+def test_the_per_tensor_term_is_the_schedules_own_else_the_nearest_torch_schedules(tmp_path):
+    """calibrate measures the per-tensor term for the torch schedules only: PipeDream's loop (and 2BW) take 1F1B's
+    (one stage a rank; the loop, too, sends each tensor of a cut as its own message), DualPipeV ZB-V's; it adds to
+    the fixed and per-byte terms and survives a save and load."""
+    path = tmp_path / "box.yaml"
+    path.write_text(BASE + "op_overhead_us: {gpipe: 900, 1f1b: 200, interleaved: 600, zb-h1: 300, zb-v: 800, "
+                    "pipedream: 700}\nop_overhead_us_per_mib: {1f1b: 100}\n"
+                    "op_overhead_us_per_tensor: {gpipe: 50, 1f1b: 30, interleaved: 70, zb-h1: 40, zb-v: 60}\n")
+    prof = load_profile(str(path))
+    fixed = {"gpipe": 900, "1f1b": 200 + 100, "interleaved": 600, "zb-h1": 300, "zb-v": 800, "dualpipev": 800,
+             "pipedream": 700, "pipedream-2bw": 700}
+    per_tensor = {"gpipe": 50, "1f1b": 30, "interleaved": 70, "zb-h1": 40, "zb-v": 60, "dualpipev": 60,
+                  "pipedream": 30, "pipedream-2bw": 30}
+    assert set(fixed) == set(SCHEDULE_NAMES)
+    got = {k: prof.overhead_for(k, 2**20, extra_tensors=3) * 1e6 for k in fixed}
+    assert got == pytest.approx({k: fixed[k] + 3 * per_tensor[k] for k in fixed})
+    save_profile(prof, tmp_path / "again.yaml")
+    assert load_profile(str(tmp_path / "again.yaml")).op_overhead_s_per_tensor == pytest.approx(
+        {k: v * 1e-6 for k, v in per_tensor.items() if k in ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")})
 
 
 def test_a_profile_calibrated_before_zb_v_was_measured_gives_the_v_schedules_interleaved(tmp_path):
@@ -226,7 +278,7 @@ def test_bad_concurrency_slowdown_exits_2(tmp_path, text):
     ("900", "mapping"),
     ("{gpipe: '5 us'}", "plain number"),
 ])
-@pytest.mark.parametrize("field", ["op_overhead_us", "op_overhead_us_per_mib"])
+@pytest.mark.parametrize("field", ["op_overhead_us", "op_overhead_us_per_mib", "op_overhead_us_per_tensor"])
 def test_bad_overhead_exits_2_naming_the_field(tmp_path, value, words, field):
     path = tmp_path / "box.yaml"
     path.write_text(BASE + f"{field}: {value}\n")
@@ -298,5 +350,5 @@ def _fit_one(per_rank, schedule, link):
         for name in SCHEDULES:
             for shape in SHAPES:
                 full[r][f"{shape}/{name}"] = per_rank[r][f"{shape}/{schedule}"]
-    fixed, per_byte, _ = op_overhead_s(full, link)
+    fixed, per_byte, _, _ = op_overhead_s(full, link)
     return fixed[schedule], per_byte[schedule]
