@@ -24,7 +24,12 @@ when that op ran on the other rank). That gap grows with the tensors the op send
 and receives, so two stage shapes with the same compute but 4x different
 activations are run, and per schedule the gaps are fitted as `fixed + per_byte x
 bytes the op sends and receives` (per shape, the median over steps of a step's mean gap,
-as the runtime reports its median step). The schedule simulator adds that to every forward
+as the runtime reports its median step). It also grows with the tensors a cut carries:
+torch posts one gloo message per tensor, and skip connections make cuts of several
+(examples/unet.py's up to 4). So the larger shape runs again with its cut sent as 4
+tensors of the same bytes, and what that adds is charged per extra tensor (a probe
+by hand, 1F1B on 2 ranks: ~0.45 ms a step for each extra tensor a rank sends or
+receives, benchmarks/RESULTS.md). The schedule simulator adds that to every forward
 and backward (planner/predict.py; a zero-bubble W's gap, ZB-H1's and ZB-V's, is
 charged to the forwards and backwards, which is where the simulator adds it).
 
@@ -62,7 +67,9 @@ STEPS, WARMUP = 5, 2
 # Every shape and schedule is run this many times, the rounds one after another over all of them, so that the
 # medians over steps span the whole measurement: run once each, a shape's few steps all fell within a fraction of a
 # second, and a passing burst of the host's other tenants moved one schedule's fitted terms 2-8x between
-# calibrations (1F1B per extra tensor 55 and 434 µs, GPipe fixed 332 and 102 µs, runtime_bench 2026-11-27).
+# calibrations (1F1B per extra tensor 55 and 434 µs, GPipe fixed 332 and 102 µs, runtime_bench 2026-11-27). In 2
+# rounds of 3 timed steps, three calibrations in a row gave 290, 385 and 392 µs and 466, 396 and 438 µs; the
+# phase takes ~30 s instead of ~20.
 ROUNDS = 2
 # The schedules measured here: GPipe, 1F1B and ZB-H1 (one stage a rank), interleaved 1F1B (two a rank: twice
 # the ops, each posting its own sends and receives; taking 1F1B's figure for it left examples/gpt.py's
