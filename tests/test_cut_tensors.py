@@ -15,6 +15,7 @@ from pipeplan.hardware_profiles import load_profile
 from pipeplan.planner.predict import evaluate
 from pipeplan.planner.predict_inputs import boundary_tensors
 from pipeplan.runtime.split import split_program
+from test_op_overhead import BASE
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -50,18 +51,7 @@ def test_each_cut_carries_the_tensors_the_runtime_sends_across_it(name):
     assert max(seen) > 1  # the examples' skips: some cut carries several tensors
 
 
-BOX = """format: pipeplan.profile/v1
-name: box
-device: test
-memory_gib: 8
-usable_memory_gib: 7
-memory_bandwidth_gbps: 20
-peak_tflops: {fp32: 0.1}
-devices_per_node: 4
-intra_node: {kind: loopback, bandwidth_gbps: 5, latency_us: 70}
-inter_node: {kind: loopback, bandwidth_gbps: 5, latency_us: 70}
-op_overhead_us: {1f1b: 200}
-"""
+BOX = BASE + "op_overhead_us: {1f1b: 200}\n"  # a local-like profile: the runtime's 200 µs an op
 
 
 def test_a_stage_is_charged_for_each_extra_tensor_its_messages_carry(tmp_path):
