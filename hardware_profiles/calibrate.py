@@ -271,8 +271,8 @@ def measure_p2p(timeout_s: float = 240.0) -> P2PResult:
     op timings from `pipeline_ops.run_pipeline`, and each rank's `concurrency_probe` (alone, together).
 
     `timeout_s` bounds a hang, not the work: the whole phase (spawn, link, collectives, probe and six
-    schedules' pipelines, three rounds of three shapes) ran 46 s on this repo's 2-core VM with the host quiet;
-    one round of two shapes had run 20 s quiet and 41 s under its neighbours' load, so 240 s leaves ~2.5x."""
+    schedules' pipelines, two rounds of three shapes) ran ~30 s on this repo's 2-core VM with the host quiet;
+    one round of two shapes had run 20 s quiet and 41 s under its neighbours' load, so 240 s leaves ~4x."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # fork after OpenMP/MKL init can deadlock
