@@ -352,3 +352,16 @@ def _fit_one(per_rank, schedule, link):
                 full[r][f"{shape}/{name}"] = per_rank[r][f"{shape}/{schedule}"]
     fixed, per_byte, _, _ = op_overhead_s(full, link)
     return fixed[schedule], per_byte[schedule]
+
+
+def test_profiles_show_lists_the_runtime_cost_per_op(tmp_path):
+    """`profiles show` of a calibrated profile states each schedule's terms as the prediction adds them."""
+    path = tmp_path / "box.yaml"
+    path.write_text(BASE + "op_overhead_us: {gpipe: 900, 1f1b: 250}\nop_overhead_us_per_mib: {1f1b: 300}\n"
+                    "op_overhead_us_per_tensor: {1f1b: 40}\n")
+    r = CliRunner().invoke(cli, ["profiles", "show", str(path)], env={"COLUMNS": "400"})
+    assert r.exit_code == 0, r.output
+    row = next(line for line in r.output.splitlines() if "runtime per op" in line)
+    assert "gpipe 900 µs + 0 µs/MiB; 1f1b 250 µs + 300 µs/MiB + 40 µs/extra tensor" in row
+    path.write_text(BASE)
+    assert "runtime per op" not in CliRunner().invoke(cli, ["profiles", "show", str(path)]).output
