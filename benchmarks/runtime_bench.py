@@ -373,10 +373,7 @@ def _configs() -> str:
 
 
 def write_results(rows, speedups, profiles, profile_desc, args, capacities) -> None:
-    overhead = "; ".join(", ".join(f"{k} {v * 1e6:.0f} µs + {p.op_overhead_s_per_byte.get(k, 0) * 2**20 * 1e6:.0f} µs/MiB"
-                                   + (f" + {p.op_overhead_s_per_tensor[k] * 1e6:.0f} µs/tensor"
-                                      if k in p.op_overhead_s_per_tensor else "")
-                                   for k, v in p.op_overhead_s.items()) or "none" for p in profiles)
+    overhead = " | ".join(p.op_overhead_text() or "none" for p in profiles)
     slowdowns = ", ".join(f"{p.concurrency_slowdown:.3f}" for p in profiles)
     subset = "wide_mlp" not in args.examples
     command = ("python benchmarks/runtime_bench.py" + (f" --profile {args.profile}" if args.profile else "")

@@ -39,16 +39,6 @@ def _origin(p: HardwareProfile) -> str:
     return "local" if p.local else "user"
 
 
-def _runtime_per_op(p: HardwareProfile) -> str:
-    """The pipeline runtime's measured cost around each op, per schedule, as the prediction adds it
-    (HardwareProfile.overhead_for): fixed + per MiB the op moves + per tensor its messages carry beyond one."""
-    def terms(k: str, fixed_s: float) -> str:
-        out = f"{k} {fixed_s * 1e6:.0f} µs + {p.op_overhead_s_per_byte.get(k, 0.0) * 2**20 * 1e6:.0f} µs/MiB"
-        return out + (f" + {p.op_overhead_s_per_tensor[k] * 1e6:.0f} µs/extra tensor"
-                      if k in p.op_overhead_s_per_tensor else "")
-    return "; ".join(terms(k, v) for k, v in p.op_overhead_s.items())
-
-
 def _as_json(p: HardwareProfile) -> dict:
     d = profile_to_dict(p)
     d["origin"] = _origin(p)
@@ -113,7 +103,7 @@ def show_cmd(name: str, as_json: bool) -> None:
     t.add_row("inter-node link", _link(p.inter_node))
     t.add_row("efficiency overrides", ", ".join(f"{k}={v:.3g}" for k, v in p.efficiency.items()) or "— (cost-model defaults)")
     if p.op_overhead_s:
-        t.add_row("runtime per op", _runtime_per_op(p))
+        t.add_row("runtime per op", p.op_overhead_text())
     if p.confidence:
         t.add_row("confidence", ", ".join(f"{k}:{v}" for k, v in p.confidence.items()))
     if p.notes:

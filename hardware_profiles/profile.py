@@ -107,6 +107,14 @@ class HardwareProfile:
         per_tensor = self.op_overhead_s_per_tensor.get(self._nearest(schedule, self.op_overhead_s_per_tensor), 0.0)
         return float(self.op_overhead_s.get(fixed, 0.0) + per_byte * nbytes + per_tensor * extra_tensors)
 
+    def op_overhead_text(self) -> str:
+        """Each measured schedule's terms of `overhead_for`, for people ("" where nothing was measured)."""
+        def terms(k: str, fixed_s: float) -> str:
+            out = f"{k} {fixed_s * 1e6:.0f} µs + {self.op_overhead_s_per_byte.get(k, 0.0) * 2**20 * 1e6:.0f} µs/MiB"
+            return out + (f" + {self.op_overhead_s_per_tensor[k] * 1e6:.0f} µs/extra tensor"
+                          if k in self.op_overhead_s_per_tensor else "")
+        return "; ".join(terms(k, v) for k, v in self.op_overhead_s.items())
+
     @staticmethod
     def _nearest(schedule: str, measured: dict[str, float]) -> str:
         """The key of `measured` that stands for `schedule` (`overhead_for`'s order), "1f1b" where none does."""

@@ -358,12 +358,9 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     # An op's messages: a forward receives its input and sends its output, a backward the gradients of both; a
     # boundary between two stages on the same devices (the turn of a V) is a hand-over in memory, no message.
     remote = [list(ranks[s]) != list(ranks[s + 1]) for s in range(S - 1)]
-    msg = [(in_bytes[s] if s > 0 and remote[s - 1] else 0) + (out_bytes[s] if s < S - 1 and remote[s] else 0)
-           for s in range(S)]
+    msg = _over_remote_cuts(out_bytes, remote)
     # torch posts a message per tensor, each with its own cost (HardwareProfile.overhead_for's per-tensor term)
-    cut_tensors = boundary_tensors(graph, problem.names, assignment, S)
-    extra = [(max(0, cut_tensors[s - 1] - 1) if s > 0 and remote[s - 1] else 0)
-             + (max(0, cut_tensors[s] - 1) if s < S - 1 and remote[s] else 0) for s in range(S)]
+    extra = _over_remote_cuts([max(0, n - 1) for n in boundary_tensors(graph, problem.names, assignment, S)], remote)
     wgrad = _wgrad(problem, graph, assignment, S, slow) if splits else []
     rec_w: list[float] = []
     split: list[float] = []
@@ -376,6 +373,15 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
         rec_w = _w_reruns(layers, rec) if rc else []
     return StageInputs(fwd, bwd, rec, send, allreduce, sync.fwd, sync.bwd, out_bytes, static, act, rbytes, memory,
                        msg, opt, wgrad, [list(used) for _, used in shared], fresh, rec_w, split, extra)
+
+
+def _over_remote_cuts(per_cut: Sequence[int], remote: Sequence[bool]) -> list[int]:
+    """Per stage, the sum of `per_cut` (index s: the boundary from stage s to s+1) over the stage's two boundaries
+    that cross devices: what an op receives and sends. A boundary between two stages on the same devices (the turn
+    of a V) is a hand-over in memory, no message."""
+    S = len(remote) + 1
+    return [(per_cut[s - 1] if s > 0 and remote[s - 1] else 0) + (per_cut[s] if s < S - 1 and remote[s] else 0)
+            for s in range(S)]
 
 
 def _split_extra(profile: HardwareProfile, layers: Sequence[Sequence[Layer]], slow: float,
