@@ -38,9 +38,21 @@ WARMUP = 2
 RING_FACTORS = {"allreduce": (1.0, 2.0), "reduce_scatter": (0.5, 1.0), "all_gather": (0.5, 1.0)}
 
 
+def reduce_scatter_op(dist: Any) -> Any:
+    """torch.distributed's reduce-scatter into one tensor: `reduce_scatter_single` from torch 2.13, where the old
+    name `reduce_scatter_tensor` (the same arguments) warns on every call, on every rank; the old name before."""
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def all_gather_op(dist: Any) -> Any:
+    """The same for all-gather into one tensor: `all_gather_single`, formerly `all_gather_into_tensor`."""
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def time_collectives(dist: Any, torch: Any) -> dict[str, dict[int, float]]:
     """Mean seconds per size of each collective (call on both ranks of an initialised 2-rank group)."""
     out: dict[str, dict[int, float]] = {op: {} for op in RING_FACTORS}
+    reduce_scatter, all_gather = reduce_scatter_op(dist), all_gather_op(dist)
     for nbytes, reps in zip(SIZES, REPS, strict=True):
         whole, half = torch.ones(nbytes // 4), torch.ones(nbytes // 8)
         for op in RING_FACTORS:
@@ -51,9 +63,9 @@ def time_collectives(dist: Any, torch: Any) -> dict[str, dict[int, float]]:
                 if op == "allreduce":
                     dist.all_reduce(whole)
                 elif op == "reduce_scatter":
-                    dist.reduce_scatter_tensor(half, whole)
+                    reduce_scatter(half, whole)
                 else:
-                    dist.all_gather_into_tensor(whole, half)
+                    all_gather(whole, half)
                 if i >= WARMUP:
                     times.append(time.perf_counter() - t0)
             out[op][nbytes] = sum(times) / len(times)

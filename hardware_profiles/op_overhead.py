@@ -21,10 +21,10 @@ runs the same). We record when every op starts and ends,
 and charge each op the time between "could start" and "started": ready = max(end of
 the rank's previous op, end of the op it depends on + the idle link's transfer time
 when that op ran on the other rank). That gap grows with the tensors the op sends
-and receives, so two stage shapes with the same compute but 4x different
-activations are run, and per schedule the gaps are fitted as `fixed + per_byte x
-bytes the op sends and receives` (per shape, the median over steps of a step's mean gap,
-as the runtime reports its median step). It also grows with the tensors a cut carries:
+and receives, so three stage shapes with the same compute and activations of
+0.25, 1 and 2 MiB are run, and per schedule the gaps are fitted (least squares) as
+`fixed + per_byte x bytes the op sends and receives` (per shape, the median over
+steps of a step's mean gap, as the runtime reports its median step). It also grows with the tensors a cut carries:
 torch posts one gloo message per tensor, and skip connections make cuts of several
 (examples/unet.py's up to 4). So the larger shape runs again with its cut sent as 4
 tensors of the same bytes, and what that adds is charged per extra tensor (a probe
@@ -57,11 +57,18 @@ from typing import Any, Final, TypeAlias
 from pipeplan.schedules import ScheduleName, facts
 
 WIDTH = 512
-# name: (rows per microbatch, Linear(WIDTH) + ReLU layers per stage). Equal compute (512 row-layers,
-# ~3 ms forward at ~100 GFLOP/s per core); activations of 256 KiB and 1 MiB; "split" is "large" with its cut sent
-# as TENSORS["split"] tensors of a quarter each (the same bytes), as a cut that skip connections cross is.
-SHAPES = {"small": (128, 4), "large": (512, 1), "split": (512, 1)}
-TENSORS: Final[dict[str, int]] = {"small": 1, "large": 1, "split": 4}
+# name: (rows per microbatch, layers per stage), a layer Linear(WIDTH) + ReLU, or with a HIDDEN width a bottleneck
+# Linear(WIDTH, hidden) + ReLU + Linear(hidden, WIDTH) + ReLU. Equal compute (2^27 multiply-adds a forward, ~3 ms
+# at ~100 GFLOP/s per core); activations of 256 KiB, 1 MiB and 2 MiB; "split" is "large" with its cut sent as
+# TENSORS["split"] tensors of a quarter each (the same bytes), as a cut that skip connections cross is.
+SHAPES = {"small": (128, 4), "large": (512, 1), "split": (512, 1), "wide": (1024, 1)}
+HIDDEN: Final[dict[str, int]] = {"wide": 128}
+TENSORS: Final[dict[str, int]] = {"small": 1, "large": 1, "split": 4, "wide": 1}
+# The one-tensor shapes the per-byte line is fitted through (least squares). With "small" and "large" alone the
+# line spanned 0.75 MiB: GPipe's slope read 111 and 0 µs/MiB in two calibrations of one runtime benchmark, where a
+# probe over 0.25-4 MiB put it at ~185, and examples/unet.py's 1.75 MiB cut under GPipe measured 13.7% slower
+# than predicted (benchmarks/RESULTS.md).
+LINE_SHAPES: Final[tuple[str, ...]] = ("small", "large", "wide")
 MICROBATCHES = 8
 STEPS, WARMUP = 5, 2
 # Every shape and schedule is run this many times, the rounds one after another over all of them, so that the
@@ -90,6 +97,25 @@ Event: TypeAlias = tuple[str, int, int, float, float, float]
 """(kind "F"/"B"/"W", stage, microbatch, start_s, end_s, stolen_s), perf_counter clock (shared by processes); "B"
 is a zero-bubble schedule's input-gradient pass, "W" its weight-gradient pass. `stolen_s`: CPU time the process's
 other threads (gloo's, copying messages) used while the op ran (`time.process_time` less `time.thread_time`)."""
+
+
+def multiply_adds(shape: str) -> int:
+    """A stage's forward multiply-adds per microbatch at `shape` (the shapes keep it equal)."""
+    rows, layers = SHAPES[shape]
+    hidden = HIDDEN.get(shape)
+    return rows * layers * (WIDTH * WIDTH if hidden is None else 2 * WIDTH * hidden)
+
+
+def stage_text(shape: str) -> str:
+    """How the calibration detail describes a shape's stage."""
+    rows, layers = SHAPES[shape]
+    hidden = HIDDEN.get(shape)
+    layer = f"Linear({WIDTH}) + ReLU" if hidden is None else f"(Linear({WIDTH}, {hidden}) + ReLU + Linear({hidden}, " \
+        f"{WIDTH}) + ReLU)"
+    return f"{layers} x {layer}, {rows}-row microbatches, the cut as {TENSORS[shape]} tensor(s), M={MICROBATCHES}"
+
+
+assert len({multiply_adds(s) for s in SHAPES}) == 1, "the shapes' stages must compute alike"
 
 
 def message_bytes(shape: str) -> int:
@@ -165,8 +191,7 @@ def op_overhead_s(
     `_charge_parts`): a zero-bubble W's gap and theft are charged to them, where the simulator adds them.
     `transfer_s(nbytes)` is the idle link's time for a message. Every op of the 2-stage pipeline (and of ZB-V's V:
     its hand-over from stage 1 to 2 stays on the rank) sends or receives exactly one activation or gradient, so
-    the two one-tensor shapes' charges give a line through (bytes, charge); its parts are clamped at 0 (a noisy run
-    may make the larger messages look cheaper). The "split" shape sends the large shape's bytes as several tensors:
+    the one-tensor shapes' charges (LINE_SHAPES) give a line through (bytes, charge) (`fit_line`). The "split" shape sends the large shape's bytes as several tensors:
     what it is charged beyond the large shape, over the extra tensors of an op's messages (`messages_per_op`), is
     the per-tensor term (clamped at 0 too). The detail also keeps how much longer the ops ran than alone
     (`pipeline_ops.solo_events`; the module doc says why that wall-clock figure is not what is charged).
@@ -174,9 +199,7 @@ def op_overhead_s(
     fixed: dict[str, float] = {}
     per_byte: dict[str, float] = {}
     per_tensor: dict[str, float] = {}
-    detail: dict[str, Any] = {
-        "stages": {s: f"{layers} x Linear({WIDTH}) + ReLU, {rows}-row microbatches, the cut as {TENSORS[s]} "
-                      f"tensor(s), M={MICROBATCHES}" for s, (rows, layers) in SHAPES.items()}}
+    detail: dict[str, Any] = {"stages": {s: stage_text(s) for s in SHAPES}}
     for name in SCHEDULES:
         charge = {}
         for shape in SHAPES:
@@ -188,14 +211,22 @@ def op_overhead_s(
             detail[f"{shape}_{name}"] = {"gap_us": round(gap_s * 1e6, 1), "stolen_us": round(stolen_s * 1e6, 1),
                                           "excess_us": round(excess_s * 1e6, 1),
                                           "compute_per_op_ms": round(compute_s * 1e3, 3)}
-        (b0, g0), (b1, g1) = ((message_bytes(shape), charge[shape]) for shape in ("small", "large"))
-        per_byte[name] = max(0.0, (g1 - g0) / (b1 - b0))
-        fixed[name] = max(0.0, g0 - per_byte[name] * b0)
+        fixed[name], per_byte[name] = fit_line([(message_bytes(s), charge[s]) for s in LINE_SHAPES])
         if "split" in charge:
             first, second = _steps(per_rank, f"split/{name}")[0]
             extra = (TENSORS["split"] - 1) * messages_per_op(first, second)
             per_tensor[name] = max(0.0, (charge["split"] - charge["large"]) / extra)
     return fixed, per_byte, per_tensor, detail
+
+
+def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (bytes, charge), each clamped at 0: a noisy run may
+    make larger messages look cheaper (slope 0: the intercept is then the mean charge)."""
+    mean_b = statistics.mean(b for b, _ in points)
+    mean_g = statistics.mean(g for _, g in points)
+    slope = sum((b - mean_b) * (g - mean_g) for b, g in points) / sum((b - mean_b) ** 2 for b, _ in points)
+    slope = max(0.0, slope)
+    return max(0.0, mean_g - slope * mean_b), slope
 
 
 def _charge_parts(per_rank: list[dict[str, list[list[Event]]]], shape: str, name: str,

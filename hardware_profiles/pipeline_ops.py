@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeplan.hardware_profiles.op_overhead import (
     CHUNKS,
+    HIDDEN,
     MICROBATCHES,
     ROUNDS,
     SHAPES,
@@ -53,26 +54,27 @@ def run_pipeline(rank: int) -> dict[str, list[list[Event]]]:
     out: dict[str, list[list[Event]]] = {}
     for round_ in range(ROUNDS):
         for shape, (rows, layers) in SHAPES.items():
+            hidden = HIDDEN.get(shape, WIDTH)
             if round_ == 0:
                 torch.manual_seed(rank)
                 dist.barrier()
-                out[f"{shape}/{SOLO}"] = [solo_events(rank, rows, layers)]
+                out[f"{shape}/{SOLO}"] = [solo_events(rank, rows, layers, hidden)]
             for name in shape_schedules(shape):
                 torch.manual_seed(rank)
                 dist.barrier()
                 out.setdefault(f"{shape}/{name}", []).extend(
-                    _torch_steps(rank, name, rows, layers, TENSORS[shape]) if name in TORCH_SCHEDULES
-                    else [_async_events(rank, rows, layers)])
+                    _torch_steps(rank, name, rows, layers, TENSORS[shape], hidden) if name in TORCH_SCHEDULES
+                    else [_async_events(rank, rows, layers, hidden)])
     return out
 
 
-def solo_events(rank: int, rows: int, layers: int) -> list[Event]:
+def solo_events(rank: int, rows: int, layers: int, hidden: int = WIDTH) -> list[Event]:
     """The stage's forwards and backwards with no pipeline around them, both ranks at once (so they carry the
     slowdown of two busy cores, which the prediction has from `concurrency_slowdown`): what an op of the
     pipelines takes beyond them is gloo's and the schedule's (`excess_us` in the calibration detail)."""
     import torch
 
-    module = _stage_module(layers)
+    module = _stage_module(layers, hidden=hidden)
     params = list(module.parameters())
     events: list[Event] = []
     for i in range(WARMUP + (STEPS - WARMUP) * MICROBATCHES):
@@ -87,16 +89,23 @@ def solo_events(rank: int, rows: int, layers: int) -> list[Event]:
     return events
 
 
-def _stage_module(layers: int, tensors_in: int = 1, tensors_out: int = 1) -> Any:
-    """`layers` x Linear(WIDTH) + ReLU; with several tensors in, it stacks their rows first, with several out it
-    returns its output's rows in that many equal parts, a cut of several tensors."""
+def _stage_module(layers: int, tensors_in: int = 1, tensors_out: int = 1, hidden: int = WIDTH) -> Any:
+    """`layers` x Linear(WIDTH) + ReLU, or with a narrower `hidden` x a bottleneck through it (half the rows'
+    compute a layer at hidden = WIDTH / 4: a wider activation at equal compute); with several tensors in, it stacks
+    their rows first, with several out it returns its output's rows in that many equal parts, a cut of several
+    tensors."""
     import torch
     import torch.nn as nn
+
+    def layer() -> list[nn.Module]:
+        if hidden == WIDTH:
+            return [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
+        return [nn.Linear(WIDTH, hidden), nn.ReLU(), nn.Linear(hidden, WIDTH), nn.ReLU()]
 
     class Stage(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.layers = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())])
+            self.layers = nn.Sequential(*[m for _ in range(layers) for m in layer()])
 
         def forward(self, *xs: Any) -> Any:
             out = self.layers(xs[0] if tensors_in == 1 else torch.cat(xs))
@@ -106,7 +115,8 @@ def _stage_module(layers: int, tensors_in: int = 1, tensors_out: int = 1) -> Any
     return Stage()
 
 
-def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors: int = 1) -> list[list[Event]]:
+def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors: int = 1,
+                 hidden: int = WIDTH) -> list[list[Event]]:
     """`name` under its torch.distributed.pipelining class, every forward and backward (and W) timed, its stages
     where the runtime puts them (pipeplan.schedules.stage_device): stage s on rank s % 2, or ZB-V's V (stages 0 and
     3 on rank 0, 1 and 2 on rank 1, the hand-over from 1 to 2 without a transfer). Every cut carries `tensors`
@@ -120,7 +130,7 @@ def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors:
     events: list[Event] = []
     stages: list[Any] = []
     for index in mine:  # in model order, as the runtime lists a rank's stages
-        module = _stage_module(layers, 1 if index == 0 else tensors, 1 if index == n_stages - 1 else tensors)
+        module = _stage_module(layers, 1 if index == 0 else tensors, 1 if index == n_stages - 1 else tensors, hidden)
         stage = pipelining.PipelineStage(module, index, n_stages, torch.device("cpu"))
 
         def timed(fn: Callable[..., Any], kind: str, index: int = index,
@@ -156,7 +166,7 @@ def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors:
     return steps
 
 
-def _async_events(rank: int, rows: int, layers: int) -> list[Event]:
+def _async_events(rank: int, rows: int, layers: int, hidden: int = WIDTH) -> list[Event]:
     """PipeDream's asynchronous 1F1B on two ranks as runtime/pipedream.py runs it: `local_order` with K - s
     admitted, no flush; each activation an isend of a header and the tensor, its gradient's receive posted
     with it; each gradient an isend; the next activation's receives posted when one arrives
@@ -167,7 +177,7 @@ def _async_events(rank: int, rows: int, layers: int) -> list[Event]:
     import torch
     import torch.distributed as dist
 
-    module, peer = _stage_module(layers), 1 - rank
+    module, peer = _stage_module(layers, hidden=hidden), 1 - rank
     params = list(module.parameters())
     x, header = torch.randn(rows, WIDTH), torch.zeros(HEADER_LEN, dtype=torch.int64)
     events: list[Event] = []

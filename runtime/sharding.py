@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeplan.hardware_profiles.collectives import all_gather_op, reduce_scatter_op
+
 __all__ = ["ShardedParams", "wrap_stage"]
 
 
@@ -68,7 +70,7 @@ class ShardedParams:
         if not self.gathered:
             self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
             self.gathered = True
-        dist.all_gather_into_tensor(self.full, self.master.detach().to(self.full.dtype), group=self.group)
+        all_gather_op(dist)(self.full, self.master.detach().to(self.full.dtype), group=self.group)
 
     # -- gradients -----------------------------------------------------------
     def reduce_scatter_grads(self) -> None:
@@ -78,7 +80,7 @@ class ShardedParams:
         flat = torch.cat(grads + [torch.zeros(self.full.numel() - sum(g.numel() for g in grads), dtype=self.full.dtype,
                                              device=self.full.device)])
         out = torch.empty(self.shard_numel, dtype=flat.dtype, device=flat.device)
-        dist.reduce_scatter_tensor(out, flat, group=self.group)
+        reduce_scatter_op(dist)(out, flat, group=self.group)
         self.grad_shard += out.to(self.grad_shard.dtype)
         for p in self.params:
             p.grad = None

@@ -13,6 +13,7 @@ from pipeplan.hardware_profiles import load_profile
 from pipeplan.hardware_profiles.loader import save_profile
 from pipeplan.hardware_profiles.op_overhead import (
     CHUNKS,
+    LINE_SHAPES,
     SCHEDULES,
     SHAPES,
     SOLO,
@@ -53,7 +54,7 @@ def test_v_placement_charges_no_transfer_at_its_turn_and_one_to_the_last_stage_o
     assert [g for _, g in gaps] == pytest.approx([0.1] * 11, abs=1e-12)
 
 
-def test_overhead_is_a_line_through_the_mean_gaps_of_the_two_message_sizes():
+def test_overhead_is_a_line_through_the_mean_gaps_of_the_message_sizes():
     """Gaps of fixed + per_byte x message, per schedule: the fit recovers both terms exactly (ZB-H1 and ZB-V: with
     their Ws' gaps charged to the forwards and backwards, which is where the simulator adds them)."""
     truth = {"gpipe": (9e-4, 0.0), "1f1b": (2e-4, 3e-10), "interleaved": (3e-4, 2e-10), "zb-h1": (1e-4, 1e-10),
@@ -75,6 +76,47 @@ def test_overhead_is_a_line_through_the_mean_gaps_of_the_two_message_sizes():
     assert per_byte["zb-v"] == pytest.approx(6e-10 * 95 / 63, abs=1e-16)
     assert charged_per_op("1f1b", 8, 1.0) == 1.0
     assert detail["small_1f1b"]["compute_per_op_ms"] == pytest.approx(4.5)  # 8 F of 3 ms and 8 B of 6 ms per rank
+
+
+def test_the_line_is_the_least_squares_fit_over_the_three_message_sizes():
+    """Charges off any one line (each shape's gap its own): the fitted terms are numpy's least-squares line through
+    (bytes, charge) of the one-tensor shapes, 0.25, 1 and 2 MiB; charges that fall with the bytes give slope 0 and
+    their mean."""
+    import numpy as np
+
+    assert sorted(message_bytes(s) for s in LINE_SHAPES) == [2**18, 2**20, 2**21]
+    for gaps in ({"small": 3e-4, "large": 4e-4, "wide": 7e-4, "split": 9e-4},
+                 {"small": 6e-4, "large": 5e-4, "wide": 2e-4, "split": 9e-4}):
+        def steps_of(schedule: str, shape: str, gaps: dict = gaps) -> list[tuple[list, list]]:
+            return [timeline(schedule, 8, 3e-3, 6e-3, gaps[shape], 1e-4) for _ in range(3)]
+
+        fixed, per_byte, _, _ = op_overhead_s(per_rank_events(steps_of), lambda nbytes: 1e-4)
+        xs = [message_bytes(s) for s in LINE_SHAPES]
+        ys = [charged_per_op("1f1b", 8, gaps[s]) for s in LINE_SHAPES]
+        slope, intercept = np.polyfit(xs, ys, 1)
+        if slope > 0:
+            assert (fixed["1f1b"], per_byte["1f1b"]) == pytest.approx((intercept, slope), rel=1e-9)
+        else:
+            assert (fixed["1f1b"], per_byte["1f1b"]) == pytest.approx((float(np.mean(ys)), 0.0), rel=1e-9)
+    assert slope < 0  # the second case is the clamped one
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_every_shape_computes_alike_and_cuts_what_message_bytes_says(shape):
+    """Counted by torch's own FLOP counter on the stage the calibration runs (2 FLOPs a multiply-add): the shapes
+    differ in the bytes a cut carries, not in compute, so a charge's growth is the bytes'."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pipeplan.hardware_profiles.op_overhead import HIDDEN, WIDTH, multiply_adds
+    from pipeplan.hardware_profiles.pipeline_ops import _stage_module
+
+    rows, layers = SHAPES[shape]
+    module = _stage_module(layers, hidden=HIDDEN.get(shape, WIDTH))
+    with FlopCounterMode(display=False) as counter:
+        out = module(torch.randn(rows, WIDTH))
+    assert counter.get_total_flops() == 2 * multiply_adds(shape) == 2 * 2**27
+    assert out.numel() * out.element_size() == message_bytes(shape)
 
 
 def test_each_tensor_beyond_one_that_a_message_carries_is_charged_per_tensor():
