@@ -271,8 +271,8 @@ def measure_p2p(timeout_s: float = 240.0) -> P2PResult:
     op timings from `pipeline_ops.run_pipeline`, and each rank's `concurrency_probe` (alone, together).
 
     `timeout_s` bounds a hang, not the work: the whole phase (spawn, link, collectives, probe and six
-    schedules' pipelines, two rounds of three shapes) ran ~30 s on this repo's 2-core VM with the host quiet;
-    one round of two shapes had run 20 s quiet and 41 s under its neighbours' load, so 240 s leaves ~4x."""
+    schedules' pipelines, two rounds of four shapes) ran ~38 s on this repo's 2-core VM with the host quiet;
+    one round of two shapes had run 20 s quiet and 41 s under its neighbours' load, so 240 s leaves ~3x."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # fork after OpenMP/MKL init can deadlock
@@ -360,8 +360,10 @@ def core_count() -> int:
 def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name: str = "local") -> HardwareProfile:
     """Measure this machine (one core = one device) into a local profile; see the module doc.
 
-    `budget_s` bounds the compute and memory timing loops; starting the two link
-    processes costs a few seconds on top (they import torch), so ~10 s works in tests.
+    `budget_s` caps the compute and memory timing loops, which stop sooner once their
+    rounds agree (~5 s here at any budget); the link, collective and pipeline measurements
+    on two spawned processes take a fixed ~35 s on top (`measure_p2p`), so a calibration
+    takes ~40 s on this repo's 2-core VM whatever the budget.
     """
     import torch
 

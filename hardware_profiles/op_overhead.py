@@ -76,7 +76,7 @@ STEPS, WARMUP = 5, 2
 # second, and a passing burst of the host's other tenants moved one schedule's fitted terms 2-8x between
 # calibrations (1F1B per extra tensor 55 and 434 µs, GPipe fixed 332 and 102 µs, runtime_bench 2026-11-27). In 2
 # rounds of 3 timed steps, three calibrations in a row gave 290, 385 and 392 µs and 466, 396 and 438 µs; the
-# phase takes ~30 s instead of ~20.
+# phase took ~30 s instead of ~20 (~38 s since the "wide" shape).
 ROUNDS = 2
 # The schedules measured here: GPipe, 1F1B and ZB-H1 (one stage a rank), interleaved 1F1B (two a rank: twice
 # the ops, each posting its own sends and receives; taking 1F1B's figure for it left examples/gpt.py's
@@ -191,9 +191,9 @@ def op_overhead_s(
     `_charge_parts`): a zero-bubble W's gap and theft are charged to them, where the simulator adds them.
     `transfer_s(nbytes)` is the idle link's time for a message. Every op of the 2-stage pipeline (and of ZB-V's V:
     its hand-over from stage 1 to 2 stays on the rank) sends or receives exactly one activation or gradient, so
-    the one-tensor shapes' charges (LINE_SHAPES) give a line through (bytes, charge) (`fit_line`). The "split" shape sends the large shape's bytes as several tensors:
-    what it is charged beyond the large shape, over the extra tensors of an op's messages (`messages_per_op`), is
-    the per-tensor term (clamped at 0 too). The detail also keeps how much longer the ops ran than alone
+    the one-tensor shapes' charges (LINE_SHAPES) give a line through (bytes, charge) (`least_squares_line`). The
+    "split" shape sends the large shape's bytes as several tensors: what it is charged beyond the large shape, over
+    the extra tensors of an op's messages (`messages_per_op`), is the per-tensor term (clamped at 0 too). The detail also keeps how much longer the ops ran than alone
     (`pipeline_ops.solo_events`; the module doc says why that wall-clock figure is not what is charged).
     """
     fixed: dict[str, float] = {}
@@ -211,7 +211,7 @@ def op_overhead_s(
             detail[f"{shape}_{name}"] = {"gap_us": round(gap_s * 1e6, 1), "stolen_us": round(stolen_s * 1e6, 1),
                                           "excess_us": round(excess_s * 1e6, 1),
                                           "compute_per_op_ms": round(compute_s * 1e3, 3)}
-        fixed[name], per_byte[name] = fit_line([(message_bytes(s), charge[s]) for s in LINE_SHAPES])
+        fixed[name], per_byte[name] = least_squares_line([(message_bytes(s), charge[s]) for s in LINE_SHAPES])
         if "split" in charge:
             first, second = _steps(per_rank, f"split/{name}")[0]
             extra = (TENSORS["split"] - 1) * messages_per_op(first, second)
@@ -219,7 +219,7 @@ def op_overhead_s(
     return fixed, per_byte, per_tensor, detail
 
 
-def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
+def least_squares_line(points: list[tuple[int, float]]) -> tuple[float, float]:
     """(intercept, slope) of the least-squares line through (bytes, charge), each clamped at 0: a noisy run may
     make larger messages look cheaper (slope 0: the intercept is then the mean charge)."""
     mean_b = statistics.mean(b for b, _ in points)

@@ -256,7 +256,8 @@ def real_run(real_calibration):
 def test_real_calibration_writes_a_loadable_local_profile(real_run):
     r, out, elapsed = real_run
     assert r.exit_code == 0, r.stderr
-    assert elapsed < 45  # the target is 60 s at the default budget
+    # the target is 60 s; the budget caps only the compute loops (~5 s): the pipelines on two processes take ~35 s
+    assert elapsed < 55
     doc = json.loads(r.stdout)  # --json: exactly one JSON document on stdout
     prof = load_profile(str(out))
     assert doc["name"] == prof.name == "local" and prof.local
