@@ -66,8 +66,8 @@ HIDDEN: Final[dict[str, int]] = {"wide": 128}
 TENSORS: Final[dict[str, int]] = {"small": 1, "large": 1, "split": 4, "wide": 1}
 # The one-tensor shapes the per-byte line is fitted through (least squares). With "small" and "large" alone the
 # line spanned 0.75 MiB: GPipe's slope read 111 and 0 µs/MiB in two calibrations of one runtime benchmark, where a
-# probe over 0.25-4 MiB put it at ~185, and examples/unet.py's 1.75 MiB cut under GPipe measured 13.7% slower
-# than predicted (benchmarks/RESULTS.md).
+# probe over 0.25-4 MiB put it at ~185; GPipe on examples/unet.py (a 1.75 MiB cut) was that benchmark's one miss
+# (benchmarks/RESULTS.md).
 LINE_SHAPES: Final[tuple[str, ...]] = ("small", "large", "wide")
 MICROBATCHES = 8
 STEPS, WARMUP = 5, 2
@@ -193,8 +193,9 @@ def op_overhead_s(
     its hand-over from stage 1 to 2 stays on the rank) sends or receives exactly one activation or gradient, so
     the one-tensor shapes' charges (LINE_SHAPES) give a line through (bytes, charge) (`least_squares_line`). The
     "split" shape sends the large shape's bytes as several tensors: what it is charged beyond the large shape, over
-    the extra tensors of an op's messages (`messages_per_op`), is the per-tensor term (clamped at 0 too). The detail also keeps how much longer the ops ran than alone
-    (`pipeline_ops.solo_events`; the module doc says why that wall-clock figure is not what is charged).
+    the extra tensors of an op's messages (`messages_per_op`), is the per-tensor term (clamped at 0 too). The detail
+    also keeps how much longer the ops ran than alone (`pipeline_ops.solo_events`; the module doc says why that
+    wall-clock figure is not what is charged).
     """
     fixed: dict[str, float] = {}
     per_byte: dict[str, float] = {}

@@ -90,10 +90,10 @@ def solo_events(rank: int, rows: int, layers: int, hidden: int = WIDTH) -> list[
 
 
 def _stage_module(layers: int, tensors_in: int = 1, tensors_out: int = 1, hidden: int = WIDTH) -> Any:
-    """`layers` x Linear(WIDTH) + ReLU, or with a narrower `hidden` x a bottleneck through it (half the rows'
-    compute a layer at hidden = WIDTH / 4: a wider activation at equal compute); with several tensors in, it stacks
-    their rows first, with several out it returns its output's rows in that many equal parts, a cut of several
-    tensors."""
+    """`layers` x Linear(WIDTH) + ReLU, or with `hidden` narrower than WIDTH `layers` x a bottleneck Linear(WIDTH,
+    hidden) + ReLU + Linear(hidden, WIDTH) + ReLU (at hidden = WIDTH / 4 half a Linear(WIDTH)'s multiply-adds a
+    row: twice the rows, a cut twice as large, at equal compute); with several tensors in, it stacks their rows
+    first, with several out it returns its output's rows in that many equal parts, a cut of several tensors."""
     import torch
     import torch.nn as nn
 
