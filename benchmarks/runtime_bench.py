@@ -277,10 +277,8 @@ def main(argv=None) -> int:
         for rnd in range(1, args.rounds + 1):
             profile = get_profile()
             profiles.append(profile)
-            console.print(f"profile: concurrency_slowdown {profile.concurrency_slowdown:.3f}, op_overhead_us "
-                          f"{ {k: round(v * 1e6) for k, v in profile.op_overhead_s.items()} }, per MiB "
-                          f"{ {k: round(v * 2**20 * 1e6) for k, v in profile.op_overhead_s_per_byte.items()} }, per "
-                          f"extra tensor { {k: round(v * 1e6) for k, v in profile.op_overhead_s_per_tensor.items()} }")
+            console.print(f"profile: concurrency_slowdown {profile.concurrency_slowdown:.3f}, runtime per op "
+                          f"{profile.op_overhead_text() or 'none'}")
             rows, speedup = run_round(profile, args, console, Path(tmp), rnd)
             for r in rows:
                 console.print(f"  {r['example']} {r['schedule']}: measured {r['measured_s'] * 1e3:.1f} ms, predicted "
