@@ -119,6 +119,17 @@ pipeline8); the one-GPU pipeline rows read 1.04 and 1.00 only because two errors
    column are in the script's output, and tests/test_published_cnn_benchmarks.py fails if a cost-model change
    moves the fit's minimum away from the profiles' value.
 
+10. *The receiver waits for its transfer.* The simulator started each transfer at the producer's end and let it
+   hide behind the receiver's compute, paying it once in the pipeline's fill. The runtimes post a receive only
+   when they come to the op that needs it and wait on it before computing (torch.distributed.pipelining's
+   `_step_microbatches`; torchgpipe copies a clock cycle's inputs at the cycle's fence, then computes), so every
+   op of a receiving stage pays its transfer (planner/simulate.py, `receives_wait`, on every profile without a
+   measured per-op gap). Over NVLink it moves nothing (the Zero Bubble rows by 0-0.01); over the P40s' PCIe,
+   where a U-Net microbatch moves 150-300 MB across each cut, it is what limits 8 stages. torchgpipe's rows
+   with its split: U-Net 1.06/0.96/1.23 -> 1.02/0.86/1.05 at 2/4/8 stages, ResNet-101 0.95/0.94/1.01 ->
+   0.94/0.88/0.92; with pipeplan's own split (the table below) U-Net at 8 stages 1.59 -> 1.24, the gain of 8
+   stages over one GPU predicted 3.6x where torchgpipe measured 3.1x (4.6x before).
+
 Still missing (the rows above 1.15 or below 0.85):
 - *Small ResNets on Pascal.* ResNet-18 and -34 read 1.25-1.40 after the fit, ResNet-50 1.14, the deeper ones
   1.00-1.04. The published differences between the ResNets show that one memory efficiency cannot be right for
@@ -130,12 +141,13 @@ Still missing (the rows above 1.15 or below 0.85):
   mean a poorly filled GPU, which would fit; cuDNN's kernels, which Torch7 ran, are not public. Torch7 also
   computes the first layer's input gradient, which pipeplan does not price (PyTorch skips it). Telling which
   needs per-layer CUDA times.
-- *torchgpipe's U-Net at 8 stages* (1.23, the worst of its rows): with torchgpipe's split the predicted stages
-  are unequal (39 to 111 ms per microbatch before the fit) and its own balanced split predicts far more; either
-  the split torchgpipe tuned on P40s is as unequal as predicted, or per-layer costs at the extremes (the 6x6
-  bottleneck at 2048 channels, the 32-channel decoder at 192x192) are off relative to each other, as the
-  ResNets above suggest. Its skip tensors (up to 300 MB a microbatch) cross PCIe, priced at 16 GB/s on every
-  link; a server whose 8 GPUs hang off two CPU sockets would move them slower. Needs this U-Net's per-layer
+- *torchgpipe at 4 stages* (U-Net 0.86, ResNet-101 0.88 with its split): pipeplan prices a skip connection on
+  every cut it crosses, as its own runtime sends it stage to stage, where torchgpipe's portals copy a skip
+  tensor straight from the stage that stashes it to the one that pops it (`skip_layout.copy_policy`), so the
+  stages between receive less than priced here (pipeplan does not model that routing). With torchgpipe's split
+  the U-Net's stages are also predicted unequal (45 to 130 ms per microbatch at 8 stages) where torchgpipe
+  tuned that split on P40s: per-layer costs at the extremes (the 6x6 bottleneck at 2048 channels, the decoder
+  at 192x192) may be off relative to each other, as the ResNets above suggest. Needs this U-Net's per-layer
   CUDA times (`trace --device cuda`).
 - *H100 at small microbatches* (mpt-13b/h100x8, mb 2: 1.31, the worst row; the other H100 rows 1.00-1.16). The
   overlap slowdown above is a published average, not this run's; the H100 rows' remaining gap is H100-wide

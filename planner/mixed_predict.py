@@ -22,7 +22,13 @@ from pipeplan.planner.cluster import Cluster
 from pipeplan.planner.configs import Config
 from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import Evaluation, _microbatch_size, _simulate, _stage_count, graph_summary
-from pipeplan.planner.predict_inputs import StageInputs, collectives_overlap, overlap_slowdown, stage_inputs
+from pipeplan.planner.predict_inputs import (
+    StageInputs,
+    collectives_overlap,
+    overlap_slowdown,
+    receives_wait,
+    stage_inputs,
+)
 from pipeplan.planner.predict_report import assemble_plan, reruns_per_microbatch_s
 from pipeplan.planner.problem import Problem, build_problem
 from pipeplan.planner.request import PlanRequest
@@ -89,12 +95,13 @@ def mixed_predict(graph: Graph, cluster: Cluster, assignment: Sequence[int], typ
     group_profiles = [cluster.groups[g].profile for g in set(types)]
     overlap = all(collectives_overlap(p) for p in group_profiles)
     slowdown = max(overlap_slowdown(p) for p in group_profiles)
-    sim = _simulate(config, x, overhead_s, keep_events, overlap=overlap, slowdown=slowdown)
+    waits = all(receives_wait(p) for p in group_profiles)
+    sim = _simulate(config, x, overhead_s, keep_events, overlap=overlap, slowdown=slowdown, waits=waits)
     first = types[0]
     plan = assemble_plan(graph, cluster.groups[first].profile, problems[first], assignment, config, request, x, sim,
                          ranks=ranks, reps=reps, dp=dp, mb=mb, devices=S * dp, slow=1.0, overhead_s=overhead_s,
                          solver=dict(solver or {}), graph_info=graph_summary(graph), overlap=overlap,
-                         slowdown=slowdown)
+                         slowdown=slowdown, waits=waits)
     _own_times(plan, problems, assignment, types, x.split)
     return Evaluation(_mixed_record(plan, cluster, types, x, request, graph), sim)
 

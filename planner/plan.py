@@ -120,6 +120,9 @@ class Plan:
     mixed_precision: MixedPrecision = "deepspeed"  # bf16/fp16 gradient dtype recipe (costmodels/memory.py)
     collectives_overlap: bool = True  # ZeRO collectives beside compute (GPU frameworks) or in series (local runtime)
     overlap_slowdown: float = 0.0  # compute beside those collectives runs this much slower (predict_inputs.op_times)
+    # an op waits for its input's transfer once its device reaches it (predict_inputs.receives_wait; False in plans
+    # saved before the rule, which were predicted with transfers from the producer's end)
+    receives_wait: bool = False
     tied_stages: list[list[int]] = field(default_factory=list)  # stages holding one tied parameter (simulate)
 
     def __post_init__(self) -> None:

@@ -65,6 +65,7 @@ def _check_descriptive(f: Fields, doc: dict[str, Any], graph: dict[str, Any]) ->
             f.string(doc[key], key)
     f.boolean(doc.get("recompute", False), "recompute")
     f.boolean(doc.get("collectives_overlap", True), "collectives_overlap")
+    f.boolean(doc.get("receives_wait", False), "receives_wait")
     if f.number(doc.get("overlap_slowdown", 0.0), "overlap_slowdown") >= 1:
         raise f.fail("overlap_slowdown", doc["overlap_slowdown"], "a fraction below 1 (0.189: compute 18.9% slower)")
     for i, group in enumerate(f.items(doc.get("tied_stages", []), "tied_stages")):

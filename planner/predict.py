@@ -37,6 +37,7 @@ from pipeplan.planner.predict_inputs import (
     collectives_overlap,
     op_times,
     overlap_slowdown,
+    receives_wait,
     stage_inputs,
 )
 from pipeplan.planner.predict_report import assemble_plan
@@ -135,12 +136,12 @@ def _microbatch_size(request: PlanRequest, M: int, dp: int) -> int:
 
 
 def _simulate(config: Config, x: StageInputs, overhead_s: Sequence[float], keep_events: bool, *,
-              overlap: bool = True, slowdown: float = 0.0) -> SimResult:
+              overlap: bool = True, slowdown: float = 0.0, waits: bool = False) -> SimResult:
     """The event simulation of one iteration; the runtime's per-op time is part of every op.
 
     A sharded stage's per-microbatch collectives run beside its compute on GPUs and in series with it in
     pipeplan's runtime on a local profile (`overlap`), slowing the compute they overlap by `slowdown`
-    (predict_inputs.op_times)."""
+    (predict_inputs.op_times); `waits`: an op waits for its input's transfer (predict_inputs.receives_wait)."""
     rule = facts(config.schedule)
     rc = config.recompute
     fwd = op_times(x.fwd, x.fwd_comm, overhead_s, overlap=overlap, slowdown=slowdown)
@@ -154,7 +155,8 @@ def _simulate(config: Config, x: StageInputs, overhead_s: Sequence[float], keep_
                     wgrad_s=x.wgrad if rule.splits_backward and x.wgrad else None,
                     tied_stages=x.tied if not rule.flushes else None,
                     fresh_grad_s=x.fresh if any(x.fresh) else None,
-                    recompute_w_s=x.rec_w if rc and x.rec_w else None, keep_events=keep_events)
+                    recompute_w_s=x.rec_w if rc and x.rec_w else None, receives_wait=waits,
+                    keep_events=keep_events)
 
 
 def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], config: Config, request: PlanRequest,
@@ -188,12 +190,12 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], c
     # the iteration but not of the stage's compute: simulated, reported apart from fwd_s/bwd_s.
     overhead_s = [profile.overhead_for(config.schedule, nbytes, extra)
                   for nbytes, extra in zip(x.msg_bytes, x.msg_extra_tensors, strict=True)]
-    overlap, slowdown = collectives_overlap(profile), overlap_slowdown(profile)
-    sim = _simulate(config, x, overhead_s, keep_events, overlap=overlap, slowdown=slowdown)
+    overlap, slowdown, waits = collectives_overlap(profile), overlap_slowdown(profile), receives_wait(profile)
+    sim = _simulate(config, x, overhead_s, keep_events, overlap=overlap, slowdown=slowdown, waits=waits)
     plan = assemble_plan(graph, profile, problem, assignment, config, request, x, sim, ranks=ranks, reps=reps,
                          dp=dp, mb=mb, devices=devices, slow=slow, overhead_s=overhead_s, solver=solver,
                          graph_info=dict(summary) if summary is not None else graph_summary(graph),
-                         overlap=overlap, slowdown=slowdown)
+                         overlap=overlap, slowdown=slowdown, waits=waits)
     return Evaluation(plan, sim)
 
 

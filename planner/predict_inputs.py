@@ -26,7 +26,7 @@ from pipeplan.planner.request import PlanRequest
 from pipeplan.schedules import device_stages, facts
 
 __all__ = ["StageInputs", "stage_inputs", "boundary_bytes", "boundary_tensors", "contiguous", "shared_stages", "op_times",
-           "collectives_overlap", "overlap_slowdown"]
+           "collectives_overlap", "overlap_slowdown", "receives_wait"]
 
 
 # Compute running beside a collective on the same GPU is slower than alone: Lee et al., "Characterizing
@@ -40,6 +40,15 @@ def collectives_overlap(profile: HardwareProfile) -> bool:
     """Whether a plan on `profile` runs its ZeRO collectives beside compute (a GPU framework) or in series
     (pipeplan's runtime on a local profile, the only runtime a local profile's plan runs on)."""
     return not profile.local
+
+
+def receives_wait(profile: HardwareProfile) -> bool:
+    """Whether the simulator makes an op wait for its input's transfer once its device reaches it (simulate's
+    `receives_wait`: the runtimes post a receive when they come to the op), or starts the transfer at the
+    producer's end: where the runtime's time around each op was measured (`profiles calibrate` on pipeplan's
+    local runtime, hardware_profiles/op_overhead.py), that measured gap already holds the wait, counted from
+    there."""
+    return not profile.op_overhead_s
 
 
 def overlap_slowdown(profile: HardwareProfile) -> float:

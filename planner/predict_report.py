@@ -124,9 +124,9 @@ def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assi
                   request: PlanRequest, x: StageInputs, sim: SimResult, *, ranks: Sequence[Sequence[int]],
                   reps: Sequence[int], dp: int, mb: int, devices: int, slow: float, overhead_s: Sequence[float],
                   solver: dict[str, Any] | None, graph_info: dict[str, Any], overlap: bool,
-                  slowdown: float) -> Plan:
-    """The `Plan` of a predicted partition; `overlap` and `slowdown` as it was simulated (predict._simulate), so
-    `show` and `run` replay the same timeline."""
+                  slowdown: float, waits: bool) -> Plan:
+    """The `Plan` of a predicted partition; `overlap`, `slowdown` and `waits` as it was simulated
+    (predict._simulate), so `show` and `run` replay the same timeline."""
     stages = _stages(problem, assignment, x, schedule=config.schedule, chunks=config.chunks, recompute=config.recompute, ranks=ranks,
                      reps=reps, slow=slow, overhead_s=overhead_s)
     return Plan(
@@ -150,5 +150,6 @@ def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assi
         mixed_precision=request.mixed_precision,
         collectives_overlap=overlap,
         overlap_slowdown=slowdown,
+        receives_wait=waits,
         tied_stages=[list(g) for g in x.tied],
     )

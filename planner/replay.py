@@ -124,4 +124,5 @@ def simulate_from_plan(plan: Plan, *, recompute_last: bool = True) -> SimResult:
         fresh_grad_s=[x.fresh_grad_s / k for x, k in zip(p, r, strict=True)] if any(x.fresh_grad_s for x in p) else None,
         recompute_w_s=recompute_w if rule.splits_backward and any(recompute_w) else None,
         recompute_last=recompute_last,
+        receives_wait=plan.receives_wait,
     )

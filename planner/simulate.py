@@ -22,6 +22,18 @@ Model of execution (docs/plan-format.md repeats it for users):
 - Sends overlap with compute: a device keeps computing while its outgoing
   tensors are in flight (a separate comm stream / DMA engine), which is what
   torch.distributed's isend and NCCL do in practice.
+- `receives_wait=True`: the transfer starts only once the receiving device has
+  also reached the op (and the link is free), and the op starts when it ends,
+  so the consumer waits the whole transfer. That is how the runtimes post
+  receives: torch.distributed.pipelining posts an op's receives when it comes
+  to the op and waits on them before computing (torch 2.13 schedules.py,
+  `_step_microbatches`: `get_fwd_recv_ops(i)`, wait, then `forward_one_chunk`),
+  and ProcessGroupNCCL orders a receive after the work already queued on the
+  compute stream; torchgpipe copies each clock cycle's inputs at the cycle's
+  fence before the cycle computes (torchgpipe/pipeline.py, `fence`, `wait`).
+  Senders still go on computing. The default (False) starts the transfer at
+  the producer's end, for callers whose per-op time already holds the wait
+  (a local profile's calibrated gap, hardware_profiles/op_overhead.py).
 - Data-parallel gradient all-reduce of a stage starts when that stage's last
   backward ends, on a per-device comm channel, and overlaps with whatever
   compute remains; the iteration ends when the last compute op or all-reduce does.
@@ -219,6 +231,7 @@ class _SimInputs:
     tied: tuple[tuple[int, ...], ...] = ()  # without a flush: stages whose updates meet (a tied parameter's holders)
     fresh: tuple[float, ...] = ()  # of bwd (W), what a backward into fresh gradients saves (_fresh_times)
     keep_first: bool = False  # recomputation spares each stage's first backward (simulate's recompute_last=False)
+    receives_wait: bool = False  # a transfer starts once its consumer reaches the op (simulate's receives_wait)
 
     @property
     def update_every(self) -> int:
@@ -364,6 +377,7 @@ def _validate(
     fresh_grad_s: Sequence[float] | None = None,
     recompute_w_s: Sequence[float] | None = None,
     recompute_last: bool = True,
+    receives_wait: bool = False,
 ) -> _SimInputs:
     """Check and normalise `simulate`'s arguments (see its docstring), raising on the first problem."""
     S = len(fwd_s)
@@ -395,6 +409,7 @@ def _validate(
         tied=_tied_groups(schedule_facts, tied_stages, S),
         fresh=_fresh_times(fresh_grad_s, bwd, wgrad),
         keep_first=not recompute_last,
+        receives_wait=receives_wait,
     )
 
 
@@ -473,6 +488,7 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
     events = run.events if keep_events else None
     send = _Links(K, events).send
     dev = inp.device_of
+    waits = inp.receives_wait  # the transfer is played at the consumer (below), not at the producer's end
     tied = {s: g for g in inp.tied for s in g}
     ptr = [0] * K
     kept = 0 if inp.keep_first else -1  # the microbatch recomputation spares (kept whole): the first to go back
@@ -508,10 +524,12 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
                     if ready is None:
                         break
                     start = max(free[d], ready)
+                    if waits and s > 0:
+                        start = send(dev[s - 1], d, start, sends[s - 1], s - 1, m)
                     end = start + fwd[s]
                     f_start[s][m] = start
                     f_end[s][m] = end
-                    f_arrive[s][m] = send(d, dev[s + 1], end, sends[s], s, m) if s + 1 < S else end
+                    f_arrive[s][m] = send(d, dev[s + 1], end, sends[s], s, m) if s + 1 < S and not waits else end
                     mem_deltas[d].append((start, 1, act[s] + (rbytes[s] if m == kept else 0)))
                     if events is not None:
                         events.append(Event(d, s, s // K, m, "fwd", start, end))
@@ -521,6 +539,8 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
                     if ready is None or forward_end is None:
                         break
                     start = max(free[d], ready, forward_end)
+                    if waits and s < S - 1:
+                        start = send(dev[s + 1], d, start, sends[s], s + 1, m)
                     whole = not split or kind == "BW"
                     r = inp.recompute[s] if whole else rec[s]
                     if m == kept:  # its activations were kept whole at its forward: nothing to re-run
@@ -533,7 +553,7 @@ def _play(inp: _SimInputs, orders: list[Order], run: _Run, keep_events: bool) ->
                     saved = fresh[s] if whole and m % every == 0 else 0
                     end = start + bwd[s] - (0 if whole else wgrad[s]) - saved
                     b_end[s][m] = end
-                    b_arrive[s][m] = send(d, dev[s - 1], end, sends[s - 1], s, m) if s > 0 else end
+                    b_arrive[s][m] = send(d, dev[s - 1], end, sends[s - 1], s, m) if s > 0 and not waits else end
                     if whole:
                         w_end[s][m] = end
                         mem_deltas[d].append((end, 0, -(act[s] + rbytes[s])))
@@ -698,6 +718,7 @@ def simulate(
     fresh_grad_s: Sequence[float] | None = None,
     recompute_w_s: Sequence[float] | None = None,
     recompute_last: bool = True,
+    receives_wait: bool = False,
     keep_events: bool = True,
 ) -> SimResult:
     """Play a pipeline schedule out and measure time, bubbles and memory.
@@ -723,11 +744,13 @@ def simulate(
     orders here backwards run first microbatch first, so microbatch 0 is spared and held whole from its forward,
     more memory than torchgpipe holds). Flushing schedules with whole backwards only. pipeplan's runtime re-runs
     every microbatch, so its plans never set it; it models frameworks that do.
+    `receives_wait=True`: a tensor crosses its link only once the receiving device reaches the op that needs it,
+    and that op waits for it (the runtimes' receives, module docstring); False: from the producer's end.
     `keep_events=False` skips building the Event list (the search's fast path).
     """
     inp = _validate(schedule, fwd_s, bwd_s, send_s, microbatches, chunks, static_bytes, activation_bytes_per_mb,
                     allreduce_s, recompute_s, recompute_bytes, optimizer_s, wgrad_s, tied_stages, fresh_grad_s,
-                    recompute_w_s, recompute_last)
+                    recompute_w_s, recompute_last, receives_wait)
     stream = _stream_length(inp)
     run = _Run.empty(inp.stages, inp.devices, stream)
     orders = _update_points(inp, stream)
