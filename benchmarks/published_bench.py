@@ -119,16 +119,16 @@ pipeline8); the one-GPU pipeline rows read 1.04 and 1.00 only because two errors
    column are in the script's output, and tests/test_published_cnn_benchmarks.py fails if a cost-model change
    moves the fit's minimum away from the profiles' value.
 
-10. *The receiver waits for its transfer.* The simulator started each transfer at the producer's end and let it
-   hide behind the receiver's compute, paying it once in the pipeline's fill. The runtimes post a receive only
-   when they come to the op that needs it and wait on it before computing (torch.distributed.pipelining's
-   `_step_microbatches`; torchgpipe copies a clock cycle's inputs at the cycle's fence, then computes), so every
-   op of a receiving stage pays its transfer (planner/simulate.py, `receives_wait`, on every profile without a
-   measured per-op gap). Over NVLink it moves nothing (the Zero Bubble rows by 0-0.01); over the P40s' PCIe,
-   where a U-Net microbatch moves 150-300 MB across each cut, it is what limits 8 stages. torchgpipe's rows
-   with its split: U-Net 1.06/0.96/1.23 -> 1.02/0.86/1.05 at 2/4/8 stages, ResNet-101 0.95/0.94/1.01 ->
-   0.94/0.88/0.92; with pipeplan's own split (the table below) U-Net at 8 stages 1.59 -> 1.24, the gain of 8
-   stages over one GPU predicted 3.6x where torchgpipe measured 3.1x (4.6x before).
+10. *Where a transfer is paid.* pipeplan's simulator started each transfer at the producer's end and let it hide
+   behind the receiver's compute. Its runtime does not: torch.distributed.pipelining posts a receive when it
+   comes to the op and waits on it, and ProcessGroupNCCL starts a receive only after the work queued before it
+   on the compute stream, so every op of a receiving stage pays its transfer (planner/simulate.py,
+   `receives_wait`, on every profile without a measured per-op gap; docs/cost-models.md). Megatron's pipeline
+   waits for its batched sends and receives likewise: the Zero Bubble rows move by 0-0.01 (NVLink). torchgpipe
+   copies on CUDA streams of its own beside compute (torchgpipe/copy.py), so its rows are predicted with copies
+   hidden (`copies: overlapped`) and do not move. Where the rule matters is pipeplan's own plans over slow links:
+   its 8-stage plan for the U-Net on P40s is predicted at 110 samples/s for its runtime against 126 with copies
+   hidden (the table below replays pipeplan's split as torchgpipe runs it).
 
 Still missing (the rows above 1.15 or below 0.85):
 - *Small ResNets on Pascal.* ResNet-18 and -34 read 1.25-1.40 after the fit, ResNet-50 1.14, the deeper ones
@@ -141,14 +141,14 @@ Still missing (the rows above 1.15 or below 0.85):
   mean a poorly filled GPU, which would fit; cuDNN's kernels, which Torch7 ran, are not public. Torch7 also
   computes the first layer's input gradient, which pipeplan does not price (PyTorch skips it). Telling which
   needs per-layer CUDA times.
-- *torchgpipe at 4 stages* (U-Net 0.86, ResNet-101 0.88 with its split): pipeplan prices a skip connection on
-  every cut it crosses, as its own runtime sends it stage to stage, where torchgpipe's portals copy a skip
-  tensor straight from the stage that stashes it to the one that pops it (`skip_layout.copy_policy`), so the
-  stages between receive less than priced here (pipeplan does not model that routing). With torchgpipe's split
-  the U-Net's stages are also predicted unequal (45 to 130 ms per microbatch at 8 stages) where torchgpipe
-  tuned that split on P40s: per-layer costs at the extremes (the 6x6 bottleneck at 2048 channels, the decoder
-  at 192x192) may be off relative to each other, as the ResNets above suggest. Needs this U-Net's per-layer
-  CUDA times (`trace --device cuda`).
+- *torchgpipe's U-Net at 8 stages* (1.23, the worst of its rows; 1.44 on pipeplan's own split): with
+  torchgpipe's split the predicted stages are unequal (45 to 130 ms per microbatch) and pipeplan's balanced
+  split predicts more; either the split torchgpipe tuned on P40s is as unequal as predicted, or per-layer costs
+  at the extremes (the 6x6 bottleneck at 2048 channels, the decoder at 192x192) are off relative to each other,
+  as the ResNets above suggest. Its skip tensors (up to 300 MB a microbatch) cross PCIe beside compute, priced
+  at 16 GB/s on every link (copies hidden, as torchgpipe runs them); a server whose 8 GPUs hang off two CPU
+  sockets would move them slower, and pipeplan prices a skip on every cut it crosses where torchgpipe's portals
+  copy it straight to the stage that pops it. Needs this U-Net's per-layer CUDA times (`trace --device cuda`).
 - *H100 at small microbatches* (mpt-13b/h100x8, mb 2: 1.31, the worst row; the other H100 rows 1.00-1.16). The
   overlap slowdown above is a published average, not this run's; the H100 rows' remaining gap is H100-wide
   (mpt-1b 1.15, mpt-7b 1.16 on 8 GPUs), which points at the H100 profile's GEMM and attention efficiencies
@@ -322,8 +322,9 @@ def predict_case(case: dict[str, Any], graph, profile=None) -> dict[str, Any]:
     source that times forward and backward only (`step: false`, one GPU) is predicted without the optimizer step
     that follows them."""
     summary = _predict(case, graph, profile)
-    if case.get("checkpoint") == "except_last":
-        summary["samples_per_s"] = case["global_batch"] / _except_last_s(summary["plan"])
+    spare, overlap = case.get("checkpoint") == "except_last", case.get("copies") == "overlapped"
+    if spare or overlap:
+        summary["samples_per_s"] = case["global_batch"] / _framework_s(summary["plan"], spare=spare, overlap=overlap)
     if case.get("step", True) is False:
         assert case["gpus"] == 1, case["id"]
         plan = summary["plan"]
@@ -332,15 +333,18 @@ def predict_case(case: dict[str, Any], graph, profile=None) -> dict[str, Any]:
     return summary
 
 
-def _except_last_s(plan) -> float:
-    """The plan's iteration as torchgpipe runs it: its default checkpoint="except_last" re-runs no forward for one
-    microbatch per stage (planner/simulate.py, recompute_last), where pipeplan's runtime re-runs every one."""
+def _framework_s(plan, *, spare: bool, overlap: bool) -> float:
+    """The plan's iteration as torchgpipe runs it. `spare`: its default checkpoint="except_last" re-runs no forward
+    for one microbatch per stage (planner/simulate.py, recompute_last), where pipeplan's runtime re-runs every one.
+    `overlap`: it copies each microbatch between GPUs on CUDA streams of its own, so a copy runs beside the
+    receiving GPU's compute (torchgpipe/copy.py: "used to overlap copy and computation"), where pipeplan's runtime
+    posts the receive when it reaches the op and waits for it (simulate's receives_wait)."""
     from pipeplan.planner.replay import simulate_from_plan
 
     replayed = simulate_from_plan(plan).iteration_s
     if abs(replayed - plan.predicted.iteration_s) > 1e-9 * plan.predicted.iteration_s:
         raise AssertionError(f"the replay ({replayed}) is not the plan's prediction ({plan.predicted.iteration_s})")
-    return simulate_from_plan(plan, recompute_last=False).iteration_s
+    return simulate_from_plan(plan, recompute_last=not spare, receives_wait=False if overlap else None).iteration_s
 
 
 def _predict(case: dict[str, Any], graph, profile=None) -> dict[str, Any]:
@@ -637,8 +641,9 @@ def run(args) -> str:
         body += [
             "",
             "The source's split against pipeplan's own (rows with a published `balance`; same configuration, "
-            "split by `pipeplan.search`): per-stage compute is one microbatch's forward + backward + recompute "
-            "on each stage, as predicted.",
+            "split by `pipeplan.search`, which plans for pipeplan's runtime; both splits predicted as the row's "
+            "framework runs them, e.g. torchgpipe's `checkpoint` and `copies`): per-stage compute is one "
+            "microbatch's forward + backward + recompute on each stage, as predicted.",
             "",
             "| row | published | predicted, source's split | stage compute ms, source's split | "
             "predicted, pipeplan's split | stage compute ms, pipeplan's split |",

@@ -82,13 +82,15 @@ def with_split_extra(plan: Plan, graph: Graph, profile: HardwareProfile, extra_s
     return new
 
 
-def simulate_from_plan(plan: Plan, *, recompute_last: bool = True) -> SimResult:
+def simulate_from_plan(plan: Plan, *, recompute_last: bool = True, receives_wait: bool | None = None) -> SimResult:
     """Re-simulate from the per-stage predictions stored in the plan (no graph needed; used by `show`).
 
     The plan keeps each stage's per-microbatch forward, backward, recompute
     (`recompute_s`, `wgrad_recompute_s`: StagePrediction.reruns_s) and send times and its all-reduce time.
     `recompute_last=False` replays it as a framework that spares one microbatch's re-run would run it
-    (simulate's option: torchgpipe's `checkpoint="except_last"`).
+    (simulate's option: torchgpipe's `checkpoint="except_last"`). `receives_wait` replays it with the receiver
+    waiting for each transfer or not (None: as the plan was predicted, its `receives_wait`); False models a
+    framework that copies on streams of their own, overlapped with compute (torchgpipe/copy.py).
     """
     rule = facts(plan.schedule)
     stages = sorted(plan.stages, key=lambda s: s.index)
@@ -124,5 +126,5 @@ def simulate_from_plan(plan: Plan, *, recompute_last: bool = True) -> SimResult:
         fresh_grad_s=[x.fresh_grad_s / k for x, k in zip(p, r, strict=True)] if any(x.fresh_grad_s for x in p) else None,
         recompute_w_s=recompute_w if rule.splits_backward and any(recompute_w) else None,
         recompute_last=recompute_last,
-        receives_wait=plan.receives_wait,
+        receives_wait=plan.receives_wait if receives_wait is None else receives_wait,
     )

@@ -28,12 +28,13 @@ Model of execution (docs/plan-format.md repeats it for users):
   receives: torch.distributed.pipelining posts an op's receives when it comes
   to the op and waits on them before computing (torch 2.13 schedules.py,
   `_step_microbatches`: `get_fwd_recv_ops(i)`, wait, then `forward_one_chunk`),
-  and ProcessGroupNCCL orders a receive after the work already queued on the
-  compute stream; torchgpipe copies each clock cycle's inputs at the cycle's
-  fence before the cycle computes (torchgpipe/pipeline.py, `fence`, `wait`).
-  Senders still go on computing. The default (False) starts the transfer at
-  the producer's end, for callers whose per-op time already holds the wait
-  (a local profile's calibrated gap, hardware_profiles/op_overhead.py).
+  and ProcessGroupNCCL makes its stream wait for the work already queued on the
+  compute stream before a receive (`pointToPoint`: "First let NCCL streams wait
+  for input tensors allocation streams"), so the transfer starts after the
+  receiver's previous op. Senders still go on computing. The default (False)
+  starts the transfer at the producer's end: a framework that copies on streams
+  of its own beside compute (torchgpipe/copy.py), or a caller whose per-op time
+  already holds the wait (a local profile's calibrated gap, op_overhead.py).
 - Data-parallel gradient all-reduce of a stage starts when that stage's last
   backward ends, on a per-device comm channel, and overlaps with whatever
   compute remains; the iteration ends when the last compute op or all-reduce does.
