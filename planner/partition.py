@@ -4,10 +4,10 @@ The DP is exact for its bottleneck objective, but the simulator also charges
 pipeline fill and drain and plays each transfer where the runtime pays it (the
 receiver waits for it on GPU profiles; on a calibrated local profile it starts
 at the producer's end), so the DP's optimum under either communication model
-(blocking sends, overlapped sends) is not always the simulator's best. Both DP optima are candidates, and (unless the
-request turns heuristics off) so are the equal-layers and torchgpipe
-time-balanced splits, so a plan is never predicted slower than the naive split
-it is compared with. The simulator picks; the prediction re-checks memory exactly.
+(blocking sends, overlapped sends) is not always the simulator's best. Both DP
+optima are candidates, and (unless the request turns heuristics off) so are the
+equal-layers and torchgpipe time-balanced splits, so a plan is never predicted
+slower than the naive split it is compared with. The simulator picks; the prediction re-checks memory exactly.
 """
 
 from __future__ import annotations
