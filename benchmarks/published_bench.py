@@ -123,12 +123,12 @@ pipeline8); the one-GPU pipeline rows read 1.04 and 1.00 only because two errors
    behind the receiver's compute. Its runtime does not: torch.distributed.pipelining posts a receive when it
    comes to the op and waits on it, and ProcessGroupNCCL starts a receive only after the work queued before it
    on the compute stream, so every op of a receiving stage pays its transfer (planner/simulate.py,
-   `receives_wait`, on every profile without a measured per-op gap; docs/cost-models.md). Megatron's pipeline
-   waits for its batched sends and receives likewise: the Zero Bubble rows move by 0-0.01 (NVLink). torchgpipe
-   copies on CUDA streams of its own beside compute (torchgpipe/copy.py), so its rows are predicted with copies
-   hidden (`copies: overlapped`) and do not move. Where the rule matters is pipeplan's own plans over slow links:
-   its 8-stage plan for the U-Net on P40s is predicted at 110 samples/s for its runtime against 126 with copies
-   hidden (the table below replays pipeplan's split as torchgpipe runs it).
+   `receives_wait`, for the torch schedules on every profile without a measured per-op gap; docs/cost-models.md).
+   Megatron's pipeline waits for its batched sends and receives likewise: the Zero Bubble rows move by 0-0.01
+   (NVLink). torchgpipe copies on CUDA streams of its own beside compute (torchgpipe/copy.py), so its rows are
+   predicted with copies hidden (`copies: overlapped`) and do not move. Where the rule matters is pipeplan's
+   own plans over slow links: its 8-stage plan for the U-Net on P40s is predicted at 110 samples/s for its
+   runtime against 126 with copies hidden (the table below replays pipeplan's split as torchgpipe runs it).
 
 Still missing (the rows above 1.15 or below 0.85):
 - *Small ResNets on Pascal.* ResNet-18 and -34 read 1.25-1.40 after the fit, ResNet-50 1.14, the deeper ones

@@ -95,7 +95,7 @@ def mixed_predict(graph: Graph, cluster: Cluster, assignment: Sequence[int], typ
     group_profiles = [cluster.groups[g].profile for g in set(types)]
     overlap = all(collectives_overlap(p) for p in group_profiles)
     slowdown = max(overlap_slowdown(p) for p in group_profiles)
-    waits = all(receives_wait(p) for p in group_profiles)
+    waits = all(receives_wait(p, config.schedule) for p in group_profiles)
     sim = _simulate(config, x, overhead_s, keep_events, overlap=overlap, slowdown=slowdown, waits=waits)
     first = types[0]
     plan = assemble_plan(graph, cluster.groups[first].profile, problems[first], assignment, config, request, x, sim,

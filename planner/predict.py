@@ -190,7 +190,8 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], c
     # the iteration but not of the stage's compute: simulated, reported apart from fwd_s/bwd_s.
     overhead_s = [profile.overhead_for(config.schedule, nbytes, extra)
                   for nbytes, extra in zip(x.msg_bytes, x.msg_extra_tensors, strict=True)]
-    overlap, slowdown, waits = collectives_overlap(profile), overlap_slowdown(profile), receives_wait(profile)
+    overlap, slowdown = collectives_overlap(profile), overlap_slowdown(profile)
+    waits = receives_wait(profile, config.schedule)
     sim = _simulate(config, x, overhead_s, keep_events, overlap=overlap, slowdown=slowdown, waits=waits)
     plan = assemble_plan(graph, profile, problem, assignment, config, request, x, sim, ranks=ranks, reps=reps,
                          dp=dp, mb=mb, devices=devices, slow=slow, overhead_s=overhead_s, solver=solver,

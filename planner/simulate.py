@@ -32,9 +32,10 @@ Model of execution (docs/plan-format.md repeats it for users):
   compute stream before a receive (`pointToPoint`: "First let NCCL streams wait
   for input tensors allocation streams"), so the transfer starts after the
   receiver's previous op. Senders still go on computing. The default (False)
-  starts the transfer at the producer's end: a framework that copies on streams
-  of its own beside compute (torchgpipe/copy.py), or a caller whose per-op time
-  already holds the wait (a local profile's calibrated gap, op_overhead.py).
+  starts the transfer at the producer's end: a runtime that posts receives ahead
+  (PipeDream's loop, runtime/pipedream_comm.py) or copies on streams of its own
+  beside compute (torchgpipe/copy.py), or a caller whose per-op time already
+  holds the wait (a local profile's calibrated gap, op_overhead.py).
 - Data-parallel gradient all-reduce of a stage starts when that stage's last
   backward ends, on a per-device comm channel, and overlaps with whatever
   compute remains; the iteration ends when the last compute op or all-reduce does.

@@ -119,3 +119,18 @@ def test_a_plan_waits_for_its_receives_unless_its_profile_measured_the_gap(measu
     assert older.receives_wait is False
     with pytest.raises(UserError, match="receives_wait"):
         Plan.from_dict({**doc, "receives_wait": "yes"})
+
+
+@pytest.mark.parametrize("schedule", ["pipedream", "pipedream-2bw"])
+def test_pipedreams_own_loop_posts_its_receives_ahead_so_nothing_waits(schedule):
+    """PipeDream's loop (runtime/pipedream_comm.py) posts a microbatch's receives ahead, the gradient's with the
+    forward's send, so its transfers run while the stage computes: its plans start them at the producer's end,
+    also on a GPU profile, where the torch schedules' plans wait."""
+    g = gpt_like(blocks=4, hidden=256, seq=128, vocab=1000, batch=2)
+    prof = replace(profile(80), intra_node=Link("slow", 1e9, 1e-5))
+    half = len(g.layers) // 2
+    split = [0] * half + [1] * (len(g.layers) - half)
+    plan = evaluate(g, prof, split, schedule=schedule, microbatches=4, batch_size=16)
+    torch_plan = evaluate(g, prof, split, schedule="1f1b", microbatches=4, batch_size=16)
+    assert plan.receives_wait is False and torch_plan.receives_wait is True
+    assert simulate_from_plan(plan).iteration_s == pytest.approx(plan.predicted.iteration_s, rel=1e-9)
