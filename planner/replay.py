@@ -90,7 +90,7 @@ def simulate_from_plan(plan: Plan, *, recompute_last: bool = True, receives_wait
     `recompute_last=False` replays it as a framework that spares one microbatch's re-run would run it
     (simulate's option: torchgpipe's `checkpoint="except_last"`). `receives_wait` replays it with the receiver
     waiting for each transfer or not (None: as the plan was predicted, its `receives_wait`); False models a
-    framework that copies on streams of their own, overlapped with compute (torchgpipe/copy.py).
+    framework that copies on CUDA streams of its own, overlapped with compute (torchgpipe/copy.py).
     """
     rule = facts(plan.schedule)
     stages = sorted(plan.stages, key=lambda s: s.index)
