@@ -24,7 +24,7 @@ Model of execution (docs/plan-format.md repeats it for users):
   torch.distributed's isend and NCCL do in practice.
 - `receives_wait=True`: the transfer starts only once the receiving device has
   also reached the op (and the link is free), and the op starts when it ends,
-  so the consumer waits the whole transfer. That is how the runtimes post
+  so the consumer waits the whole transfer. That is how the torch schedules post
   receives: torch.distributed.pipelining posts an op's receives when it comes
   to the op and waits on them before computing (torch 2.13 schedules.py,
   `_step_microbatches`: `get_fwd_recv_ops(i)`, wait, then `forward_one_chunk`),
@@ -747,7 +747,8 @@ def simulate(
     more memory than torchgpipe holds). Flushing schedules with whole backwards only. pipeplan's runtime re-runs
     every microbatch, so its plans never set it; it models frameworks that do.
     `receives_wait=True`: a tensor crosses its link only once the receiving device reaches the op that needs it,
-    and that op waits for it (the runtimes' receives, module docstring); False: from the producer's end.
+    and that op waits for it (torch.distributed.pipelining's receives, module docstring); False: from the
+    producer's end.
     `keep_events=False` skips building the Event list (the search's fast path).
     """
     inp = _validate(schedule, fwd_s, bwd_s, send_s, microbatches, chunks, static_bytes, activation_bytes_per_mb,

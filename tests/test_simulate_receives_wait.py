@@ -1,6 +1,6 @@
 """simulate's receives_wait=True: a tensor crosses its link once the receiving device reaches the op that needs it,
-and the op starts when it has arrived (the runtimes post a receive when they come to the op). Exact, with
-Fractions, against a closed form worked out by hand and against the rule itself, op by op."""
+and the op starts when it has arrived (torch.distributed.pipelining posts a receive when it comes to the op).
+Exact, with Fractions, against a closed form worked out by hand and against the rule itself, op by op."""
 
 from __future__ import annotations
 
