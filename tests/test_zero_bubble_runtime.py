@@ -116,8 +116,10 @@ def test_zb_h1_measures_each_weight_gradient_pass(pipelined):
             assert st["wgrad_s"] > 0
             assert st["bwd_total_s"] > st["bwd_s"] * m * STEPS  # B's and W's
             # torch skips the first stage's input-gradient pass (its input needs no gradient): all of its
-            # backward is W, as the planner prices it (predict_inputs._first_stage_whole_w); the others' B works
-            assert (st["bwd_s"] < 0.1 * st["wgrad_s"]) == (st["index"] == 0), st
+            # backward is W, as the planner prices it (predict_inputs._first_stage_whole_w); the others' B works.
+            # Held against the stage's forward (medians here: B ~20 µs on stage 0, ~0.6 ms on stage 1, forwards
+            # 0.8-1.7 ms), not against W, whose median on stage 1 read 1.6 ms here and 6.2 ms once in CI.
+            assert (st["bwd_s"] < 0.1 * st["fwd_s"]) == (st["index"] == 0), st
         for events in rank["events"].values():
             spans = {(kind, mb): (t0, t1) for kind, mb, t0, t1 in events}
             assert sorted(mb for kind, mb in spans if kind == "wgrad") == list(range(m))
