@@ -241,15 +241,15 @@ def quality_section(profile_name: str, devices: int, batch: int, microbatches: i
             baselines["torchgpipe"] = torchgpipe_balance_by_time([f + b for f, b in zip(fwd, bwd, strict=True)], k)
         except ValueError:  # torchgpipe's own moves can empty a stage: no split to compare with
             baselines["torchgpipe"] = None
-        ratios = []
-        for assignment in baselines.values():
+        ratios, plans = [], {}
+        for name, assignment in baselines.items():
             if assignment is None:
                 ratios.append("n/a (balance_by_time emptied a stage)")
                 continue
-            plan = evaluate(graph, profile, assignment, **common)
+            plan = plans[name] = evaluate(graph, profile, assignment, **common)
             fits = plan.predicted.peak_memory_bytes <= profile.usable_memory_bytes
             ratios.append(f"{best.predicted.samples_per_s / plan.predicted.samples_per_s:.2f}x" + ("" if fits else " (OOM)"))
-        dp_ratio = dp_only.predicted.samples_per_s / evaluate(graph, profile, equal_layers(n, k), **common).predicted.samples_per_s
+        dp_ratio = dp_only.predicted.samples_per_s / plans["equal"].predicted.samples_per_s
         lines.append(f"| {model.stem} | {n} | {best.predicted.samples_per_s:.1f} | {best.solver.get('name')} | "
                      + " | ".join(ratios) + f" | {dp_ratio:.2f}x |")
         print(lines[-1], flush=True)

@@ -34,6 +34,9 @@ from pipeplan.hardware_profiles.collectives import all_gather_op, reduce_scatter
 
 __all__ = ["ShardedParams", "wrap_stage"]
 
+# torch 2.13's names where it has them (the old ones warn on every call), looked up once, not per gather
+_all_gather, _reduce_scatter = all_gather_op(dist), reduce_scatter_op(dist)
+
 
 class ShardedParams:
     """One stage's trainable parameters (at least one), sharded over its replicas' process group."""
@@ -70,7 +73,7 @@ class ShardedParams:
         if not self.gathered:
             self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
             self.gathered = True
-        all_gather_op(dist)(self.full, self.master.detach().to(self.full.dtype), group=self.group)
+        _all_gather(self.full, self.master.detach().to(self.full.dtype), group=self.group)
 
     # -- gradients -----------------------------------------------------------
     def reduce_scatter_grads(self) -> None:
@@ -80,7 +83,7 @@ class ShardedParams:
         flat = torch.cat(grads + [torch.zeros(self.full.numel() - sum(g.numel() for g in grads), dtype=self.full.dtype,
                                              device=self.full.device)])
         out = torch.empty(self.shard_numel, dtype=flat.dtype, device=flat.device)
-        reduce_scatter_op(dist)(out, flat, group=self.group)
+        _reduce_scatter(out, flat, group=self.group)
         self.grad_shard += out.to(self.grad_shard.dtype)
         for p in self.params:
             p.grad = None
