@@ -7,7 +7,8 @@ Usage (prints the table; --write-results rewrites this benchmark's section of be
 Each row of benchmarks/published/cases.yaml is a measured number from a paper or a vendor/framework page
 (quoted there with its source): a model of known shape trained on named GPUs with a known parallel
 configuration. For each row the model is traced weight-free (a Hugging Face config.json through
-`pipeplan.trace(..., time_layers=False)`; ResNet-50 from the model defined below; torchgpipe's U-Net and
+`pipeplan.trace(..., time_layers=False)`; Megatron-LM's and Zero Bubble's GPTs, whose attention was unfused,
+from benchmarks/published/megatron_gpt_s*.py; ResNet-50 from the model defined below; torchgpipe's U-Net and
 ResNet-101 from benchmarks/published/torchgpipe_*.py; cnn-benchmarks' VGGs and ResNets from
 benchmarks/published/cnn_benchmarks.py), `pipeplan.search` is run with everything the source fixed
 (stages, data-parallel replicas, microbatches, schedule, recomputation, dtype, ZeRO level, mixed-precision recipe)
