@@ -148,20 +148,19 @@ pipeline8); the one-GPU pipeline rows read 1.04 and 1.00 only because two errors
 
 Still missing (the rows above 1.15 or below 0.85):
 - *Small ResNets on Pascal.* ResNet-18 and -34 read 1.25-1.40 after the fit, ResNet-50 1.14, the deeper ones
-  1.00-1.04. cnn-benchmarks times forward and backward apart (the table after the next): the miss is mostly in
-  the backward, a roughly fixed 6-10 ms in ResNet-18, -34 and -50 (1.5-2.3 ms in their forwards), against
-  -4 to +6 ms for VGG and the deeper ResNets. A fixed cost in what the three share fits the stem: its 7x7
-  convolution over 3 input channels is a GEMM with a reduction of only 147 (forward, weight gradient), and
-  Torch7's backward computes its input gradient too, a GEMM with 3 output columns that fills a few of a
-  kernel tile's; neither is priced below its FLOPs' roofline here. The published differences between the ResNets show that one memory efficiency cannot be right for
-  every layer: ResNet-101 minus ResNet-50 (17 more 14x14 blocks of 1024 channels) is predicted at 61.5 ms per
-  batch against 52.9 published (+16%, Titan X), ResNet-152 minus ResNet-101 at +8%, while ResNet-18, -34 and -50
-  each miss a roughly fixed 8-13 ms, in what they share: the stem (a 7x7 convolution over 3 channels at 112x112)
-  and the high-resolution blocks, whose batch norms have 64-256 channels. PyTorch's NCHW batch-norm kernels
-  reduce one channel per thread block (Normalization.cuh, `blocks(input.size(1))`), so few channels would
-  mean a poorly filled GPU, which would fit; cuDNN's kernels, which Torch7 ran, are not public. Torch7 also
-  computes the first layer's input gradient, which pipeplan does not price (PyTorch skips it). Telling which
-  needs per-layer CUDA times.
+  1.00-1.04. cnn-benchmarks times forward and backward apart (the "Forward and backward apart" table above):
+  the miss is mostly in the backward, a roughly fixed 6-10 ms in ResNet-18, -34 and -50 (1.5-2.3 ms in their
+  forwards), against -4 to +6 ms for VGG and the deeper ResNets. A fixed cost in what the three share fits the
+  stem: its 7x7 convolution over 3 input channels is a GEMM with a reduction of only 147 (forward, weight
+  gradient), and Torch7's backward computes its input gradient too (PyTorch skips it), a GEMM with 3 output
+  columns that fills a few of a kernel tile's; pipeplan prices neither below its FLOPs' roofline, and pricing
+  them would take a tile size, a number these rows would fit. The high-resolution blocks, whose batch norms
+  have 64-256 channels, are the other candidate: PyTorch's NCHW batch-norm kernels reduce one channel per
+  thread block (Normalization.cuh, `blocks(input.size(1))`), so few channels would mean a poorly filled GPU;
+  cuDNN's kernels, which Torch7 ran, are not public. The deeper ResNets show that one memory efficiency cannot
+  be right for every layer either: ResNet-101 minus ResNet-50 (17 more 14x14 blocks of 1024 channels) is
+  predicted at 61.5 ms per batch against 52.9 published (+16%, Titan X), ResNet-152 minus ResNet-101 at +8%.
+  Telling which needs per-layer CUDA times.
 - *torchgpipe's U-Net at 8 stages* (1.23, the worst of its rows; 1.44 on pipeplan's own split): with
   torchgpipe's split the predicted stages are unequal (45 to 130 ms per microbatch) and pipeplan's balanced
   split predicts more; either the split torchgpipe tuned on P40s is as unequal as predicted, or per-layer costs
@@ -170,11 +169,11 @@ Still missing (the rows above 1.15 or below 0.85):
   at 16 GB/s on every link (copies hidden, as torchgpipe runs them); a server whose 8 GPUs hang off two CPU
   sockets would move them slower, and pipeplan prices a skip on every cut it crosses where torchgpipe's portals
   copy it straight to the stage that pops it. Needs this U-Net's per-layer CUDA times (`trace --device cuda`).
-- *H100 at small microbatches* (mpt-13b/h100x8, mb 2: 1.31, the worst row; the other H100 rows 1.00-1.16). The
-  overlap slowdown above is a published average, not this run's; the H100 rows' remaining gap is H100-wide
-  (mpt-1b 1.15, mpt-7b 1.16 on 8 GPUs), which points at the H100 profile's GEMM and attention efficiencies
-  (from MAMF and FlashAttention-3's paper, not from these runs). Needs H100 training measured with the
-  frameworks' kernels.
+- *H100 at small microbatches* (mpt-13b/h100x8, mb 2: 1.31, the worst of its source; the other H100 rows
+  1.00-1.16). The overlap slowdown above is a published average, not this run's; the H100 rows' remaining gap
+  is H100-wide (mpt-1b 1.15, mpt-7b 1.16 on 8 GPUs), which points at the H100 profile's GEMM and attention
+  efficiencies (from MAMF and FlashAttention-3's paper, not from these runs). Needs H100 training measured with
+  the frameworks' kernels.
 - *BERT* at 128 tokens (1.13-1.22) loses time pipeplan does not see; at 512 tokens it is under-predicted
   (0.74): the published run is 1.5x more efficient per token than the same recipe at 128 tokens, which a
   per-token cost model cannot produce (its FMHA kernels, not modelled; see 11 for the unfused alternative).
