@@ -9,8 +9,9 @@ Each round: `pipeplan profiles calibrate -o local.yaml`, then for every case `pi
 exactly as README's commands run them (subprocesses of the installed CLI; the only flags are the case's
 schedule or stage count). The error is measured / predicted - 1 of the iteration time, median over rounds.
 Issue 16's targets: within 10% for every example under gpipe, 1f1b and interleaved and for data-parallel
-plans; within 15% for models that are not among the examples (a test model of the repository, and a model
-written by this script from torch's own nn.TransformerEncoder that nothing in pipeplan was tuned on).
+plans; within 15% for models that are not among the examples (a test model of the repository, a model written
+by this script from torch's own nn.TransformerEncoder and a Hugging Face GPT-2 config.json it writes, traced at
+`analyze`'s default batch: nothing in pipeplan was tuned on them).
 """
 
 from __future__ import annotations
@@ -60,7 +61,13 @@ def example_target(batch_size):
 def loss_fn(output, target):
     return nn.functional.cross_entropy(output, target)
 '''
-# (label, model file relative to the repository or "<encoder>", flags, in examples/, steps at least)
+# A Hugging Face config.json (GPT-2, 4 layers, 64 tokens) that the script writes: `analyze` builds it with
+# transformers and traces it at its default batch, which issue 16 found a plan of such a model could not run at.
+HF_GPT2_CONFIG = {"model_type": "gpt2", "n_layer": 4, "n_embd": 128, "n_head": 4, "n_positions": 64,
+                  "vocab_size": 2048}
+# Models the script writes into its temporary folder, by the name CASES gives them.
+WRITTEN = {"<encoder>": ("encoder_model.py", ENCODER), "<hf-gpt2>": ("gpt2-4l.json", json.dumps(HF_GPT2_CONFIG))}
+# (label, model file relative to the repository or a WRITTEN name, flags, in examples/, steps at least)
 CASES = [
     ("mlp", "examples/mlp.py", [], True, 40),
     ("mlp", "examples/mlp.py", ["--schedule", "gpipe"], True, 40),
@@ -75,6 +82,7 @@ CASES = [
     ("unet", "examples/unet.py", [], True, 20),
     ("unet (tests/)", "tests/runtime_model_unet.py", [], False, 30),
     ("encoder (torch nn.TransformerEncoder)", "<encoder>", [], False, 20),
+    ("gpt2 config.json (transformers, 4 layers)", "<hf-gpt2>", [], False, 20),
 ]
 
 
@@ -105,9 +113,9 @@ def describe(plan: dict) -> str:
     return f"{plan['schedule']}, {k} stage{'s' if k > 1 else ''} x {d}{chunks}, M={plan['microbatches']} of {plan['microbatch_size']}"
 
 
-def run_case(case: tuple, profile: Path, tmp: Path, encoder: Path) -> dict:
+def run_case(case: tuple, profile: Path, tmp: Path) -> dict:
     label, model, flags, _, steps = case
-    path = str(encoder) if model == "<encoder>" else str(REPO / model)
+    path = str(tmp / WRITTEN[model][0]) if model in WRITTEN else str(REPO / model)
     plan_path = tmp / "plan.json"
     plan = pipeplan("analyze", path, "--profile", str(profile), "--gpus", "2", *flags, "-o", str(plan_path),
                     "--json")["plan"]
@@ -129,15 +137,15 @@ def main(argv=None) -> int:
     capacities, rounds = [parallel_capacity()], []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        encoder = tmp / "encoder_model.py"
-        encoder.write_text(ENCODER)
+        for name, text in WRITTEN.values():
+            (tmp / name).write_text(text)
         for rnd in range(1, args.rounds + 1):
             profile = tmp / "local.yaml"
             print(f"round {rnd}: pipeplan profiles calibrate -o local.yaml ...", flush=True)
             pipeplan("profiles", "calibrate", "-o", str(profile))
             rows = []
             for case in CASES:
-                rows.append(run_case(case, profile, tmp, encoder))
+                rows.append(run_case(case, profile, tmp))
                 r = rows[-1]
                 print(f"  {case[0]} {' '.join(case[2]) or '(no flags)'}: {r['plan']}, {r['steps']} steps: measured "
                       f"{r['measured_s'] * 1e3:.1f} ms, predicted {r['predicted_s'] * 1e3:.1f} ms ({r['error']:+.1%})",
@@ -187,8 +195,9 @@ def header(args, capacities: list[float], machine_desc: str) -> list[str]:
             "-o plan.json` and `pipeplan run plan.json --steps N` (the installed CLI, as README runs it; N is the "
             f"case's count or as many steps as make the run last {MIN_RUN_S:g} s by the prediction). Error = "
             "measured / predicted - 1, median over rounds; target 10% for the examples, 15% for models outside "
-            "examples/ (`tests/runtime_model_unet.py`, and a classifier over torch's `nn.TransformerEncoder` that "
-            "the script writes: nothing in pipeplan was tuned on either).", ""]
+            "examples/ (`tests/runtime_model_unet.py`; a classifier over torch's `nn.TransformerEncoder` and a "
+            "4-layer GPT-2 `config.json` (transformers builds it) that the script writes: nothing in pipeplan was "
+            "tuned on any of them).", ""]
 
 
 if __name__ == "__main__":
