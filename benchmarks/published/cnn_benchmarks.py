@@ -14,11 +14,19 @@ over 16 x 1000 logits) is negligible beside a step.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-# the model-file protocol's inputs, target and loss: ImageNet's, as for torchgpipe's ResNet-101
-from torchgpipe_resnet101 import Residual, example_inputs, example_target, loss_fn, resnet_layers  # noqa: F401
+# the model-file protocol's target and loss: ImageNet's, as for torchgpipe's ResNet-101 (its inputs: below)
+from torchgpipe_resnet101 import Residual, example_target, loss_fn, resnet_layers  # noqa: F401
 from torchgpipe_seq import SkipSequential, Stash
+
+
+def example_inputs(batch_size: int) -> tuple[torch.Tensor, ...]:
+    """A batch of 3x224x224 images that needs its gradient: Torch7's `model:backward(x, dout)` computes the first
+    layer's gradInput too (nn modules always do), where PyTorch skips it for an input that does not require grad;
+    the trace then counts that convolution's input-gradient FLOPs, as cnn_benchmark.lua's backward ran them."""
+    return (torch.rand(batch_size, 3, 224, 224).requires_grad_(),)
 
 VGG_CONFIGS = {
     16: [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
