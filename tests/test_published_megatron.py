@@ -57,7 +57,7 @@ def test_the_trace_writes_the_score_matrix_as_two_batched_matmuls(tmp_path):
     module_file = tmp_path / "tiny_megatron.py"
     module_file.write_text(
         "from megatron_gpt import build_gpt, model_file_functions\n"
-        f"example_inputs, example_target, loss_fn = model_file_functions(seq_len={SEQ}, vocab={TINY['vocab_size']})\n"
+        f"example_inputs, example_target, loss_fn = model_file_functions({str(_tiny(tmp_path))!r}, seq_len={SEQ})\n"
         f"def build_model():\n    return build_gpt({str(_tiny(tmp_path))!r})\n")
     ours = pipeplan.trace(str(module_file), 1, time_layers=False, fvcore_check=False)
     sdpa = pipeplan.trace(str(_tiny(tmp_path)), 1, time_layers=False, fvcore_check=False, seq_len=SEQ)

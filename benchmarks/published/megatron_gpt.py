@@ -17,14 +17,13 @@ as in Megatron. The additive mask is one (1, seq, seq) tensor per layer, 1/(batc
 
 The models are the config.json files beside this file (GPT-2 architecture, as Megatron's GPT), built with
 transformers' GPT2LMHeadModel; each sequence length has its model file (`megatron_gpt_s2048.py`,
-`megatron_gpt_s1024.py`), whose inputs `model_file_functions` makes. Left as Hugging Face runs them: bias + GELU and
-bias + dropout + residual add are separate ops here where Megatron fuses them (a few passes over
-(batch, seq, hidden) per layer, small beside the score matrices at these sizes).
+`megatron_gpt_s1024.py`), whose inputs `model_file_functions` takes from the config.json path. Left as Hugging
+Face runs them: bias + GELU and bias + dropout + residual add are separate ops here where Megatron fuses them (a
+few passes over (batch, seq, hidden) per layer, small beside the score matrices at these sizes).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -58,29 +57,24 @@ def _register() -> None:
 
 
 def build_gpt(config: str | Path) -> torch.nn.Module:
-    """GPT2LMHeadModel of a config.json (a name: the file beside this one), with Megatron's attention."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    """GPT2LMHeadModel of a config.json (a name: the file beside this one), with Megatron's attention; the config is
+    read and checked as `trace` reads a config.json (costmodels/hf_config.py), only the attention differs."""
+    from transformers import GPT2LMHeadModel
+
+    from pipeplan.costmodels.hf_config import make_config, read_config_dict
 
     _register()
-    doc = json.loads((HERE / config).read_text(encoding="utf-8"))
-    fields = {k: v for k, v in doc.items() if not k.startswith("_") and k != "model_type"}
-    gpt = GPT2Config(**fields, use_cache=False)
+    path = str(HERE / config)
+    gpt = make_config(path, read_config_dict(path))
     gpt._attn_implementation = NAME
     return GPT2LMHeadModel(gpt)
 
 
-def model_file_functions(seq_len: int, vocab: int) -> tuple[Any, Any, Any]:
-    """The model-file protocol's (example_inputs, example_target, loss_fn): `seq_len` token ids over `vocab` words."""
-    from pipeplan.costmodels.hf_config import causal_lm_loss
+def model_file_functions(config: str | Path, seq_len: int) -> tuple[Any, Any, Any]:
+    """The model-file protocol's (example_inputs, example_target, loss_fn) for a config.json at `seq_len`: those of
+    the module `trace` makes of the config itself (hf_config.load_hf_config), so the rows get the inputs, target and
+    loss they had when they were traced from their config.json."""
+    from pipeplan.costmodels.hf_config import load_hf_config
 
-    def example_inputs(batch_size: int) -> tuple[torch.Tensor]:
-        g = torch.Generator().manual_seed(0)
-        return (torch.randint(0, vocab, (batch_size, seq_len), generator=g),)
-
-    def example_target(batch_size: int) -> torch.Tensor:
-        return example_inputs(batch_size)[0]
-
-    def loss_fn(output: Any, target: torch.Tensor) -> torch.Tensor:
-        return causal_lm_loss(output, target)
-
-    return example_inputs, example_target, loss_fn
+    module, _ = load_hf_config(str(HERE / config), seq_len)
+    return module.example_inputs, module.example_target, module.loss_fn

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from megatron_gpt import build_gpt, model_file_functions
 
-example_inputs, example_target, loss_fn = model_file_functions(seq_len=1024, vocab=32000)
+example_inputs, example_target, loss_fn = model_file_functions("zb-gpt-1.5b.json", seq_len=1024)  # all four: vocabulary 32000
 
 
 def build_zb_1_5b():

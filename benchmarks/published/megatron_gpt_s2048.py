@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from megatron_gpt import build_gpt, model_file_functions
 
-example_inputs, example_target, loss_fn = model_file_functions(seq_len=2048, vocab=51200)
+example_inputs, example_target, loss_fn = model_file_functions("megatron-gpt-1.7b.json", seq_len=2048)
 
 
 def build_megatron_1_7b():
