@@ -7,7 +7,8 @@ at the producer's end), so the DP's optimum under either communication model
 (blocking sends, overlapped sends) is not always the simulator's best. Both DP
 optima are candidates, and (unless the request turns heuristics off) so are the
 equal-layers and torchgpipe time-balanced splits, so a plan is never predicted
-slower than the naive split it is compared with. The simulator picks; the prediction re-checks memory exactly.
+slower than the naive split it is compared with. The simulator picks; the
+prediction re-checks memory exactly.
 """
 
 from __future__ import annotations

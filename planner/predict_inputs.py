@@ -49,8 +49,9 @@ def receives_wait(profile: HardwareProfile, schedule: str) -> bool:
     torch.distributed.pipelining (a schedule's `torch_class`) posts an op's receives when it comes to the op and
     waits on them, so it waits. PipeDream's own loop (runtime/pipedream_comm.py, the schedules without a torch
     class) posts a microbatch's receives ahead, the gradient's with the forward's send, so they arrive while the
-    stage computes: it does not. Where the runtime's time around each op was measured (`profiles calibrate` on pipeplan's local runtime,
-    hardware_profiles/op_overhead.py), that measured gap already holds the wait, counted from the producer's end.
+    stage computes: it does not. Where the runtime's time around each op was measured (`profiles calibrate` on
+    pipeplan's local runtime, hardware_profiles/op_overhead.py), that measured gap already holds the wait, counted
+    from the producer's end.
     """
     return not profile.op_overhead_s and facts(schedule).torch_class is not None
 
