@@ -186,7 +186,14 @@ Still missing (the rows above 1.15 or below 0.85):
   its all-reduce is under 1% of the iteration, and 3-4% in the TF32/FP32 runs: most likely the input pipeline
   (DALI decoding at 16.6k img/s), which pipeplan does not model.
 - *Memory (not scored):* recomputation is still per stage (mpt-30b and Megatron 1.7B with recomputation are
-  predicted out of memory although they trained).
+  predicted out of memory although they trained). Since the memory model counts the tensors in flight and the
+  outputs torch's stages keep (benchmarks/RESULTS.md, "Peak memory"), mpt-350m and mpt-760m on A100s are too
+  (80.0 and 79.4 GiB predicted, 79 usable; 61.6 and 65.6 before): their 32 and 24 sequences of 2,048 tokens
+  make logits of 6.6 and 5.0 GB in bf16, and the traced loss is transformers' (an fp32 log-softmax saved, two
+  logit-sized gradients, the logits kept), where LLM Foundry's MPT defaults to flash-attn's fused
+  cross-entropy (llmfoundry/models/mpt/modeling_mpt.py: `loss_fn` 'fused_crossentropy'), one kernel that makes
+  neither the fp32 log-softmax nor a second gradient. Pricing the framework's loss, like its attention, would
+  take its kernels' memory (not done).
 
 Rows and assumptions: LLM Foundry's rows quote the benchmark README at commit c90b9b31 (MPT configs from the
 same repository; the traced parameter counts equal the table's NumParams exactly); Megatron 1.7B's microbatch

@@ -63,6 +63,9 @@ class Layer:
     param_bytes: int = 0  # parameters owned by this layer; a shared parameter is owned by its first user
     output_bytes: int = 0  # sum of `outputs`
     saved_bytes: int = 0  # bytes autograd saves for backward during this layer's forward
+    # peak bytes of the tensors in flight while its ops run (outputs not yet read, gradients passed on; the loss's
+    # on the last layer), beyond saved tensors and model state (costmodels/transient.py); 0: not traced
+    transient_bytes: int = 0
     fwd_s: float = 0.0  # measured on the tracing machine (median of repeats)
     bwd_s: float = 0.0
     bytes_moved: int = 0  # estimated memory traffic of one forward (inputs + outputs + weights), for the roofline

@@ -187,7 +187,8 @@ class Ledger:
 class _BackwardAttribution:
     """Maps autograd nodes to layers and charges the marks between hooks to the layer being differentiated."""
 
-    def __init__(self, nlayers: int, marks: Marks, start_layer: int):
+    def __init__(self, nlayers: int, marks: Marks, start_layer: int, *, keep_activations: bool = True):
+        self.keep_activations = keep_activations  # False: `claim` holds no layer output (costmodels/transient.py)
         self.owner: dict[Any, int] = {}
         self.marks = marks
         self.ledger = Ledger(marks, nlayers)
@@ -198,7 +199,9 @@ class _BackwardAttribution:
         self.activations: list[torch.Tensor] = []  # every layer output autograd differentiates
 
     def claim(self, value: Any, layer: int) -> None:
-        self.activations += [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        if self.keep_activations:
+            self.activations += [t for t in pytree.tree_leaves(value)
+                                 if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         stack = [t.grad_fn for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         while stack:
             fn = stack.pop()
@@ -269,26 +272,7 @@ def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
     fake_tensors=False runs on the real tensors instead (a real step's compute), for
     the rare model whose ops have no fake-tensor implementation.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake_tensors else None
-    real_args = program_args(ep, model, [t for t in pytree.tree_leaves(inputs)])
-    converted: dict[int, Any] = {}
-
-    def fake(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor) or fake_mode is None:  # None: not fake_tensors
-            return t
-        if id(t) not in converted:  # a tied parameter stays one tensor
-            f = fake_mode.from_tensor(t.detach())
-            if t.requires_grad:
-                f.requires_grad_(True)
-            converted[id(t)] = f
-        return converted[id(t)]
-
-    args = [fake(a) for a in real_args]
-    fake_target = pytree.tree_map(fake, target)
-    state_storages = {a.untyped_storage()._cdata for a, r in zip(args, real_args, strict=True)
-                      if isinstance(a, torch.Tensor) and not _is_user(r, inputs)}
+    fake_mode, args, fake_target, state_storages = step_args(ep, model, inputs, target, fake_tensors=fake_tensors)
 
     fwd = [0] * nlayers
     saved = [0] * nlayers
@@ -338,6 +322,32 @@ def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
     return Counts(fwd_flops=fwd, bwd_flops=[int(x) for x in attribution.totals()], saved_bytes=saved,
                   peak_saved_bytes=sum(saved), node_flops=node_flops, total_fwd_flops=total_fwd,
                   bwd_input_flops=[int(x) for x in bwd_input])
+
+
+def step_args(ep: torch.export.ExportedProgram, model: torch.nn.Module, inputs: tuple[Any, ...], target: Any, *,
+              fake_tensors: bool = True) -> tuple[Any, list[Any], Any, set[int]]:
+    """(fake mode or None, the program's flat arguments, the target, the storages of parameters and buffers) for
+    a counted step: fake copies of the real tensors by default (a tied parameter stays one tensor)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake_tensors else None
+    real_args = program_args(ep, model, [t for t in pytree.tree_leaves(inputs)])
+    converted: dict[int, Any] = {}
+
+    def fake(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or fake_mode is None:  # None: not fake_tensors
+            return t
+        if id(t) not in converted:
+            f = fake_mode.from_tensor(t.detach())
+            if t.requires_grad:
+                f.requires_grad_(True)
+            converted[id(t)] = f
+        return converted[id(t)]
+
+    args = [fake(a) for a in real_args]
+    state_storages = {a.untyped_storage()._cdata for a, r in zip(args, real_args, strict=True)
+                      if isinstance(a, torch.Tensor) and not _is_user(r, inputs)}
+    return fake_mode, args, pytree.tree_map(fake, target), state_storages
 
 
 def _is_user(t: Any, inputs: tuple[Any, ...]) -> bool:

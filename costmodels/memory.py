@@ -19,7 +19,6 @@ Conventions
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -164,6 +163,7 @@ class MemoryBreakdown:
     weight_versions: int = 1  # copies of the weights kept (PipeDream weight stashing)
     grad_bytes: int = 0  # the gradients' part of optimizer_bytes (this device's share)
     gathered_bytes: int = 0  # ZeRO-2/3: full-size layer weights and gradients held while computing (in total_bytes)
+    transient_bytes: int = 0  # one microbatch's peak beyond the stage's saved activations (in total_bytes)
 
 
 def activation_bytes(*, saved_bytes_per_mb: int, input_bytes_per_mb: int, inflight: int, recompute: bool,
@@ -190,18 +190,68 @@ def _held_activations(saved: int, inb: int, inflight: int, recompute: bool, chun
     return min(full, math.ceil(inb * inflight / chunks) + math.ceil(saved / chunks))
 
 
-def grad_buffers(schedule: str, inflight: int) -> int:
-    """Output-gradient receive buffers a stage holds: one under torch's schedules (a microbatch's, as it is
-    needed), one per in-flight microbatch in the asynchronous loop, which posts each gradient's receive when
-    its forward sends the activation (so gloo can move the gradient while the stage computes)."""
-    return 1 if facts(schedule).flushes else max(1, inflight)
+def kept_outputs(schedule: str, inflight: int) -> int:
+    """Microbatches whose stage output the stage still holds: torch.distributed.pipelining keeps each forward's
+    output in the stage's `fwd_cache` until that microbatch's backward (torch 2.13 stage.py,
+    `forward_one_chunk`/`backward_one_chunk`), one per microbatch in flight (the last stage's, the model's
+    output: `kept_model_outputs`). PipeDream's own loops: 0."""
+    return inflight if facts(schedule).torch_class is not None else 0
+
+
+def kept_model_outputs(schedule: str, stages: int, microbatches: int) -> int:
+    """Microbatches whose model output (a language model's logits) the device running the last stage keeps
+    (`kept_outputs`): as many as that stage has in flight. All M under GPipe, which runs every forward before
+    any backward; one under the others, whose last stage runs each microbatch's backward right after its
+    forward (torch detaches the last stage's output once that backward is done, stage.py); 0 in PipeDream's
+    loops."""
+    rule = facts(schedule)
+    if rule.torch_class is None:
+        return 0
+    return 1 if rule.interleaves else inflight_microbatches(schedule, stages, stages - 1, microbatches, 1)
+
+
+def accumulating_grad_bytes(largest_layer_param_bytes: int, *, schedule: str, microbatches: int, optimizer: str,
+                            dtype: str, mixed_precision: str = "deepspeed", sharding: str = "none") -> int:
+    """A weight gradient in flight while it is added into `.grad`: from a step's second microbatch on, each
+    layer's backward makes its parameters' gradients anew and accumulates them (autograd's AccumulateGrad; the
+    first backward keeps the new one as `.grad`). Priced as the stage's largest layer's gradients, since they do
+    not grow with the batch (costmodels/transient.py leaves them out). Not under ZeRO-2/3, whose full-size layer
+    gradient is already in `gathered_bytes`, nor where every microbatch updates (async PipeDream)."""
+    if microbatches < 2 or sharding in ("zero2", "zero3") or facts(schedule).updates_each_microbatch:
+        return 0
+    return model_state_bytes(largest_layer_param_bytes, optimizer=optimizer, dtype=dtype,
+                             mixed_precision=mixed_precision).grad_bytes
+
+
+def receive_buffers(schedule: str, stages: int, stage: int, microbatches: int, chunks: int,
+                    inflight: int) -> tuple[int, int]:
+    """(input buffers, output-gradient buffers) pipeline device `stage` holds through a step.
+
+    torch's schedules: torch 2.13's PipelineStage allocates one receive buffer per microbatch and direction
+    when the step sets up and keeps them all through it (stage.py `_setup_forward_recv_info`,
+    `_setup_backward_recv_info`; pytorch/pytorch#136380 asks to reuse a few instead; NVIDIA NeMo Automodel
+    PR #3780 measured ~52 GiB of them on a middle stage). Per virtual stage of the device: M input buffers
+    unless it is the first stage (whose input is the microbatch itself, counted once), M gradient buffers
+    unless it is the last. PipeDream's own loops: one input buffer, and one gradient buffer per microbatch in
+    flight on every stage but the last (runtime/pipedream_comm.py posts each gradient's receive when the
+    forward sends the activation, so gloo can move it while the stage computes).
+    """
+    if facts(schedule).torch_class is None:
+        return 1, (max(1, inflight) if stage < stages - 1 else 0)
+    # the device runs `chunks` virtual stages; stage 0 is device 0's under every placement (the search asks this
+    # for every configuration, so not by listing the device's stages)
+    first_here = stage == 0
+    last_here = stage_device(schedule, stages * chunks - 1, stages) == stage
+    return (chunks * microbatches - (microbatches - 1 if first_here else 0),
+            chunks * microbatches - (microbatches if last_here else 0))
 
 
 def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_mb: int, output_bytes_per_mb: int,
                  schedule: str, stages: int, stage: int, microbatches: int, optimizer: str, dtype: str,
                  recompute: bool, chunks: int = 1, mixed_precision: str = "deepspeed", sharding: str = "none",
                  shards: int = 1, largest_layer_param_bytes: int = 0,
-                 stage_replicas: Sequence[int] | None = None) -> MemoryBreakdown:
+                 stage_replicas: Sequence[int] | None = None, transient_bytes: int = 0,
+                 model_output_bytes_per_mb: int = 0) -> MemoryBreakdown:
     """Predicted peak memory of one pipeline stage (one device).
 
     param_bytes: fp32 bytes of the stage's parameters (all its chunks when interleaved).
@@ -212,15 +262,20 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     over; largest_layer_param_bytes: fp32 bytes of its largest layer (`gathered_bytes`).
     stage_replicas: every stage's replica count where the schedule replicates stages one by one (async
     PipeDream): the in-flight count is then the runtime's per replica (`replicated_inflight`), not K - s.
+    transient_bytes: what one microbatch's step holds at its peak beyond the stage's saved activations
+    (`transient_over_saved` of its layers): a device runs one forward or backward at a time, beside everything
+    it holds for the others; plus a weight gradient being accumulated (`accumulating_grad_bytes`).
+    model_output_bytes_per_mb: the model's output where this device holds the last stage, which it keeps for
+    the last stage's microbatches in flight under torch's schedules (`kept_model_outputs`), as every stage
+    keeps what it sends for its own (`kept_outputs`).
 
     Terms (each documented in docs/cost-models.md):
     weights + stashed versions (pipedream), grads + optimizer state + master copy
     (`model_state_bytes`), gathered layers (`gathered_bytes`), activations
-    (`activation_bytes` with `inflight_microbatches`), and receive buffers: one
-    microbatch's input buffer plus the buffer for the gradient of its output (the
-    last stage computes the loss itself and receives no gradient; interleaved
-    devices all receive one), one per in-flight microbatch where the schedule does not
-    flush (runtime/pipedream.py posts each gradient's receive with its forward).
+    (`activation_bytes` with `inflight_microbatches`), tensors in flight (`transient_bytes`), and in
+    `buffer_bytes` the receive buffers (`receive_buffers`: one per microbatch each way under torch's
+    schedules, PipeDream's loops one input and one gradient buffer per in-flight microbatch) and the outputs
+    kept for the backward (`kept_outputs`, `kept_model_outputs`).
     """
     if not facts(schedule).interleaves and chunks != 1:
         raise ValueError(f"chunks={chunks} only applies to the interleaved schedule")
@@ -239,10 +294,19 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     optimizer_bytes = state.grad_bytes + state.optimizer_bytes
     acts = activation_bytes(saved_bytes_per_mb=saved_bytes_per_mb, input_bytes_per_mb=input_bytes_per_mb,
                             inflight=inflight, recompute=recompute, chunks=chunks)
-    receives_grad = (facts(schedule).interleaves and chunks > 1) or stage < stages - 1
-    buffers = int(input_bytes_per_mb) + (int(output_bytes_per_mb) * grad_buffers(schedule, inflight) if receives_grad else 0)
-    total = weights + optimizer_bytes + gathered + acts + buffers
-    return MemoryBreakdown(weights, optimizer_bytes, acts, buffers, total, inflight, versions, state.grad_bytes, gathered)
+    ins, grads = receive_buffers(schedule, stages, stage, microbatches, chunks, inflight)
+    buffers = int(input_bytes_per_mb) * ins + int(output_bytes_per_mb) * grads
+    buffers += (kept_outputs(schedule, inflight) * int(output_bytes_per_mb)
+                + kept_model_outputs(schedule, stages, microbatches) * int(model_output_bytes_per_mb))
+    if transient_bytes < 0 or model_output_bytes_per_mb < 0:
+        raise ValueError(f"negative transient_bytes or model_output_bytes_per_mb: {transient_bytes}, "
+                         f"{model_output_bytes_per_mb}")
+    transient_bytes += accumulating_grad_bytes(largest_layer_param_bytes, schedule=schedule, microbatches=microbatches,
+                                               optimizer=optimizer, dtype=dtype, mixed_precision=mixed_precision,
+                                               sharding=sharding if shards > 1 else "none")
+    total = weights + optimizer_bytes + gathered + acts + buffers + transient_bytes
+    return MemoryBreakdown(weights, optimizer_bytes, acts, buffers, total, inflight, versions, state.grad_bytes, gathered,
+                           transient_bytes)
 
 
 class RangeMemory:
@@ -265,7 +329,8 @@ class RangeMemory:
     def __init__(self, *, param_bytes: Sequence[int], saved_bytes: Sequence[int], cut_bytes: Sequence[int],
                  input_bytes: int, schedule: str, stages: int, microbatches: int, chunks: int, recompute: bool,
                  optimizer: str, dtype: str, shared: Sequence[tuple[int, Sequence[int]]] = (),
-                 mixed_precision: str = "deepspeed", sharding: str = "none", shards: int = 1) -> None:
+                 mixed_precision: str = "deepspeed", sharding: str = "none", shards: int = 1,
+                 transient_bytes: Sequence[int] = (), model_output_bytes: int = 0) -> None:
         n, P = len(param_bytes), stages
         rule = facts(schedule)
         self.shared = [(nbytes, list(users)) for nbytes, users in shared if len(users) > 1]
@@ -281,23 +346,40 @@ class RangeMemory:
         self.input = input_bytes
         self.inflight = [inflight_microbatches(schedule, P, p, microbatches, self.ch) for p in range(P)]
         self.versions = [stashed_weight_versions(schedule, x) for x in self.inflight]
-        self.receives = [(rule.interleaves or p < P - 1) * grad_buffers(schedule, x) for p, x in enumerate(self.inflight)]
+        self.receives = [receive_buffers(schedule, P, p, microbatches, self.ch, x) for p, x in enumerate(self.inflight)]
         self.sharding, self.shards = sharding, shards
         unit = 4 * 2**20  # a whole number of parameters: the per-byte factors below are exact
         w, g, o = _unsharded_parts(unit, _check(optimizer, OPTIMIZERS, "optimizer"), dtype,
                                    _check(mixed_precision, MIXED_PRECISIONS, "mixed-precision recipe"))
         self.per_byte = (w / unit, g / unit, o / unit)
-        self.largest = _RangeMax(param_bytes) if sharding in ("zero2", "zero3") and shards > 1 else None
-        self.gathered = functools.partial(gathered_bytes, optimizer=optimizer, dtype=dtype,
-                                          mixed_precision=mixed_precision, sharding=sharding)
+        # the largest layer's full-size tensors: `gathered_bytes` under ZeRO-2/3 over replicas, else the gradient
+        # being accumulated (`accumulating_grad_bytes`); as gradients + weights factors of its parameter bytes
+        # (floored, as `_unsharded_parts` halves), since the DP asks millions of times
+        zero_holds = sharding in ("zero2", "zero3") and shards > 1
+        accumulates = accumulating_grad_bytes(unit, schedule=schedule, microbatches=microbatches, optimizer=optimizer,
+                                              dtype=dtype, mixed_precision=mixed_precision,
+                                              sharding=sharding if shards > 1 else "none") > 0
+        self.largest_parts = (int(zero_holds or accumulates), 2 if zero_holds and sharding == "zero3" else 0)
+        self.largest = _RangeMax(param_bytes) if any(self.largest_parts) else None
+        self.keeps = [kept_outputs(schedule, x) for x in self.inflight]
+        self.keeps_model_out = kept_model_outputs(schedule, P, microbatches)
+        self.model_out = model_output_bytes
+        # a range's tensors in flight: max over its layers L of (saved by a..L) + L's, less what a..b saves
+        self.transient = _RangeMax([self.sp[i + 1] + t for i, t in enumerate(transient_bytes)]) \
+            if any(transient_bytes) else None
 
-    def device_total(self, p: int, params: int, saved: int, inb: int, outb: int, largest: int = 0) -> int:
-        """`stage_memory(...).total_bytes` of pipeline device p holding these bytes."""
+    def device_total(self, p: int, params: int, saved: int, inb: int, outb: int, largest: int = 0,
+                     transient: int = 0, model_out: int = 0) -> int:
+        """`stage_memory(...).total_bytes` of pipeline device p holding these bytes (`model_out`: the model's
+        output, where the range ends the model)."""
         w, g, o = (math.ceil(f * params) for f in self.per_byte)
         w, g, o = _shard(w, g, o, self.sharding, self.shards)
         acts = _held_activations(saved, inb, self.inflight[p], self.recompute, self.ch)
-        gathered = self.gathered(largest) if self.largest is not None else 0
-        return w * self.versions[p] + g + o + gathered + acts + inb + outb * self.receives[p]
+        grads_of, weights_of = self.largest_parts
+        gathered = grads_of * int(largest * self.per_byte[1]) + weights_of * int(largest * self.per_byte[0])
+        ins, grads = self.receives[p]
+        return (w * self.versions[p] + g + o + gathered + acts + inb * ins + outb * grads + transient
+                + outb * self.keeps[p] + model_out * self.keeps_model_out)
 
     def __call__(self, s: int, a: int, b: int) -> int:
         """Bytes of virtual stage s holding layers [a, b)."""
@@ -306,13 +388,31 @@ class RangeMemory:
         if self.shared:
             params += self._tied_copies(a, b)
         largest = self.largest(a, b) if self.largest is not None else 0
+        transient = max(0, self.transient(a, b) - self.sp[b]) if self.transient is not None else 0
+        outb = self.cut[b - 1] if b < self.n else 0
         return self.device_total(self.device_of[s], params * ch, (self.sp[b] - self.sp[a]) * ch,
-                                 self.input if a == 0 else self.cut[a - 1], self.cut[b - 1] if b < self.n else 0,
-                                 largest)
+                                 self.input if a == 0 else self.cut[a - 1], outb, largest, transient,
+                                 0 if b < self.n else self.model_out)
 
     def _tied_copies(self, a: int, b: int) -> int:
         """Bytes of tied parameters [a, b) uses but does not own."""
         return sum(nbytes for nbytes, users in self.shared if users[0] < a and any(a <= u < b for u in users))
+
+
+def transient_over_saved(saved_bytes: Sequence[int], transient_bytes: Sequence[int]) -> int:
+    """What a stage made of these layers (in execution order) holds at its peak beyond all they save.
+
+    A layer's `transient_bytes` (costmodels/transient.py) is what is live while it runs beyond what it and
+    the layers before it saved; on a stage only its own layers' saves are held, so at layer L the stage holds
+    its saves up to L plus L's transient. The largest of those, less the stage's whole saved bytes (held at the
+    end of its forward anyway), never below 0. A language model's last stage: the loss's two logit-sized
+    gradients beside every saved tensor; a convolutional stem's large early gradients come when little is held.
+    """
+    held, peak = 0, 0
+    for saved, transient in zip(saved_bytes, transient_bytes, strict=True):
+        held += saved
+        peak = max(peak, held + transient)
+    return max(0, peak - held)
 
 
 class _RangeMax:

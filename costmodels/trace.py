@@ -246,14 +246,17 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
     family = {node.name: node_kind(node) for node in ep.graph.nodes if node.op == "call_function"}
 
     report("counting FLOPs and saved bytes", 0, 1)
+    transient = [0] * n
     try:
         counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n)
+        transient = _transient(ep, model, spec, inputs, target, layer_of, n, graph)
     except UserError:
         raise
     except Exception as e:  # an op without a fake-tensor implementation: count on real tensors instead
         if fake_mode is not None:  # there are none: the caller builds the model for real
             raise
-        graph.notes.append(f"FLOPs and saved bytes were counted on a real step (fake tensors failed: "
+        graph.notes.append(f"FLOPs and saved bytes were counted on a real step, tensors in flight not at all "
+                           f"(fake tensors failed: "
                            f"{type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e).strip() else ''})")
         with out_of_memory_as_user_error(spec.path, "counting FLOPs on a real step"):
             counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n, fake_tensors=False)
@@ -292,11 +295,30 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
         if timing is not None and timing.grad_accumulate_s:
             layer.grad_accumulate_s = min(layer.bwd_s, timing.grad_accumulate_s[i])
         layer.saved_bytes = int(counts.saved_bytes[i])
+        layer.transient_bytes = int(transient[i])
         layer.kind = _refine_kind(layer, counts.node_flops, family)
         layer.parts = with_loss(cost_parts([nodes[x] for x in layer.nodes if x in nodes], counts.node_flops,
                                            params, layer.bwd_flops), loss_read[i])
     graph.peak_activation_bytes = int(counts.peak_saved_bytes)
     return blocks.Measured(graph, counts.node_flops, family)
+
+
+def _transient(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: Any, target: Any,
+               layer_of: dict[str, int], n: int, graph: Graph) -> list[int]:
+    """costmodels/transient.py's per-layer bytes in flight; zeros, with a note, where its fake step fails (the
+    memory model then holds saved tensors and model state only, as before the term existed)."""
+    from pipeplan.costmodels.transient import transient_bytes
+
+    shapes = {fqn: tuple(p.shape) for fqn, p in model.named_parameters(remove_duplicate=False)}
+    param_shapes = [{shapes[fqn] for fqn in layer.params if fqn in shapes} for layer in graph.layers]
+    try:
+        return transient_bytes(ep, model, spec, inputs, target, layer_of, n, param_shapes)
+    except UserError:
+        raise
+    except Exception as e:
+        graph.notes.append(f"tensors in flight were not counted ({type(e).__name__}); "
+                           "peak memory holds saved activations and model state only")
+        return [0] * n
 
 
 def _owned_params(model: torch.nn.Module, layers: list[Layer]) -> list[list[torch.nn.Parameter]]:

@@ -45,7 +45,7 @@ class StagePrediction:
     memory_bytes: int = 0  # predicted peak per device
     weights_bytes: int = 0
     optimizer_bytes: int = 0  # gradients + optimizer state (this device's share when sharded)
-    activation_bytes: int = 0  # peak in-flight activations incl. receive buffers
+    activation_bytes: int = 0  # peak in-flight activations incl. receive buffers and tensors in flight
     op_overhead_s: float = 0.0  # the runtime's time around each forward/backward op (simulated, not in fwd_s/bwd_s)
     grad_bytes: int = 0  # the gradients' part of optimizer_bytes
     gathered_bytes: int = 0  # ZeRO-2/3: full-size layer weights/gradients held while computing (in memory_bytes)

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_ring_time_s, p2p_time_s
 from pipeplan.costmodels.grad_passes import dp_flatten_s, grad_scale_s
 from pipeplan.costmodels.graph import Graph, Layer, SharedParam, weight_grad_time_share
-from pipeplan.costmodels.memory import MemoryBreakdown, is_mixed_precision, model_state_bytes, stage_memory
+from pipeplan.costmodels.memory import (
+    MemoryBreakdown,
+    is_mixed_precision,
+    model_state_bytes,
+    stage_memory,
+    transient_over_saved,
+)
 from pipeplan.costmodels.optimizer_step import optimizer_step_s, stash_copy_s
 from pipeplan.costmodels.recompute import checkpoint_overhead_s, rerun_forward_s, weight_grad_passes
 from pipeplan.costmodels.split_backward import split_backward_extra_s
@@ -170,6 +176,7 @@ class _Sums:
     own_params: list[int]
     saved: list[int]
     largest: list[int]  # fp32 bytes of the stage's largest layer (what ZeRO-2/3 hold unsharded)
+    transient: list[int]  # one microbatch's peak beyond the stage's saved bytes (memory.transient_over_saved)
 
 
 def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float,
@@ -178,7 +185,7 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
     LM head) is owned by its first user's stage; every other stage using it keeps a copy with
     its own gradients and optimizer state, as Megatron-LM does with its embedding group."""
     f, b = [0.0] * S, [0.0] * S
-    params, saved, largest = [0] * S, [0] * S, [0] * S
+    params, saved, largest, transient = [0] * S, [0] * S, [0] * S, [0] * S
     for i in range(problem.n):
         s = assignment[i]
         f[s] += slow * problem.fwd_s[i]
@@ -190,7 +197,11 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
     for nbytes, used in shared:
         for s in used[1:]:
             params[s] += nbytes
-    return _Sums(f, b, params, own_params, saved, largest)
+    if problem.transient_bytes:
+        transient = [transient_over_saved([problem.saved_bytes[i] for i in range(problem.n) if assignment[i] == s],
+                                          [problem.transient_bytes[i] for i in range(problem.n) if assignment[i] == s])
+                     for s in range(S)]
+    return _Sums(f, b, params, own_params, saved, largest, transient)
 
 
 def _send_times(profile: HardwareProfile, schedule: str, out_bytes: Sequence[int], reps: Sequence[int],
@@ -312,8 +323,9 @@ def _fresh_saving(problem: Problem, graph: Graph, assignment: Sequence[int], S: 
 
 
 def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: Sequence[int],
-                   out_bytes: Sequence[int], reps: Sequence[int]) -> list[MemoryBreakdown]:
-    """Peak memory of each pipeline device (all its chunks), from `stage_memory`."""
+                   out_bytes: Sequence[int], reps: Sequence[int], model_out_bytes: int) -> list[MemoryBreakdown]:
+    """Peak memory of each pipeline device (all its chunks), from `stage_memory`; `model_out_bytes`: the model's
+    output per microbatch (the last layer's outputs), which the device holding the last stage keeps."""
     rule = facts(config.schedule)
     S = len(in_bytes)
     P = S // config.chunks
@@ -331,6 +343,8 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             chunks=config.chunks if rule.interleaves else 1, mixed_precision=request.mixed_precision,
             sharding=config.sharding, shards=reps[p], largest_layer_param_bytes=max(sums.largest[s] for s in mine),
             stage_replicas=None if rule.replicates_whole_pipeline else reps,  # PipeDream: the runtime's count
+            transient_bytes=max(sums.transient[s] for s in mine),
+            model_output_bytes_per_mb=model_out_bytes if S - 1 in mine else 0,
         ))
     return memory
 
@@ -364,7 +378,8 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
         bwd = [(sums.b[s] + allreduce[s] + opt[s]) / reps[s] for s in range(S)]  # PipeDream updates every microbatch
         rec = [rec[s] / reps[s] for s in range(S)]
         fresh = [fresh[s] / reps[s] for s in range(S)]
-    memory = _device_memory(config, request, sums, in_bytes, out_bytes, reps)
+    memory = _device_memory(config, request, sums, in_bytes, out_bytes, reps,
+                            problem.output_bytes[-1] if problem.n else 0)
     # Simulator memory: the device's fixed part, and per microbatch what stays until its backward.
     static = [m.weights_bytes + m.optimizer_bytes + m.gathered_bytes + m.buffer_bytes for m in memory]
     act = [in_bytes[s] if rc else sums.saved[s] for s in range(S)]

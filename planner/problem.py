@@ -29,12 +29,15 @@ class Problem:
     cut_bytes: tuple[int, ...]  # len n-1: bytes live across the cut after layer i, per microbatch
     input_bytes: int  # model input per microbatch
     edges: tuple[tuple[int, int, int], ...] = ()  # (src index, dst index, bytes per microbatch)
+    transient_bytes: tuple[int, ...] = ()  # tensors in flight while a layer runs, per microbatch; (): none counted
 
     def __post_init__(self) -> None:
         n = len(self.names)
         for field_name in ("fwd_s", "bwd_s", "param_bytes", "saved_bytes", "output_bytes"):
             if len(getattr(self, field_name)) != n:
                 raise ValueError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries for {n} layers")
+        if self.transient_bytes and len(self.transient_bytes) != n:
+            raise ValueError(f"Problem.transient_bytes has {len(self.transient_bytes)} entries for {n} layers")
         if len(self.cut_bytes) != max(n - 1, 0):
             raise ValueError(f"Problem.cut_bytes must have {max(n - 1, 0)} entries, has {len(self.cut_bytes)}")
         for s, d, _ in self.edges:
@@ -134,4 +137,5 @@ def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_s
         cut_bytes=tuple(act(c) for c in graph.cut_bytes()),
         input_bytes=act(graph.input_bytes),
         edges=tuple((index[e.src], index[e.dst], act(e.bytes)) for e in graph.edges),
+        transient_bytes=tuple(act(layer.transient_bytes) for layer in graph.layers),
     )

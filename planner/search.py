@@ -125,7 +125,8 @@ class _Search:
                 input_bytes=prob.input_bytes, schedule=cfg.schedule, stages=cfg.stages,
                 microbatches=cfg.microbatches, chunks=cfg.chunks, recompute=cfg.recompute,
                 optimizer=req.optimizer, dtype=req.training_dtype, shared=self.shared,
-                mixed_precision=req.mixed_precision, sharding=cfg.sharding, shards=cfg.data_parallel)
+                mixed_precision=req.mixed_precision, sharding=cfg.sharding, shards=cfg.data_parallel,
+                transient_bytes=prob.transient_bytes, model_output_bytes=prob.output_bytes[-1] if prob.n else 0)
         return self._memory[key]
 
     @staticmethod

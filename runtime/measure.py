@@ -13,6 +13,7 @@ schedule computes after the last stage's forward, is added to that forward (`tim
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -144,12 +145,32 @@ class SavedTensorMeter:
     peak without slowing the timed ones.
     """
 
-    def __init__(self, weight_storages: set[int]):
+    def __init__(self, weight_storages: set[int], state_keys: set[int] | None = None):
         self.weight_storages = weight_storages  # untyped_storage().data_ptr() of parameters and buffers
         self.enabled = True  # off: instrument() runs the forward without the hooks
         self.live: dict[int, list[int]] = {}  # data_ptr -> [refs, bytes]
         self.current = 0
         self.peak = 0
+        self.state_keys = state_keys  # untyped_storage()._cdata of parameters and buffers, for `step`
+        self.step_peak = 0  # the most bytes a metered step held beyond model state (`step`)
+
+    @contextlib.contextmanager
+    def step(self, params):
+        """A step (the schedule's forwards and backwards) whose every tensor is logged while the meter is on: the
+        most bytes it held at once beyond parameters, buffers and the gradients it leaves (`step_peak`). The
+        saved tensors are part of it, and so are what they leave out: outputs not yet read, gradients in
+        flight, the loss's (costmodels/transient.py, whose log this is). It costs a dispatch per op, so only
+        the steps the meter is on for (untimed ones) are logged."""
+        if not self.enabled or self.state_keys is None:
+            yield
+            return
+        from pipeplan.costmodels.transient import StorageLog
+
+        log = StorageLog(lambda: 0, set(self.state_keys))
+        with log:
+            yield
+        grads = log.live_ids(p.grad for p in params if p.grad is not None)
+        self.step_peak = max(self.step_peak, log.peak_bytes(grads))
 
     def _release(self, ptr: int) -> None:
         entry = self.live.get(ptr)
@@ -189,6 +210,11 @@ class SavedTensorMeter:
 def weight_storages(modules) -> set[int]:
     """The storages of these modules' parameters and buffers (what SavedTensorMeter leaves out)."""
     return {t.untyped_storage().data_ptr() for m in modules for t in (*m.parameters(), *m.buffers())}
+
+
+def state_keys(modules) -> set[int]:
+    """The same storages by their storage object's address, as the step log (`SavedTensorMeter.step`) keys them."""
+    return {t.untyped_storage()._cdata for m in modules for t in (*m.parameters(), *m.buffers())}
 
 
 def tensor_bytes(tensors) -> int:

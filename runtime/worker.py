@@ -17,6 +17,7 @@ died from ranks that were stopped because of it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import sys
@@ -42,6 +43,7 @@ from pipeplan.runtime.measure import (
     instrument,
     median,
     optimizer_state_bytes,
+    state_keys,
     tensor_bytes,
     timed_loss,
     weight_storages,
@@ -335,7 +337,8 @@ def setup(opts: Options, plan_path: str) -> RunState:
     tied = tied_groups(ranks, dp, shared)
     my_ranks = {s: ranks[s][replica] for s in ranks}  # this replica's pipeline
     first_step = resume_step(opts, plan, modules, optimizers)
-    meter = SavedTensorMeter(weight_storages(modules.values())) if device.type == "cpu" else None
+    meter = SavedTensorMeter(weight_storages(modules.values()), state_keys(modules.values())) \
+        if device.type == "cpu" else None
     clock = StepClock()
     stats = {s: StageStats(index=s) for s in mine}
     schedule, mean_loss = build_pipeline(plan, spec, gm, modules, pp_groups[replica], device, stats, clock, meter,
@@ -581,7 +584,9 @@ def train_step(st: RunState, inputs: tuple, target: Any, *, measured: bool, firs
         kwargs["losses"] = mb_losses
     # return_outputs=False: the losses come through `losses`; merging the last stage's outputs
     # would only concatenate (and keep alive) every microbatch's logits
-    st.schedule.step(*args, return_outputs=False, **kwargs)
+    with st.meter.step([p for m in st.modules.values() for p in m.parameters()]) if st.meter is not None \
+            else contextlib.nullcontext():
+        st.schedule.step(*args, return_outputs=False, **kwargs)
     sum_shared_grads(st.shared, st.modules, st.my_ranks, st.tied_groups)
     if st.dp > 1:
         average_replica_grads(st.modules, st.dp_groups, st.dp, st.mean_loss, st.sharded)
@@ -791,11 +796,13 @@ def stage_record(s: int, st: StageStats, module, optimizer, meter, device, stage
             grads += shard_bytes - tensor_bytes(sharded.params)
         if sharded.level == "zero3":  # ...and of the weights (ZeRO-3)
             weights += shard_bytes - tensor_bytes(sharded.params)
+    saved = meter.peak if meter is not None else None  # the saved tensors' high-water mark alone (CPU)
     if device.type == "cuda":
         peak = int(torch.cuda.max_memory_allocated(device))
         activation = max(0, peak - weights - grads - opt)
     else:
-        activation = meter.peak if meter is not None else 0
+        # the step's whole peak beyond state where it was logged (torch's schedules), else the saved tensors'
+        activation = max(meter.peak, meter.step_peak) if meter is not None else 0
         peak = weights + grads + opt + activation
     return {
         "index": s,
@@ -809,6 +816,7 @@ def stage_record(s: int, st: StageStats, module, optimizer, meter, device, stage
         "grad_bytes": grads,
         "optimizer_bytes": opt,
         "activation_bytes": activation,
+        "saved_activation_bytes": saved,
         "peak_memory_bytes": peak,
     }
 

@@ -210,7 +210,8 @@ def test_analyze_traces_a_model_once_at_batch_1(tmp_path):
 
 def test_plan_reads_a_pipedream_profile():
     path = DATA / "pipedream-profiles" / "vgg16.graph.txt"
-    doc = run_json(["plan", path, "--profile", "v100-16gb-sxm2", "--gpus", "4", "--batch-size", "64", "--dtype", "fp32"])
+    # 32 GB cards: on 16 GB ones nothing fits once torch's per-microbatch receive buffers are counted
+    doc = run_json(["plan", path, "--profile", "v100-32gb-sxm2", "--gpus", "4", "--batch-size", "64", "--dtype", "fp32"])
     assert doc["plan"]["graph"]["model_file"] is None
     assert doc["plan"]["predicted"]["samples_per_s"] > 0
 

@@ -195,14 +195,17 @@ def test_stage_memory_hand_computed():
     kw = dict(param_bytes=400, saved_bytes_per_mb=1000, input_bytes_per_mb=100, output_bytes_per_mb=50,
               stages=4, microbatches=8, optimizer="adam", dtype="fp32")
     m = memory.stage_memory(schedule="1f1b", stage=1, recompute=False, **kw)
-    assert (m.weights_bytes, m.optimizer_bytes, m.activation_bytes, m.buffer_bytes) == (400, 1200, 3000, 150)
-    assert m.total_bytes == 4750
+    # buffers under torch's schedules: a receive buffer per microbatch each way (8 x 100 in, 8 x 50 for the
+    # gradients) and the output of each of the 3 microbatches in flight, kept until its backward (3 x 50)
+    assert (m.weights_bytes, m.optimizer_bytes, m.activation_bytes, m.buffer_bytes) == (400, 1200, 3000, 1350)
+    assert m.total_bytes == 5950
     r = memory.stage_memory(schedule="1f1b", stage=1, recompute=True, **kw)
     assert r.activation_bytes == 3 * 100 + 1000  # 3 in-flight inputs + one microbatch's activations
     g = memory.stage_memory(schedule="gpipe", stage=1, recompute=False, **kw)
     assert g.activation_bytes == 8000
     last = memory.stage_memory(schedule="1f1b", stage=3, recompute=False, **kw)
-    assert last.buffer_bytes == 100 and last.activation_bytes == 1000  # no gradient arrives at the last stage
+    # no gradient arrives at the last stage: 8 input buffers, and its one microbatch's output kept
+    assert last.buffer_bytes == 8 * 100 + 50 and last.activation_bytes == 1000
     pd0 = memory.stage_memory(schedule="pipedream", stage=0, recompute=False, **kw)
     assert pd0.weight_versions == 4 and pd0.weights_bytes == 1600  # weight stashing: K versions on stage 0
     pd3 = memory.stage_memory(schedule="pipedream", stage=3, recompute=False, **kw)
@@ -215,11 +218,14 @@ def test_stage_memory_interleaved_counts_chunks():
                             dtype="fp32", recompute=False, chunks=2)
     assert m.inflight == 11
     assert m.activation_bytes == 11 * 1000  # 11 chunk-microbatches of half the device's layers
-    assert m.buffer_bytes == 20
+    # device 0 runs virtual stages 0 and 4 of 8: the first's input is the microbatch (1), the other receives
+    # one per microbatch (16); both receive gradients (2 x 16); 11 chunk-microbatches keep their outputs
+    assert m.buffer_bytes == (1 + 16) * 10 + 32 * 10 + 11 * 10
     one = memory.stage_memory(param_bytes=0, saved_bytes_per_mb=2000, input_bytes_per_mb=10, output_bytes_per_mb=10,
                               schedule="interleaved", stages=4, stage=3, microbatches=16, optimizer="sgd",
                               dtype="fp32", recompute=False, chunks=1)
-    assert (one.inflight, one.buffer_bytes) == (1, 10)  # one chunk is plain 1F1B: the last device gets no gradient
+    # one chunk is plain 1F1B: the last device gets no gradient, receives 16 inputs and keeps one output
+    assert (one.inflight, one.buffer_bytes) == (1, 16 * 10 + 10)
 
 
 def test_recompute_never_costs_more_than_storing():

@@ -81,7 +81,9 @@ def test_heterogeneous_devices_and_memory_match_brute_force(case, data):
         assert got.solver["status"] == "infeasible"
     else:
         assert got.solver["status"] == "optimal"
-        assert got.bottleneck_s == pytest.approx(best, rel=1e-6)
+        # CBC takes near-integral values as integral (its integer tolerance), so its split can be priced ~1e-6
+        # above the optimum (hypothesis found 1.750023504 s against 1.750021753)
+        assert got.bottleneck_s == pytest.approx(best, rel=1e-5)
         used = [0] * k
         for v, s in enumerate(got.assignment):
             used[s] += mem[v]

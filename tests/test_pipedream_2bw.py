@@ -116,7 +116,8 @@ def test_1f1b_order_needs_only_two_versions(K, M):
 def test_memory_keeps_two_versions_on_every_stage():
     """weights = 2 x one copy (ICML 2021 §3.1) on every stage, activations of 1F1B's K - s microbatches;
     PipeDream keeps K - s versions instead. The asynchronous loop holds a gradient receive buffer per in-flight
-    microbatch (runtime/pipedream_comm.post_grad_recvs), 1F1B one. RangeMemory agrees with stage_memory."""
+    microbatch (runtime/pipedream_comm.post_grad_recvs); torch's 1F1B one per microbatch each way, and each
+    in-flight microbatch's output (memory.receive_buffers, kept_outputs). RangeMemory agrees with stage_memory."""
     K, M = 4, 8
     kw = dict(param_bytes=400, saved_bytes_per_mb=1000, input_bytes_per_mb=100, output_bytes_per_mb=50,
               stages=K, microbatches=M, optimizer="adam", dtype="fp32", recompute=False)
@@ -129,7 +130,7 @@ def test_memory_keeps_two_versions_on_every_stage():
         assert two.inflight == K - s and two.activation_bytes == one.activation_bytes == (K - s) * 1000
         grad_buffers = (K - s) if s < K - 1 else 0  # the last stage receives no gradient
         assert two.buffer_bytes == pd.buffer_bytes == 100 + 50 * grad_buffers
-        assert one.buffer_bytes == 100 + 50 * (s < K - 1)
+        assert one.buffer_bytes == 100 * (1 if s == 0 else M) + 50 * M * (s < K - 1) + 50 * (K - s)
         assert two.total_bytes == one.total_bytes + 400 + two.buffer_bytes - one.buffer_bytes
     rm = memory.RangeMemory(param_bytes=[400, 400, 400, 400], saved_bytes=[1000] * 4, cut_bytes=[50] * 4,
                             input_bytes=100, schedule="pipedream-2bw", stages=K, microbatches=M, chunks=1,
@@ -138,7 +139,8 @@ def test_memory_keeps_two_versions_on_every_stage():
         assert rm(s, s, s + 1) == memory.stage_memory(
             schedule="pipedream-2bw", stage=s, param_bytes=400, saved_bytes_per_mb=1000,
             input_bytes_per_mb=100 if s == 0 else 50, output_bytes_per_mb=50 if s < K - 1 else 0, stages=K,
-            microbatches=M, optimizer="adam", dtype="fp32", recompute=False).total_bytes
+            microbatches=M, optimizer="adam", dtype="fp32", recompute=False,
+            largest_layer_param_bytes=400).total_bytes  # 2BW accumulates a window's gradients: one in flight
 
 
 def test_predicted_iteration_is_the_1f1b_steady_state_plus_the_update():

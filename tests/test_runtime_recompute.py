@@ -83,5 +83,8 @@ def test_recomputation_changes_memory_not_training(model, runs):
     the step is the one without recomputation, while the saved activations shrink to the stage inputs."""
     off, on = runs[f"{model}-off"], runs[f"{model}-on"]
     _assert_same(off, on, model)
-    saved = {k: sum(st["activation_bytes"] for st in runs[f"{model}-{k}"][2]) for k in ("off", "on")}
-    assert saved["on"] < saved["off"] / 2, saved  # the CPU meter does not see inside a checkpoint (docs/runtime.md)
+    saved = {k: sum(st["saved_activation_bytes"] for st in runs[f"{model}-{k}"][2]) for k in ("off", "on")}
+    assert saved["on"] < saved["off"] / 2, saved  # the saved-tensor hooks do not see inside a checkpoint
+    if model == "dropout":  # torch's schedules: the step's log also holds the re-run's activations, and less
+        peak = {k: sum(st["activation_bytes"] for st in runs[f"{model}-{k}"][2]) for k in ("off", "on")}
+        assert saved["on"] < peak["on"] < peak["off"], (saved, peak)

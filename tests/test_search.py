@@ -149,7 +149,9 @@ def test_evaluate_memory_and_flops_terms():
         m = stage_memory(param_bytes=sum(prob.param_bytes[a:b]), saved_bytes_per_mb=sum(prob.saved_bytes[a:b]),
                          input_bytes_per_mb=prob.input_bytes if a == 0 else cut[a - 1],
                          output_bytes_per_mb=cut[b - 1] if b < 6 else 0, schedule="1f1b", stages=2, stage=s,
-                         microbatches=4, optimizer="adam", dtype="fp32", recompute=False)
+                         microbatches=4, optimizer="adam", dtype="fp32", recompute=False,
+                         largest_layer_param_bytes=max(prob.param_bytes[a:b]),
+                         model_output_bytes_per_mb=prob.output_bytes[-1] if b == 6 else 0)
         assert plan.stages[s].predicted.memory_bytes == m.total_bytes
         assert plan.stages[s].predicted.send_bytes == (cut[2] if s == 0 else 0)
         assert plan.stages[s].predicted.compute_s == pytest.approx(sum(prob.fwd_s[a:b]) + sum(prob.bwd_s[a:b]))
@@ -464,7 +466,8 @@ def test_memory_model_charges_tied_copies_like_evaluate():
     prob = build_problem(g, prof, microbatch_size=4)
     model = RangeMemory(param_bytes=prob.param_bytes, saved_bytes=prob.saved_bytes, cut_bytes=prob.cut_bytes,
                         input_bytes=prob.input_bytes, schedule="1f1b", stages=2, microbatches=4, chunks=1,
-                        recompute=False, optimizer="adam", dtype="fp32", shared=[(1000 * 256 * 4, [0, 5])])
+                        recompute=False, optimizer="adam", dtype="fp32", shared=[(1000 * 256 * 4, [0, 5])],
+                        model_output_bytes=prob.output_bytes[-1])
     for cut in range(1, 6):
         plan = evaluate(g, prof, [0] * cut + [1] * (6 - cut), schedule="1f1b", microbatches=4, batch_size=16)
         assert [model(0, 0, cut), model(1, cut, 6)] == [s.predicted.memory_bytes for s in plan.stages]
