@@ -193,7 +193,10 @@ Still missing (the rows above 1.15 or below 0.85):
   logit-sized gradients, the logits kept), where LLM Foundry's MPT defaults to flash-attn's fused
   cross-entropy (llmfoundry/models/mpt/modeling_mpt.py: `loss_fn` 'fused_crossentropy'), one kernel that makes
   neither the fp32 log-softmax nor a second gradient. Pricing the framework's loss, like its attention, would
-  take its kernels' memory (not done).
+  take its kernels' memory (not done). torchgpipe's U-Net and ResNet-101 pipelines on P40s read out of memory
+  for the same reason of runtime: the model prices pipeplan's runtime, torch.distributed.pipelining, whose
+  stages allocate a receive buffer per microbatch each way for a step (the U-Net's skip tensors cross its cuts
+  at up to 300 MB a microbatch), where torchgpipe hands each microbatch's tensors over as they come.
 
 Rows and assumptions: LLM Foundry's rows quote the benchmark README at commit c90b9b31 (MPT configs from the
 same repository; the traced parameter counts equal the table's NumParams exactly); Megatron 1.7B's microbatch

@@ -367,6 +367,7 @@ class RangeMemory:
         # a range's tensors in flight: max over its layers L of (saved by a..L) + L's, less what a..b saves
         self.transient = _RangeMax([self.sp[i + 1] + t for i, t in enumerate(transient_bytes)]) \
             if any(transient_bytes) else None
+        self.transient_last = transient_bytes[-1] if self.transient is not None else 0
 
     def device_total(self, p: int, params: int, saved: int, inb: int, outb: int, largest: int = 0,
                      transient: int = 0, model_out: int = 0) -> int:
@@ -388,18 +389,30 @@ class RangeMemory:
         if self.shared:
             params += self._tied_copies(a, b)
         largest = self.largest(a, b) if self.largest is not None else 0
-        transient = max(0, self.transient(a, b) - self.sp[b]) if self.transient is not None else 0
+        transient = self._transient(a, b)
         outb = self.cut[b - 1] if b < self.n else 0
         return self.device_total(self.device_of[s], params * ch, (self.sp[b] - self.sp[a]) * ch,
                                  self.input if a == 0 else self.cut[a - 1], outb, largest, transient,
                                  0 if b < self.n else self.model_out)
+
+    def _transient(self, a: int, b: int) -> int:
+        """`transient_over_saved` of layers [a, b) from the range maximum; the model's last layer apart under
+        recomputation (its loss runs outside the checkpoint)."""
+        peak_of = self.transient
+        if peak_of is None:
+            return 0
+        if not (self.recompute and b == self.n):
+            return max(0, peak_of(a, b) - self.sp[b])
+        last = self.sp[a] + self.sp[b] - self.sp[b - 1] + self.transient_last  # in the prefix sums' frame
+        return max(0, max(peak_of(a, b - 1), last) - self.sp[b])
 
     def _tied_copies(self, a: int, b: int) -> int:
         """Bytes of tied parameters [a, b) uses but does not own."""
         return sum(nbytes for nbytes, users in self.shared if users[0] < a and any(a <= u < b for u in users))
 
 
-def transient_over_saved(saved_bytes: Sequence[int], transient_bytes: Sequence[int]) -> int:
+def transient_over_saved(saved_bytes: Sequence[int], transient_bytes: Sequence[int], *,
+                         loss_apart: bool = False) -> int:
     """What a stage made of these layers (in execution order) holds at its peak beyond all they save.
 
     A layer's `transient_bytes` (costmodels/transient.py) is what is live while it runs beyond what it and
@@ -407,11 +420,19 @@ def transient_over_saved(saved_bytes: Sequence[int], transient_bytes: Sequence[i
     its saves up to L plus L's transient. The largest of those, less the stage's whole saved bytes (held at the
     end of its forward anyway), never below 0. A language model's last stage: the loss's two logit-sized
     gradients beside every saved tensor; a convolutional stem's large early gradients come when little is held.
+
+    `loss_apart`: the last layer carries the loss, which runs outside a recomputed stage's checkpoint
+    (runtime/recompute.py wraps the stage module; the schedule computes the loss after it), so the loss's
+    backward, and the peak the trace charged to that layer, comes before the re-run brings the other layers'
+    activations back: there the stage holds the last layer's own saves and its transient only.
     """
     held, peak = 0, 0
-    for saved, transient in zip(saved_bytes, transient_bytes, strict=True):
+    for saved, transient in list(zip(saved_bytes, transient_bytes, strict=True))[:-1 if loss_apart else None]:
         held += saved
         peak = max(peak, held + transient)
+    if loss_apart and saved_bytes:
+        held += saved_bytes[-1]
+        peak = max(peak, saved_bytes[-1] + transient_bytes[-1])
     return max(0, peak - held)
 
 

@@ -180,7 +180,7 @@ class _Sums:
 
 
 def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float,
-                shared: Sequence[tuple[int, list[int]]]) -> _Sums:
+                shared: Sequence[tuple[int, list[int]]], recompute: bool = False) -> _Sums:
     """Per-stage compute and bytes. A parameter tied across stages (e.g. GPT-2's embedding and
     LM head) is owned by its first user's stage; every other stage using it keeps a copy with
     its own gradients and optimizer state, as Megatron-LM does with its embedding group."""
@@ -198,8 +198,10 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
         for s in used[1:]:
             params[s] += nbytes
     if problem.transient_bytes:
+        last = assignment[problem.n - 1]  # the stage computing the loss (outside its checkpoint when recomputed)
         transient = [transient_over_saved([problem.saved_bytes[i] for i in range(problem.n) if assignment[i] == s],
-                                          [problem.transient_bytes[i] for i in range(problem.n) if assignment[i] == s])
+                                          [problem.transient_bytes[i] for i in range(problem.n) if assignment[i] == s],
+                                          loss_apart=recompute and s == last)
                      for s in range(S)]
     return _Sums(f, b, params, own_params, saved, largest, transient)
 
@@ -356,7 +358,7 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     per stage, see `_split_extra`)."""
     S = len(reps)
     shared = [(int(sp.bytes), used) for sp, used in shared_stages(graph, problem.names, assignment)]
-    sums = _stage_sums(problem, assignment, S, slow, shared)
+    sums = _stage_sums(problem, assignment, S, slow, shared, config.recompute)
     out_bytes = boundary_bytes(problem, assignment, S)
     in_bytes = [problem.input_bytes] + out_bytes[:-1]
     send = _send_times(profile, config.schedule, out_bytes, reps, ranks)
