@@ -186,8 +186,10 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
     its own gradients and optimizer state, as Megatron-LM does with its embedding group."""
     f, b = [0.0] * S, [0.0] * S
     params, saved, largest, transient = [0] * S, [0] * S, [0] * S, [0] * S
+    members: list[list[int]] = [[] for _ in range(S)]  # each stage's layers, in order
     for i in range(problem.n):
         s = assignment[i]
+        members[s].append(i)
         f[s] += slow * problem.fwd_s[i]
         b[s] += slow * problem.bwd_s[i]
         params[s] += problem.param_bytes[i]
@@ -199,10 +201,9 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
             params[s] += nbytes
     if problem.transient_bytes:
         last = assignment[problem.n - 1]  # the stage computing the loss (outside its checkpoint when recomputed)
-        transient = [transient_over_saved([problem.saved_bytes[i] for i in range(problem.n) if assignment[i] == s],
-                                          [problem.transient_bytes[i] for i in range(problem.n) if assignment[i] == s],
-                                          loss_apart=recompute and s == last)
-                     for s in range(S)]
+        transient = [transient_over_saved([problem.saved_bytes[i] for i in mine],
+                                          [problem.transient_bytes[i] for i in mine], loss_apart=recompute and s == last)
+                     for s, mine in enumerate(members)]
     return _Sums(f, b, params, own_params, saved, largest, transient)
 
 

@@ -155,12 +155,12 @@ class SavedTensorMeter:
         self.step_peak = 0  # the most bytes a metered step held beyond model state (`step`)
 
     @contextlib.contextmanager
-    def step(self, params):
+    def step(self, modules):
         """A step (the schedule's forwards and backwards) whose every tensor is logged while the meter is on: the
-        most bytes it held at once beyond parameters, buffers and the gradients it leaves (`step_peak`). The
-        saved tensors are part of it, and so are what they leave out: outputs not yet read, gradients in
-        flight, the loss's (costmodels/transient.py, whose log this is). It costs a dispatch per op, so only
-        the steps the meter is on for (untimed ones) are logged."""
+        most bytes it held at once beyond the `modules`' parameters, buffers and the gradients it leaves
+        (`step_peak`). The saved tensors are part of it, and so are what they leave out: outputs not yet read,
+        gradients in flight, the loss's (costmodels/transient.py, whose log this is). It costs a dispatch per
+        op, so only the steps the meter is on for (untimed ones) are logged; the parameters are listed only then."""
         if not self.enabled or self.state_keys is None:
             yield
             return
@@ -169,7 +169,7 @@ class SavedTensorMeter:
         log = StorageLog(lambda: 0, set(self.state_keys))
         with log:
             yield
-        grads = log.live_ids(p.grad for p in params if p.grad is not None)
+        grads = log.live_ids(p.grad for m in modules for p in m.parameters() if p.grad is not None)
         self.step_peak = max(self.step_peak, log.peak_bytes(grads))
 
     def _release(self, ptr: int) -> None:

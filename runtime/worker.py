@@ -584,8 +584,7 @@ def train_step(st: RunState, inputs: tuple, target: Any, *, measured: bool, firs
         kwargs["losses"] = mb_losses
     # return_outputs=False: the losses come through `losses`; merging the last stage's outputs
     # would only concatenate (and keep alive) every microbatch's logits
-    with st.meter.step([p for m in st.modules.values() for p in m.parameters()]) if st.meter is not None \
-            else contextlib.nullcontext():
+    with st.meter.step(st.modules.values()) if st.meter is not None else contextlib.nullcontext():
         st.schedule.step(*args, return_outputs=False, **kwargs)
     sum_shared_grads(st.shared, st.modules, st.my_ranks, st.tied_groups)
     if st.dp > 1:
