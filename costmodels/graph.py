@@ -66,6 +66,12 @@ class Layer:
     # peak bytes of the tensors in flight while its ops run (outputs not yet read, gradients passed on; the loss's
     # on the last layer), beyond saved tensors and model state (costmodels/transient.py); 0: not traced
     transient_bytes: int = 0
+    # bytes of the gradients of its weight ops' outputs, which a split backward's input pass (zero bubble's B) keeps
+    # for the weight pass W (costmodels/transient.py, `_DeferredGrads`); 0: not traced
+    deferred_grad_bytes: int = 0
+    # of saved_bytes, what the loss saves (the last layer's, which the loss counts as; 0 elsewhere): zero bubble's B
+    # on the last stage frees it, not its W (costmodels/transient.py); 0: not traced
+    loss_saved_bytes: int = 0
     fwd_s: float = 0.0  # measured on the tracing machine (median of repeats)
     bwd_s: float = 0.0
     bytes_moved: int = 0  # estimated memory traffic of one forward (inputs + outputs + weights), for the roofline

@@ -19,13 +19,14 @@ Conventions
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeplan.choices import DTYPES, MIXED_PRECISION_DTYPES, MIXED_PRECISIONS, OPTIMIZERS, SHARDINGS
 from pipeplan.errors import UserError
-from pipeplan.schedules import facts, inflight_microbatches, stage_device, stashed_weight_versions
+from pipeplan.schedules import facts, inflight_microbatches, stage_device, stashed_weight_versions, weight_pass_points
 
 __all__ = [
     "ModelState", "MemoryBreakdown", "RangeMemory",
@@ -164,6 +165,7 @@ class MemoryBreakdown:
     grad_bytes: int = 0  # the gradients' part of optimizer_bytes (this device's share)
     gathered_bytes: int = 0  # ZeRO-2/3: full-size layer weights and gradients held while computing (in total_bytes)
     transient_bytes: int = 0  # one microbatch's peak beyond the stage's saved activations (in total_bytes)
+    deferred_grad_bytes: int = 0  # split backwards: output gradients B keeps for the pending W's (in total_bytes)
 
 
 def activation_bytes(*, saved_bytes_per_mb: int, input_bytes_per_mb: int, inflight: int, recompute: bool,
@@ -190,6 +192,33 @@ def _held_activations(saved: int, inb: int, inflight: int, recompute: bool, chun
     return min(full, math.ceil(inb * inflight / chunks) + math.ceil(saved / chunks))
 
 
+def held_with_deferred(saved: int, inb: int, points: Sequence[tuple[int, int, bool]], recompute: bool, chunks: int,
+                       deferred: int, transient: int) -> tuple[int, int, int]:
+    """(activations, deferred gradients, tensors in flight) at a device's peak: the largest sum over its (held,
+    pending W, busy) points (`schedules.weight_pass_points`). A backward split into B and W (zero bubble) keeps
+    each pending W's weight-op output gradients, `deferred` bytes per (chunk-)microbatch (costmodels/transient.py,
+    `_DeferredGrads`); `transient` (one microbatch's peak beyond its saves) comes on top while a forward or a B
+    runs, not while a W does. One busy point (held, 0) where backwards do not split."""
+    return max(((_held_activations(saved, inb, held, recompute, chunks), pending * deferred, transient if busy else 0)
+                for held, pending, busy in points), key=sum)
+
+
+def walked_held_bytes(order: Sequence[tuple[str, int, int]], saved: Sequence[int], deferred: Sequence[int],
+                      transient: Sequence[int]) -> tuple[int, int, int]:
+    """`held_with_deferred` walked op by op over a rank's order (pipeplan/v_orders.py: a V schedule's two chunks),
+    each virtual stage with its own bytes per microbatch (indexed by virtual stage; `deferred` 0 for stage 0),
+    where the counts' estimate takes the chunks as equal: a V's first rank holds the embedding's stage and the
+    loss's, whose saved bytes, tensors in flight and deferred gradients differ several times over."""
+    held = pending = 0
+    best = (0, 0, 0)
+    for kind, s, _ in order:
+        held += saved[s] if kind == "F" else 0
+        best = max(best, (held, pending, transient[s] if kind != "W" else 0), key=sum)
+        pending += deferred[s] if kind == "B" else -deferred[s] if kind == "W" else 0
+        held -= saved[s] if kind in ("W", "BW") else 0
+    return best
+
+
 def kept_outputs(schedule: str, inflight: int) -> int:
     """Microbatches whose stage output the stage still holds: torch.distributed.pipelining keeps each forward's
     output in the stage's `fwd_cache` until that microbatch's backward (torch 2.13 stage.py,
@@ -200,14 +229,17 @@ def kept_outputs(schedule: str, inflight: int) -> int:
 
 def kept_model_outputs(schedule: str, stages: int, microbatches: int) -> int:
     """Microbatches whose model output (a language model's logits) the device running the last stage keeps
-    (`kept_outputs`): as many as that stage has in flight. All M under GPipe, which runs every forward before
-    any backward; one under the others, whose last stage runs each microbatch's backward right after its
-    forward (torch detaches the last stage's output once that backward is done, stage.py); 0 in PipeDream's
-    loops."""
+    (`kept_outputs`): as many as that stage has between their forward and their backward (the output leaves
+    `fwd_cache` at the backward, and a split backward's B, which keeps only the loss for W). All M under GPipe,
+    which runs every forward before any backward; one under the others, whose last stage runs each microbatch's
+    backward (or B) right after its forward (torch detaches the last stage's output once it is done,
+    stage.py); 0 in PipeDream's loops."""
     rule = facts(schedule)
     if rule.torch_class is None:
         return 0
-    return 1 if rule.interleaves else inflight_microbatches(schedule, stages, stages - 1, microbatches, 1)
+    if rule.interleaves or rule.splits_backward:
+        return 1
+    return inflight_microbatches(schedule, stages, stages - 1, microbatches, 1)
 
 
 def accumulating_grad_bytes(largest_layer_param_bytes: int, *, schedule: str, microbatches: int, optimizer: str,
@@ -251,7 +283,8 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
                  recompute: bool, chunks: int = 1, mixed_precision: str = "deepspeed", sharding: str = "none",
                  shards: int = 1, largest_layer_param_bytes: int = 0,
                  stage_replicas: Sequence[int] | None = None, transient_bytes: int = 0,
-                 model_output_bytes_per_mb: int = 0) -> MemoryBreakdown:
+                 model_output_bytes_per_mb: int = 0, deferred_grad_bytes_per_mb: int = 0,
+                 held_bytes: tuple[int, int, int] | None = None) -> MemoryBreakdown:
     """Predicted peak memory of one pipeline stage (one device).
 
     param_bytes: fp32 bytes of the stage's parameters (all its chunks when interleaved).
@@ -268,6 +301,11 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     model_output_bytes_per_mb: the model's output where this device holds the last stage, which it keeps for
     the last stage's microbatches in flight under torch's schedules (`kept_model_outputs`), as every stage
     keeps what it sends for its own (`kept_outputs`).
+    deferred_grad_bytes_per_mb: where backwards split into B and W, the output gradients of its weight ops that
+    one (chunk-)microbatch's B keeps until its W, for a virtual stage of this device other than the model's first
+    (`held_with_deferred`).
+    held_bytes: (activations, deferred gradients, tensors in flight) at the device's peak where the caller walked
+    its order chunk by chunk (`walked_held_bytes`), in place of the estimate from the counts.
 
     Terms (each documented in docs/cost-models.md):
     weights + stashed versions (pipedream), grads + optimizer state + master copy
@@ -281,7 +319,8 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
         raise ValueError(f"chunks={chunks} only applies to the interleaved schedule")
     for name, value in (("param_bytes", param_bytes), ("saved_bytes_per_mb", saved_bytes_per_mb),
                         ("input_bytes_per_mb", input_bytes_per_mb), ("output_bytes_per_mb", output_bytes_per_mb),
-                        ("largest_layer_param_bytes", largest_layer_param_bytes)):
+                        ("largest_layer_param_bytes", largest_layer_param_bytes),
+                        ("deferred_grad_bytes_per_mb", deferred_grad_bytes_per_mb)):
         if value < 0:
             raise ValueError(f"negative {name}: {value}")
     state = model_state_bytes(param_bytes, optimizer=optimizer, dtype=dtype, mixed_precision=mixed_precision,
@@ -292,21 +331,22 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     versions = stashed_weight_versions(schedule, inflight)
     weights = state.weights_bytes * versions
     optimizer_bytes = state.grad_bytes + state.optimizer_bytes
-    acts = activation_bytes(saved_bytes_per_mb=saved_bytes_per_mb, input_bytes_per_mb=input_bytes_per_mb,
-                            inflight=inflight, recompute=recompute, chunks=chunks)
+    if transient_bytes < 0 or model_output_bytes_per_mb < 0:
+        raise ValueError(f"negative transient_bytes or model_output_bytes_per_mb: {transient_bytes}, "
+                         f"{model_output_bytes_per_mb}")
+    points = weight_pass_points(schedule, stages, stage, microbatches, chunks, inflight)
+    acts, deferred, transient_bytes = held_bytes or held_with_deferred(
+        saved_bytes_per_mb, input_bytes_per_mb, points, recompute, chunks, deferred_grad_bytes_per_mb, transient_bytes)
     ins, grads = receive_buffers(schedule, stages, stage, microbatches, chunks, inflight)
     buffers = int(input_bytes_per_mb) * ins + int(output_bytes_per_mb) * grads
     buffers += (kept_outputs(schedule, inflight) * int(output_bytes_per_mb)
                 + kept_model_outputs(schedule, stages, microbatches) * int(model_output_bytes_per_mb))
-    if transient_bytes < 0 or model_output_bytes_per_mb < 0:
-        raise ValueError(f"negative transient_bytes or model_output_bytes_per_mb: {transient_bytes}, "
-                         f"{model_output_bytes_per_mb}")
     transient_bytes += accumulating_grad_bytes(largest_layer_param_bytes, schedule=schedule, microbatches=microbatches,
                                                optimizer=optimizer, dtype=dtype, mixed_precision=mixed_precision,
                                                sharding=sharding if shards > 1 else "none")
-    total = weights + optimizer_bytes + gathered + acts + buffers + transient_bytes
+    total = weights + optimizer_bytes + gathered + acts + buffers + transient_bytes + deferred
     return MemoryBreakdown(weights, optimizer_bytes, acts, buffers, total, inflight, versions, state.grad_bytes, gathered,
-                           transient_bytes)
+                           transient_bytes, deferred)
 
 
 class RangeMemory:
@@ -330,7 +370,8 @@ class RangeMemory:
                  input_bytes: int, schedule: str, stages: int, microbatches: int, chunks: int, recompute: bool,
                  optimizer: str, dtype: str, shared: Sequence[tuple[int, Sequence[int]]] = (),
                  mixed_precision: str = "deepspeed", sharding: str = "none", shards: int = 1,
-                 transient_bytes: Sequence[int] = (), model_output_bytes: int = 0) -> None:
+                 transient_bytes: Sequence[int] = (), model_output_bytes: int = 0,
+                 deferred_grad_bytes: Sequence[int] = ()) -> None:
         n, P = len(param_bytes), stages
         rule = facts(schedule)
         self.shared = [(nbytes, list(users)) for nbytes, users in shared if len(users) > 1]
@@ -347,6 +388,9 @@ class RangeMemory:
         self.inflight = [inflight_microbatches(schedule, P, p, microbatches, self.ch) for p in range(P)]
         self.versions = [stashed_weight_versions(schedule, x) for x in self.inflight]
         self.receives = [receive_buffers(schedule, P, p, microbatches, self.ch, x) for p, x in enumerate(self.inflight)]
+        self.points = [weight_pass_points(schedule, P, p, microbatches, self.ch, x) for p, x in enumerate(self.inflight)]
+        self.splits = [any(pending for _, pending, _ in points) for points in self.points]
+        self.dp = list(itertools.accumulate(deferred_grad_bytes, initial=0)) if any(deferred_grad_bytes) else None
         self.sharding, self.shards = sharding, shards
         unit = 4 * 2**20  # a whole number of parameters: the per-byte factors below are exact
         w, g, o = _unsharded_parts(unit, _check(optimizer, OPTIMIZERS, "optimizer"), dtype,
@@ -370,12 +414,16 @@ class RangeMemory:
         self.transient_last = transient_bytes[-1] if self.transient is not None else 0
 
     def device_total(self, p: int, params: int, saved: int, inb: int, outb: int, largest: int = 0,
-                     transient: int = 0, model_out: int = 0) -> int:
+                     transient: int = 0, model_out: int = 0, deferred: int = 0) -> int:
         """`stage_memory(...).total_bytes` of pipeline device p holding these bytes (`model_out`: the model's
-        output, where the range ends the model)."""
+        output, where the range ends the model; `deferred`: a (chunk-)microbatch's gradients kept for W)."""
         w, g, o = (math.ceil(f * params) for f in self.per_byte)
         w, g, o = _shard(w, g, o, self.sharding, self.shards)
-        acts = _held_activations(saved, inb, self.inflight[p], self.recompute, self.ch)
+        if deferred and self.splits[p]:
+            acts = sum(held_with_deferred(saved, inb, self.points[p], self.recompute, self.ch, deferred, transient))
+            transient = 0  # in acts
+        else:  # no W pending (the DP's hot path): the most microbatches held, with tensors in flight
+            acts = _held_activations(saved, inb, self.inflight[p], self.recompute, self.ch)
         grads_of, weights_of = self.largest_parts
         gathered = grads_of * int(largest * self.per_byte[1]) + weights_of * int(largest * self.per_byte[0])
         ins, grads = self.receives[p]
@@ -391,9 +439,10 @@ class RangeMemory:
         largest = self.largest(a, b) if self.largest is not None else 0
         transient = self._transient(a, b)
         outb = self.cut[b - 1] if b < self.n else 0
+        deferred = self.dp[b] - self.dp[a] if self.dp is not None and s > 0 else 0  # torch skips stage 0's B
         return self.device_total(self.device_of[s], params * ch, (self.sp[b] - self.sp[a]) * ch,
                                  self.input if a == 0 else self.cut[a - 1], outb, largest, transient,
-                                 0 if b < self.n else self.model_out)
+                                 0 if b < self.n else self.model_out, deferred)
 
     def _transient(self, a: int, b: int) -> int:
         """`transient_over_saved` of layers [a, b) from the range maximum; the model's last layer apart under

@@ -36,6 +36,7 @@ from pipeplan.costmodels.model_file import (
     load_model_file,
     out_of_memory_as_user_error,
 )
+from pipeplan.costmodels.transient import InFlight, transient_bytes
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.allocator import keep_freed_memory
 from pipeplan.hardware_profiles.profile import HardwareProfile
@@ -246,10 +247,10 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
     family = {node.name: node_kind(node) for node in ep.graph.nodes if node.op == "call_function"}
 
     report("counting FLOPs and saved bytes", 0, 1)
-    transient = [0] * n
+    in_flight = InFlight([0] * n, [0] * n, [0] * n)
     try:
         counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n)
-        transient = _transient(ep, model, spec, inputs, target, layer_of, n, graph)
+        in_flight = _transient(ep, model, spec, inputs, target, layer_of, n, graph)
     except UserError:
         raise
     except Exception as e:  # an op without a fake-tensor implementation: count on real tensors instead
@@ -295,7 +296,9 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
         if timing is not None and timing.grad_accumulate_s:
             layer.grad_accumulate_s = min(layer.bwd_s, timing.grad_accumulate_s[i])
         layer.saved_bytes = int(counts.saved_bytes[i])
-        layer.transient_bytes = int(transient[i])
+        layer.transient_bytes = int(in_flight.transient[i])
+        layer.deferred_grad_bytes = int(in_flight.deferred[i])
+        layer.loss_saved_bytes = int(in_flight.loss_saved[i])
         layer.kind = _refine_kind(layer, counts.node_flops, family)
         layer.parts = with_loss(cost_parts([nodes[x] for x in layer.nodes if x in nodes], counts.node_flops,
                                            params, layer.bwd_flops), loss_read[i])
@@ -304,10 +307,10 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
 
 
 def _transient(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: Any, target: Any,
-               layer_of: dict[str, int], n: int, graph: Graph) -> list[int]:
-    """costmodels/transient.py's per-layer bytes in flight; zeros, with a note, where its fake step fails (the
-    memory model then holds saved tensors and model state only, as before the term existed)."""
-    from pipeplan.costmodels.transient import transient_bytes
+               layer_of: dict[str, int], n: int, graph: Graph) -> InFlight:
+    """costmodels/transient.py's per-layer bytes in flight and what a split backward keeps and frees; zeros, with
+    a note, where its fake step fails (the memory model then holds saved tensors and model state only, as before
+    the terms existed)."""
 
     shapes = {fqn: tuple(p.shape) for fqn, p in model.named_parameters(remove_duplicate=False)}
     param_shapes = [{shapes[fqn] for fqn in layer.params if fqn in shapes} for layer in graph.layers]
@@ -318,7 +321,7 @@ def _transient(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
     except Exception as e:
         graph.notes.append(f"tensors in flight were not counted ({type(e).__name__}); "
                            "peak memory holds saved activations and model state only")
-        return [0] * n
+        return InFlight([0] * n, [0] * n, [0] * n)
 
 
 def _owned_params(model: torch.nn.Module, layers: list[Layer]) -> list[list[torch.nn.Parameter]]:

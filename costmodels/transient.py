@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils import _pytree as pytree
@@ -120,12 +120,56 @@ def _beyond_saved(events: list[tuple[str, int, int]], saved_at: dict[int, int], 
     return beyond
 
 
+class _DeferredGrads:
+    """Per layer, the bytes of the output gradients of its weight ops: what a split backward's input pass B keeps
+    for its weight pass W.
+
+    torch.distributed.pipelining's zero-bubble schedules run B as `stage_backward_input` (torch 2.13
+    _backward.py): a prehook on every autograd node where the input's path meets a parameter's (a Linear's
+    AddmmBackward, a norm's, a `weight * x`) keeps the gradient flowing into it, the gradient of that op's output,
+    until W computes the weight gradients from it. A weight op here: an op with an input computed from parameters
+    alone (a parameter, or a view of one) beside an input that needs a gradient and is not one (an activation);
+    a lookup into an embedding with integer indices has none. Held against what torch's B keeps:
+    tests/test_deferred_grads.py.
+    """
+
+    def __init__(self, ep: torch.export.ExportedProgram, nlayers: int) -> None:
+        self.param_like = set(ep.graph_signature.inputs_to_parameters)  # placeholder names
+        for node in ep.graph.nodes:
+            ins = node.all_input_nodes
+            if node.op == "call_function" and ins and all(a.name in self.param_like for a in ins):
+                self.param_like.add(node.name)
+        self.bytes = [0] * nlayers
+
+    def see(self, layer: int, node: torch.fx.Node, out: Any, value_of: Callable[[torch.fx.Node], Any]) -> None:
+        ins = node.all_input_nodes
+        if node.op != "call_function" or not any(a.name in self.param_like for a in ins):
+            return
+        if not any(a.name not in self.param_like and getattr(value_of(a), "requires_grad", False) for a in ins):
+            return
+        first = next((t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+        if first is not None:
+            self.bytes[layer] += first.numel() * first.element_size()
+
+
+class InFlight(NamedTuple):
+    """What `transient_bytes` measures, per layer."""
+
+    transient: list[int]  # the peak bytes live while its ops run beyond what it and the layers before it saved
+    deferred: list[int]  # the output gradients a split backward keeps for its weight pass (`_DeferredGrads`)
+    loss_saved: list[int]  # what the loss saves (the last layer's; 0 elsewhere): a split backward's B frees it
+
+
 def transient_bytes(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec,
                     inputs: tuple[Any, ...], target: Any, layer_of: dict[str, int], nlayers: int,
-                    param_shapes: Sequence[set[tuple[int, ...]]]) -> list[int]:
-    """Per layer, the peak bytes live while its ops run beyond what it and the layers before it saved for
-    backward, model state and weight gradients aside (one microbatch on fake tensors, at the traced batch
-    size). `param_shapes`: per layer, the shapes of the parameters it uses."""
+                    param_shapes: Sequence[set[tuple[int, ...]]]) -> InFlight:
+    """Per layer (`InFlight`), the tensors in flight beyond saved activations, model state and weight gradients
+    aside, and what zero bubble's B keeps and frees, from one microbatch on fake tensors at the traced batch size.
+    `param_shapes`: per layer, the shapes of the parameters it uses.
+
+    The loss's saved tensors (cross-entropy's log-probabilities, as large as the logits): torch's B on the last
+    stage runs from the loss, then detaches the stage's output and keeps only the weight ops' nodes for W, so
+    nothing holds the loss's own nodes and what they saved is freed at B, not at W."""
     fake_mode, args, fake_target, state = step_args(ep, model, inputs, target)
     last = nlayers - 1
     attribution = _BackwardAttribution(nlayers, Marks(lambda: 0.0), last, keep_activations=False)
@@ -139,13 +183,20 @@ def transient_bytes(ep: torch.export.ExportedProgram, model: torch.nn.Module, sp
     def before(layer: int) -> None:
         phase["layer"] = layer
 
+    deferred = _DeferredGrads(ep, nlayers)
+
     def after(layer: int, node: torch.fx.Node, out: Any) -> None:
         attribution.claim(out, layer)
+        deferred.see(layer, node, out, lambda a: interpreter.env.get(a))
 
+    interpreter = _LayerInterpreter(ep.graph_module, layer_of, before, after)
     with fake_mode, torch.autograd.graph.saved_tensors_hooks(log.pack, lambda t: t), log:
-        out = _LayerInterpreter(ep.graph_module, layer_of, before, after).run(*args)
+        out = interpreter.run(*args)
+        interpreter.env.clear()  # it would keep the model's output alive through the backward
         phase["layer"] = last
+        before_loss = set(log.saved_at)
         loss = spec.loss(user_output(ep, out), fake_target)
+        loss_ids = set(log.saved_at) - before_loss
         del out
         phase["backward"] = True
         attribution.backward(loss, spec)
@@ -155,4 +206,8 @@ def transient_bytes(ep: torch.export.ExportedProgram, model: torch.nn.Module, sp
     # A parameter's gradient is model state (memory.model_state_bytes): autograd keeps the first incoming one as
     # `.grad`, so the storage the backward made is still live at the end, under its address.
     grads = log.live_ids(a.grad for a in args if isinstance(a, torch.Tensor) and a.grad is not None)
-    return _beyond_saved(log.events, log.saved_at, grads | log.weight_grads, nlayers)
+    sizes = {a: b for kind, a, b in log.events if kind == "a"}
+    loss_saved = [0] * nlayers
+    loss_saved[last] = sum(sizes.get(uid, 0) for uid in loss_ids)
+    return InFlight(_beyond_saved(log.events, log.saved_at, grads | log.weight_grads, nlayers), deferred.bytes,
+                    loss_saved)

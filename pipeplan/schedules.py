@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from pipeplan.errors import UserError
-from pipeplan.v_orders import dualpipev_order, peak_pairs, zbv_order
+from pipeplan.v_orders import Point, dualpipev_order, held_points, peak_pairs, zbv_order
 
 __all__ = [
     "ScheduleName",
@@ -111,6 +111,23 @@ def _dualpipev_inflight(stages: int, stage: int, microbatches: int, chunks: int)
     return peak_pairs(dualpipev_order(stage, stages, microbatches))
 
 
+def _zb_h1_points(stages: int, stage: int, microbatches: int, chunks: int) -> tuple[Point, ...]:
+    """ZB-H1's peaks (`v_orders.held_points`): min(K, M) microbatches held (`_zb_h1_inflight`) while stage s's W
+    runs s microbatches behind its B, so up to min(s, M - 1) B's wait on theirs while a B runs and min(s + 1, M)
+    while a W does; none on the first stage, whose B torch skips. tests/test_deferred_grads.py holds it to torch's
+    ScheduleInterleavedZeroBubble order."""
+    held = min(stages, microbatches)
+    if stage == 0:
+        return ((held, 0, False), (held, 0, True))
+    return ((held, min(stage + 1, microbatches), False), (held, min(stage, microbatches - 1), True))
+
+
+def _v_points(order: Callable[[int, int, int], list[tuple[str, int, int]]]) -> Callable[
+        [int, int, int, int], tuple[Point, ...]]:
+    """A V schedule's peaks, read off torch's order (pipeplan/v_orders.py)."""
+    return lambda stages, stage, microbatches, chunks: held_points(order(stage, stages, microbatches))
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScheduleFacts:
     """What is true of a schedule whatever the model: the single source for every layer."""
@@ -134,6 +151,10 @@ class ScheduleFacts:
     splits_backward: bool = False
     """Runs each backward as an input-gradient pass B and a later weight-gradient pass W (zero bubble, Qi et
     al. 2024): the simulator plays W ops, and activations are held until W ends, not B."""
+    pending_weight_passes: Callable[[int, int, int, int], tuple[Point, ...]] | None = None
+    """Where backwards split: (stages, stage, microbatches, chunks) -> the (microbatches held, input-gradient passes
+    whose W has not run, busy) a rank can peak at (`v_orders.held_points`); each such B keeps its weight ops'
+    output gradients (memory.py)."""
     weight_versions: Callable[[int], int] = lambda inflight: 1
     """(microbatches the stage holds) -> weight versions it keeps (see `stashed_weight_versions`)."""
     placement: Literal["loop", "v"] = "loop"
@@ -226,14 +247,16 @@ SCHEDULES: Final[dict[ScheduleName, ScheduleFacts]] = {
                                  inflight=_interleaved_inflight, microbatch_rule=_interleaved_microbatches),
     "zb-h1": ScheduleFacts(name="zb-h1", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
                            interleaves=False, torch_class="ScheduleInterleavedZeroBubble", inflight=_zb_h1_inflight,
-                           microbatch_rule=_zero_bubble_microbatches, splits_backward=True),
+                           microbatch_rule=_zero_bubble_microbatches, splits_backward=True,
+                           pending_weight_passes=_zb_h1_points),
     "zb-v": ScheduleFacts(name="zb-v", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
                           interleaves=True, torch_class="ScheduleZBVZeroBubble", inflight=_zb_v_inflight,
-                          splits_backward=True, placement="v", fixed_chunks=2),
+                          splits_backward=True, placement="v", fixed_chunks=2,
+                          pending_weight_passes=_v_points(zbv_order)),
     "dualpipev": ScheduleFacts(name="dualpipev", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
                                interleaves=True, torch_class="ScheduleDualPipeV", inflight=_dualpipev_inflight,
                                microbatch_rule=_dualpipev_microbatches, splits_backward=True, placement="v",
-                               fixed_chunks=2),
+                               fixed_chunks=2, pending_weight_passes=_v_points(dualpipev_order)),
 }
 SCHEDULE_NAMES: Final[tuple[ScheduleName, ...]] = get_args(ScheduleName)
 # "auto" plans the synchronous schedules only: async PipeDream and PipeDream-2BW change the training semantics
@@ -279,6 +302,14 @@ def inflight_microbatches(schedule: str, stages: int, stage: int, microbatches: 
             raise ValueError(f"replicas {list(replicas)} for {stages} stages")
         return replicated_inflight(replicas, stage)
     return rule.inflight(stages, stage, microbatches, chunks)
+
+
+def weight_pass_points(schedule: str, stages: int, stage: int, microbatches: int, chunks: int,
+                       inflight: int) -> tuple[Point, ...]:
+    """The (microbatches held, weight passes pending, busy) points pipeline device `stage` can peak at
+    (`v_orders.held_points`): `inflight`, none, busy where backwards do not split."""
+    rule = facts(schedule).pending_weight_passes
+    return ((inflight, 0, True),) if rule is None else rule(stages, stage, microbatches, chunks)
 
 
 def replicated_inflight(replicas: Sequence[int], stage: int) -> int:

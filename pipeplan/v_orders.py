@@ -15,7 +15,7 @@ custom overlap function is registered, which pipeplan's runtime does not do.
 
 from __future__ import annotations
 
-__all__ = ["VOrder", "zbv_order", "dualpipev_order", "v_order", "peak_pairs"]
+__all__ = ["VOrder", "zbv_order", "dualpipev_order", "v_order", "peak_pairs", "held_points", "Point"]
 
 VOrder = list[tuple[str, int, int]]
 
@@ -157,3 +157,29 @@ def peak_pairs(order: VOrder) -> int:
         held += 1 if kind == "F" else -1 if kind in ("W", "BW") else 0
         peak = max(peak, held)
     return peak
+
+
+
+Point = tuple[int, int, bool]  # (pairs held, weight passes pending, an op with tensors in flight is running)
+
+
+def held_points(order: VOrder) -> tuple[Point, ...]:
+    """What a rank holds while each op of its order runs, the points no other of their kind exceeds in both counts:
+    the peaks its memory can take, whatever the two weigh (costmodels/memory.py, `held_with_deferred`).
+
+    (pairs held, input-gradient passes whose W has not run, busy). A forward's activations stay until its W or BW
+    ends; a B keeps its weight ops' output gradients until its W, except on the first stage, whose B torch skips
+    (its W is the whole backward: `ScheduleFacts.b_reruns`). While F, B or BW runs its tensors in flight come on
+    top (busy; a B's own gradients are among them, so it counts the pending before it); while W runs, it reads
+    its microbatch's activations and gradients, both still held, and makes only weight gradients (not busy).
+    """
+    held = pending = 0
+    seen: set[Point] = set()
+    for kind, stage, _ in order:
+        held += kind == "F"
+        seen.add((held, pending, kind != "W"))
+        if stage != 0:
+            pending += 1 if kind == "B" else -1 if kind == "W" else 0
+        held -= kind in ("W", "BW")
+    return tuple(sorted(p for p in seen
+                        if not any(q != p and q[2] == p[2] and q[0] >= p[0] and q[1] >= p[1] for q in seen)))

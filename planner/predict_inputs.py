@@ -9,6 +9,7 @@ memory: `costmodels.memory.stage_memory`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from pipeplan.costmodels.memory import (
     model_state_bytes,
     stage_memory,
     transient_over_saved,
+    walked_held_bytes,
 )
 from pipeplan.costmodels.optimizer_step import optimizer_step_s, stash_copy_s
 from pipeplan.costmodels.recompute import checkpoint_overhead_s, rerun_forward_s, weight_grad_passes
@@ -30,6 +32,7 @@ from pipeplan.planner.configs import Config
 from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
 from pipeplan.schedules import device_stages, facts
+from pipeplan.v_orders import v_order
 
 __all__ = ["StageInputs", "stage_inputs", "boundary_bytes", "boundary_tensors", "contiguous", "shared_stages", "op_times",
            "collectives_overlap", "overlap_slowdown", "receives_wait"]
@@ -177,6 +180,7 @@ class _Sums:
     saved: list[int]
     largest: list[int]  # fp32 bytes of the stage's largest layer (what ZeRO-2/3 hold unsharded)
     transient: list[int]  # one microbatch's peak beyond the stage's saved bytes (memory.transient_over_saved)
+    deferred: list[int]  # gradients a split backward's B keeps for W, per microbatch (0 on the first stage)
 
 
 def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float,
@@ -185,7 +189,7 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
     LM head) is owned by its first user's stage; every other stage using it keeps a copy with
     its own gradients and optimizer state, as Megatron-LM does with its embedding group."""
     f, b = [0.0] * S, [0.0] * S
-    params, saved, largest, transient = [0] * S, [0] * S, [0] * S, [0] * S
+    params, saved, largest, transient, deferred = [0] * S, [0] * S, [0] * S, [0] * S, [0] * S
     members: list[list[int]] = [[] for _ in range(S)]  # each stage's layers, in order
     for i in range(problem.n):
         s = assignment[i]
@@ -195,6 +199,8 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
         params[s] += problem.param_bytes[i]
         saved[s] += problem.saved_bytes[i]
         largest[s] = max(largest[s], problem.param_bytes[i])
+        if problem.deferred_grad_bytes and s > 0:  # torch skips the first stage's B (memory.held_with_deferred)
+            deferred[s] += problem.deferred_grad_bytes[i]
     own_params = list(params)
     for nbytes, used in shared:
         for s in used[1:]:
@@ -204,7 +210,7 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
         transient = [transient_over_saved([problem.saved_bytes[i] for i in mine],
                                           [problem.transient_bytes[i] for i in mine], loss_apart=recompute and s == last)
                      for s, mine in enumerate(members)]
-    return _Sums(f, b, params, own_params, saved, largest, transient)
+    return _Sums(f, b, params, own_params, saved, largest, transient, deferred)
 
 
 def _send_times(profile: HardwareProfile, schedule: str, out_bytes: Sequence[int], reps: Sequence[int],
@@ -348,8 +354,26 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             stage_replicas=None if rule.replicates_whole_pipeline else reps,  # PipeDream: the runtime's count
             transient_bytes=max(sums.transient[s] for s in mine),
             model_output_bytes_per_mb=model_out_bytes if S - 1 in mine else 0,
+            deferred_grad_bytes_per_mb=_per_deferring_stage(sums.deferred, mine),
+            held_bytes=_walked(config, sums, p, P),
         ))
     return memory
+
+
+def _per_deferring_stage(deferred: Sequence[int], mine: Sequence[int]) -> int:
+    """A device's gradients kept for W per (chunk-)microbatch: the mean over its virtual stages but the model's
+    first (whose B torch skips, so the pending counts of `schedules.weight_pass_points` leave it out)."""
+    deferring = [deferred[s] for s in mine if s > 0]
+    return math.ceil(sum(deferring) / len(deferring)) if deferring else 0
+
+
+def _walked(config: Config, sums: _Sums, p: int, P: int) -> tuple[int, int, int] | None:
+    """A V schedule's device walked over its order with each chunk's own bytes (memory.walked_held_bytes); None
+    elsewhere, and under recomputation, whose held bytes (inputs, one stage re-run) the counts' estimate prices."""
+    if facts(config.schedule).placement != "v" or config.recompute:
+        return None
+    return walked_held_bytes(v_order(config.schedule, p, P, config.microbatches), sums.saved, sums.deferred,
+                             sums.transient)
 
 
 def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assignment: Sequence[int], config: Config,

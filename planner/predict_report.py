@@ -56,7 +56,8 @@ def _stages(problem: Problem, assignment: Sequence[int], x: StageInputs, *, sche
                 memory_bytes=int(mem.total_bytes), weights_bytes=int(mem.weights_bytes),
                 optimizer_bytes=int(mem.optimizer_bytes), grad_bytes=int(mem.grad_bytes),
                 gathered_bytes=int(mem.gathered_bytes),
-                activation_bytes=int(mem.activation_bytes + mem.buffer_bytes + mem.transient_bytes),
+                activation_bytes=int(mem.activation_bytes + mem.buffer_bytes + mem.transient_bytes
+                                     + mem.deferred_grad_bytes),
                 op_overhead_s=float(overhead_s[s]),
                 fwd_comm_s=float(x.fwd_comm[s]), bwd_comm_s=float(x.bwd_comm[s]),
                 wgrad_s=float(x.wgrad[s]) if x.wgrad else 0.0,

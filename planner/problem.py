@@ -30,14 +30,16 @@ class Problem:
     input_bytes: int  # model input per microbatch
     edges: tuple[tuple[int, int, int], ...] = ()  # (src index, dst index, bytes per microbatch)
     transient_bytes: tuple[int, ...] = ()  # tensors in flight while a layer runs, per microbatch; (): none counted
+    deferred_grad_bytes: tuple[int, ...] = ()  # what a split backward's B leaves held until W, per microbatch; (): none
 
     def __post_init__(self) -> None:
         n = len(self.names)
         for field_name in ("fwd_s", "bwd_s", "param_bytes", "saved_bytes", "output_bytes"):
             if len(getattr(self, field_name)) != n:
                 raise ValueError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries for {n} layers")
-        if self.transient_bytes and len(self.transient_bytes) != n:
-            raise ValueError(f"Problem.transient_bytes has {len(self.transient_bytes)} entries for {n} layers")
+        for field_name in ("transient_bytes", "deferred_grad_bytes"):
+            if getattr(self, field_name) and len(getattr(self, field_name)) != n:
+                raise ValueError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries for {n} layers")
         if len(self.cut_bytes) != max(n - 1, 0):
             raise ValueError(f"Problem.cut_bytes must have {max(n - 1, 0)} entries, has {len(self.cut_bytes)}")
         for s, d, _ in self.edges:
@@ -138,4 +140,9 @@ def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_s
         input_bytes=act(graph.input_bytes),
         edges=tuple((index[e.src], index[e.dst], act(e.bytes)) for e in graph.edges),
         transient_bytes=tuple(act(layer.transient_bytes) for layer in graph.layers),
+        # what a split backward's B leaves held until W beyond the activations: the weight ops' output gradients,
+        # less the loss's saved tensors it frees (the last layer's; never below 0, so more W's pending never weigh
+        # less: memory.held_with_deferred's points assume it)
+        deferred_grad_bytes=tuple(act(max(0, layer.deferred_grad_bytes - layer.loss_saved_bytes))
+                                  for layer in graph.layers),
     )

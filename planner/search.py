@@ -126,7 +126,8 @@ class _Search:
                 microbatches=cfg.microbatches, chunks=cfg.chunks, recompute=cfg.recompute,
                 optimizer=req.optimizer, dtype=req.training_dtype, shared=self.shared,
                 mixed_precision=req.mixed_precision, sharding=cfg.sharding, shards=cfg.data_parallel,
-                transient_bytes=prob.transient_bytes, model_output_bytes=prob.output_bytes[-1] if prob.n else 0)
+                transient_bytes=prob.transient_bytes, model_output_bytes=prob.output_bytes[-1] if prob.n else 0,
+                deferred_grad_bytes=prob.deferred_grad_bytes)
         return self._memory[key]
 
     @staticmethod

@@ -195,7 +195,10 @@ class SavedTensorMeter:
             self.peak = max(self.peak, self.current)
         else:
             entry[0] += 1
-        box = _Saved(t)
+        # a detached view in the box, not the tensor: a saved output would otherwise make a cycle (box -> tensor ->
+        # its grad_fn -> the box), which a split backward never breaks (B retains the graph, W runs only the
+        # weight nodes), so the metered step held what B alone needed until Python's cycle collector ran
+        box = _Saved(t.detach())
         weakref.finalize(box, self._release, ptr)
         return box
 
