@@ -12,9 +12,9 @@ and against model state and saved activations alone (what the memory model held 
 The second plans each case with `pipeplan analyze` (the a100-80gb-sxm profile, fp32, Adam, no recomputation or
 sharding; its memory model does not depend on the device's speed) and trains it with `pipeplan run` on this
 machine's CPU cores (gloo): each stage's measured device peak (model state plus the most bytes its step held
-at once, logged op by op on the step the runtime meters, runtime/measure.py) against the plan's prediction.
-PipeDream's own loop is metered by the tensors autograd saves only (it has no step to log), so its measured
-peaks leave out the tensors in flight that its predictions hold.
+at once, logged op by op on the step the runtime meters, runtime/measure.py; PipeDream's own loop logs its
+first step's forwards and backwards the same way, its updates between them left out) against the plan's
+prediction.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ PLANS = [
     ("gpt, dualpipev 2 devices, M=4", "examples/gpt.py", GPT,
      ["-b", "32", "-k", "2", "--schedule", "dualpipev", "-m", "4"]),
     ("gpt, pipedream 2 stages", "examples/gpt.py", GPT, ["-b", "32", "-k", "2", "--schedule", "pipedream", "-m", "4"]),
+    ("gpt, pipedream-2bw 2 stages, M=4", "examples/gpt.py", GPT,
+     ["-b", "32", "-k", "2", "--schedule", "pipedream-2bw", "-m", "4"]),
     ("gpt, 1f1b 2 stages, M=4, recompute", "examples/gpt.py", GPT,
      ["-b", "32", "-k", "2", "--schedule", "1f1b", "-m", "4", "--recompute", "on"]),
     ("resnet, 1f1b 2 stages, M=4", "examples/resnet.py", {}, ["-b", "64", "-k", "2", "--schedule", "1f1b", "-m", "4"]),

@@ -195,8 +195,13 @@ def _two_bw_microbatches(stages: int, microbatches: int) -> str | None:
 
 
 def _stashed_per_inflight(inflight: int) -> int:
-    """PipeDream (SOSP'19 §3.3) weight stashing: one version per in-flight microbatch."""
-    return max(1, inflight)
+    """PipeDream (SOSP'19 §3.3) weight stashing as pipeplan's runtime does it: one stashed copy per in-flight
+    microbatch's version, beside the module's own weights. The forward reads a copy even of the newest version
+    (runtime/pipedream.py `stash`): autograd saves the tensors the forward read, and the update after each
+    backward changes the module's weights in place, so a microbatch still in flight then needs its own. Measured
+    on the CPU runtime: GPT's 2-stage plan holds 3 and 2 copies of its stages' weights (benchmarks/RESULTS.md,
+    "Peak memory")."""
+    return max(1, inflight) + 1
 
 
 def _two_versions(inflight: int) -> int:
@@ -338,9 +343,10 @@ def stashed_weight_versions(schedule: str, inflight: int) -> int:
 
     Source: PipeDream (Narayanan et al., SOSP'19) §3.3 "weight stashing": each
     in-flight minibatch's backward must use the weights its forward used, so a
-    stage keeps the current version plus one stashed version per in-flight
-    microbatch beyond the first (stage 0 of a K-stage pipeline: K versions, the
-    last stage: 1). Flushing schedules (gpipe, 1f1b, interleaved) keep one.
+    stage keeps one version per in-flight microbatch (stage 0 of a K-stage
+    pipeline: K, the last stage: 1), and pipeplan's runtime the module's own
+    weights beside them (`_stashed_per_inflight`: K + 1 and 2). Flushing schedules
+    (gpipe, 1f1b, interleaved) keep one.
     PipeDream-2BW (ICML 2021 §3.1) keeps two on every stage. Each schedule's
     `weight_versions` rule says which.
     """

@@ -17,6 +17,7 @@ import contextlib
 import time
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -152,7 +153,8 @@ class SavedTensorMeter:
         self.current = 0
         self.peak = 0
         self.state_keys = state_keys  # untyped_storage()._cdata of parameters and buffers, for `step`
-        self.step_peak = 0  # the most bytes a metered step held beyond model state (`step`)
+        self.step_peak = 0  # the most bytes a metered step held beyond model state (`step`, `op`)
+        self._ops: tuple[Any, set[int]] | None = None  # `op`'s log across calls, and the gradients it saw
 
     @contextlib.contextmanager
     def step(self, modules):
@@ -171,6 +173,32 @@ class SavedTensorMeter:
             yield
         grads = log.live_ids(p.grad for m in modules for p in m.parameters() if p.grad is not None)
         self.step_peak = max(self.step_peak, log.peak_bytes(grads))
+
+    @contextlib.contextmanager
+    def op(self, modules):
+        """One op of a loop that updates between its ops (PipeDream's and 2BW's), logged while the meter is on
+        into one log across calls, as `step` logs a whole step; the updates between them stay out of it (the
+        optimizer's state, which its first step makes, is model state). Every storage that was a parameter's
+        `.grad` after an op is left out (model state; the loop sets them and the update frees them).
+        `close_ops` reads the peak."""
+        if not self.enabled or self.state_keys is None:
+            yield
+            return
+        if self._ops is None:
+            from pipeplan.costmodels.transient import StorageLog
+
+            self._ops = (StorageLog(lambda: 0, set(self.state_keys)), set())
+        log, grads = self._ops
+        with log:
+            yield
+        grads |= log.live_ids(p.grad for m in modules for p in m.parameters() if p.grad is not None)
+
+    def close_ops(self) -> None:
+        """The peak of what `op` logged into `step_peak`."""
+        if self._ops is not None:
+            log, grads = self._ops
+            self.step_peak = max(self.step_peak, log.peak_bytes(grads))
+            self._ops = None
 
     def _release(self, ptr: int) -> None:
         entry = self.live.get(ptr)

@@ -55,7 +55,7 @@ import torch
 import torch.distributed as dist
 
 from pipeplan.errors import UserError
-from pipeplan.runtime.measure import SavedTensorMeter, StageStats, StepClock, weight_storages
+from pipeplan.runtime.measure import SavedTensorMeter, StageStats, StepClock, state_keys, weight_storages
 from pipeplan.runtime.pipedream_comm import (
     GradRecv,
     Inbox,
@@ -342,7 +342,7 @@ def setup_async(opts, plan_path: str):
               microbatches=mbs, gm=gm, n_inputs=len(split.infos[s].inputs),
               vertical_sync=opts.vertical_sync, recompute=plan.recompute)
     device = torch.device("cpu")
-    meter = SavedTensorMeter(weight_storages([module]))
+    meter = SavedTensorMeter(weight_storages([module]), state_keys([module]))
     rs = w.RunState(plan=plan, spec=spec, gm=gm, device=device, rank=rank, world=world, replica=j, dp=len(ranks[s]),
                     mine=[s], modules={s: module}, optimizers=optimizers, sharded={}, shared=shared,
                     my_ranks={t: r[j % len(r)] for t, r in ranks.items()}, tied_groups=tied, dp_groups=stage_groups,
@@ -382,10 +382,12 @@ def train_async(opts, st: AsyncStage, rs, groups: Groups, mean: bool, after_step
         m = i * r + st.j
         measured = m // m_per_step >= opts.warmup
         meter.enabled = not measured or m < m_per_step
-        timed_op(st, kind, m, meter, stats, clock.origin if measured else None)
+        with meter.op([st.module]):
+            timed_op(st, kind, m, meter, stats, clock.origin if measured else None)
         if kind == "B":
             update(st, groups, mean)
             closed = close_steps(st, rs, log, closed, ((i + 1) * r + st.j) // m_per_step, opts, mean, after_step)
+    meter.close_ops()
     close_steps(st, rs, log, closed, opts.steps, opts, mean, after_step)
     st.box.drain()
     return log

@@ -103,11 +103,13 @@ def train_2bw(opts, st: TwoBWStage, rs, groups: Groups, mean: bool, after_step):
     for kind, m in local_order(opts.steps * m_per_step, a):
         measured = m // m_per_step >= opts.warmup
         meter.enabled = not measured or m < m_per_step
-        timed_op(st, kind, m, meter, stats, clock.origin if measured else None)
+        with meter.op([st.module]):
+            timed_op(st, kind, m, meter, stats, clock.origin if measured else None)
         if kind == "B" and (m + 1) % m_per_step == 0:
             st.before_update(mean)
             update(st, groups, mean)
             close_window(st, rs, log, m // m_per_step, opts, mean, after_step)
+    meter.close_ops()
     st.box.drain()
     return log
 

@@ -126,7 +126,8 @@ def test_memory_keeps_two_versions_on_every_stage():
         one = memory.stage_memory(schedule="1f1b", stage=s, **kw)
         pd = memory.stage_memory(schedule="pipedream", stage=s, **kw)
         assert two.weight_versions == 2 and two.weights_bytes == 2 * 400
-        assert pd.weight_versions == K - s and pd.weights_bytes == (K - s) * 400
+        # a stashed copy per in-flight microbatch beside the module's own weights (schedules._stashed_per_inflight)
+        assert pd.weight_versions == K - s + 1 and pd.weights_bytes == (K - s + 1) * 400
         assert two.inflight == K - s and two.activation_bytes == one.activation_bytes == (K - s) * 1000
         grad_buffers = (K - s) if s < K - 1 else 0  # the last stage receives no gradient
         assert two.buffer_bytes == pd.buffer_bytes == 100 + 50 * grad_buffers
@@ -221,14 +222,15 @@ def test_plan_file_with_a_short_window_is_refused(tmp_path):
 def test_pipedream_memory_counts_what_the_runtime_admits(replicas, held):
     """Async PipeDream with stages replicated one by one: a replica of stage s holds the microbatches it
     admits, ceil((r_s + ... + r_{K-1}) / r_s) (hand-computed `held`; SOSP'19 §3.2's NOAM on the input
-    stage), not K - s, in weight versions and activations alike; the runtime admits the same count."""
+    stage), not K - s, in activations and stashed weight copies alike (one each, beside the module's own
+    weights); the runtime admits the same count."""
     K = len(replicas)
     kw = dict(param_bytes=400, saved_bytes_per_mb=1000, input_bytes_per_mb=100, output_bytes_per_mb=50,
               stages=K, microbatches=4, optimizer="sgd", dtype="fp32", recompute=False, schedule="pipedream")
     for s in range(K):
         m = memory.stage_memory(stage=s, stage_replicas=replicas, **kw)
         assert m.inflight == held[s] == admitted(replicas, s)
-        assert m.weight_versions == held[s] and m.activation_bytes == held[s] * 1000
+        assert m.weight_versions == held[s] + 1 and m.activation_bytes == held[s] * 1000
         assert memory.stage_memory(stage=s, **kw).inflight == K - s  # replicas unknown: K - s
         two = memory.stage_memory(**{**kw, "schedule": "pipedream-2bw"}, stage=s, stage_replicas=replicas)
         assert two.inflight == K - s  # whole pipelines replicated: per-stage counts do not apply
@@ -236,7 +238,8 @@ def test_pipedream_memory_counts_what_the_runtime_admits(replicas, held):
 
 def test_pipedream_prediction_uses_the_admitted_count():
     """The planner's prediction of a PipeDream plan whose second stage has 2 replicas charges stage 0 with
-    ceil(3 / 1) = 3 weight versions and microbatches (2 without the replication)."""
+    ceil(3 / 1) = 3 stashed weight versions and microbatches (2 without the replication), each version a copy
+    beside the module's own weights."""
     from pipeplan.planner.configs import Config
     from pipeplan.planner.predict import predict
     from search_fixtures import gpt_like, profile
@@ -249,5 +252,5 @@ def test_pipedream_prediction_uses_the_admitted_count():
     for reps in ((1, 2), (1, 1)):
         cfg = Config(schedule="pipedream", stages=2, data_parallel=max(reps), microbatches=4, stage_replicas=reps)
         got[reps] = predict(g, profile(40), assignment, cfg, request).plan.stages[0].predicted
-    assert got[(1, 2)].weights_bytes * 2 == got[(1, 1)].weights_bytes * 3
+    assert got[(1, 2)].weights_bytes * 3 == got[(1, 1)].weights_bytes * 4
     assert got[(1, 2)].activation_bytes > got[(1, 1)].activation_bytes

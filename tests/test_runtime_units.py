@@ -279,3 +279,34 @@ def test_device_peak_counts_every_stage_a_device_holds():
     assert device_peak_bytes(stages, torch.device("cpu")) == 40 + 20 + 7
     cuda = [{**s, "peak_memory_bytes": 90} for s in stages]
     assert device_peak_bytes(cuda, torch.device("cuda")) == 90
+
+
+def test_the_meters_op_log_leaves_out_the_updates_between_ops_and_the_gradients():
+    """PipeDream's loop updates between its ops: `SavedTensorMeter.op` logs the forwards and backwards into one
+    log and leaves out what the updates make (Adam's state, model state) and every storage that was a `.grad`.
+    Reference: the same forward and backward logged alone (`StorageLog`), their gradients left out by hand."""
+    from pipeplan.costmodels.transient import StorageLog
+    from pipeplan.runtime.measure import state_keys, weight_storages
+
+    def fwd_bwd(model):
+        x = torch.randn(64, 512)
+        model(x).square().mean().backward()
+
+    torch.manual_seed(0)
+    ref_model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Tanh(), torch.nn.Linear(512, 512))
+    log = StorageLog(lambda: 0, state_keys([ref_model]))
+    with log:
+        fwd_bwd(ref_model)
+    want = log.peak_bytes(log.live_ids(p.grad for p in ref_model.parameters()))
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Tanh(), torch.nn.Linear(512, 512))
+    opt = torch.optim.Adam(model.parameters())
+    meter = SavedTensorMeter(weight_storages([model]), state_keys([model]))
+    for _ in range(2):
+        with meter.op([model]):
+            fwd_bwd(model)
+        opt.step()  # Adam's state (2 x the weights) is made here, outside the log
+        model.zero_grad(set_to_none=True)
+    meter.close_ops()
+    assert want > 0 and meter.step_peak == want
