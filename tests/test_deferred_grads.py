@@ -76,18 +76,28 @@ def test_the_last_stages_deferred_gradients_include_the_logits(traced):
     assert _layers_bytes(traced, "lm_head") == logits.numel() * 4
 
 
+def test_the_loss_saves_its_log_probabilities(traced):
+    """Cross-entropy saves the log-probabilities (one logit-sized fp32 tensor) and its integer targets; torch's B
+    on the loss's stage frees them (docs/cost-models.md §3.3b), so the trace records them on the last layer."""
+    vocab = 512  # examples/gpt.py "tiny"
+    assert [layer.name for layer in traced.layers if layer.loss_saved_bytes] == ["lm_head"]
+    assert traced.layers[-1].loss_saved_bytes == pytest.approx(BATCH * SEQ * vocab * 4 + BATCH * SEQ * 8, abs=16)
+    assert traced.layers[-1].loss_saved_bytes <= traced.layers[-1].saved_bytes
+
+
 def test_an_embedding_lookup_keeps_nothing(traced):
     """Integer indices need no gradient: the token and position embeddings are no weight ops (torch skips the
     first stage's B anyway)."""
     assert traced.layers[0].name == "wte" and traced.layers[0].deferred_grad_bytes == 0
 
 
-def test_graph_files_keep_the_field_and_older_ones_load_without_it(traced):
+@pytest.mark.parametrize("field", ["deferred_grad_bytes", "loss_saved_bytes"])
+def test_graph_files_keep_the_fields_and_older_ones_load_without_them(traced, field):
     doc = traced.to_dict()
-    assert Graph.from_dict(doc).layers[-1].deferred_grad_bytes == traced.layers[-1].deferred_grad_bytes > 0
+    assert getattr(Graph.from_dict(doc).layers[-1], field) == getattr(traced.layers[-1], field) > 0
     for layer in doc["layers"]:
-        del layer["deferred_grad_bytes"]
-    assert all(layer.deferred_grad_bytes == 0 for layer in Graph.from_dict(doc).layers)
+        del layer[field]
+    assert all(getattr(layer, field) == 0 for layer in Graph.from_dict(doc).layers)
 
 
 def _torch_zb_h1_order(K: int, M: int, rank: int) -> list[tuple[str, int, int]]:
