@@ -32,20 +32,22 @@ def pipeplan_cmd() -> list[str]:
 
 
 def run() -> tuple[float, dict, list[tuple[str, str]]]:
-    env = dict(os.environ, COLUMNS="160")
+    # the progress display draws only on a terminal (cli/progress.py); FORCE_COLOR makes rich draw it into the pipe
+    env = dict(os.environ, COLUMNS="160", FORCE_COLOR="1")
     t0 = time.perf_counter()
     proc = subprocess.run(pipeplan_cmd() + ARGS + ["--json"], cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"pipeplan failed ({proc.returncode}):\n{proc.stderr}")
-    # Progress lines end with the elapsed time of their phase (h:mm:ss).
-    phases = []
-    for line in proc.stderr.splitlines():
+    # Progress lines end with the elapsed time of their phase (h:mm:ss); each redraw repeats them, the last counts.
+    phases: dict[str, str] = {}
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", proc.stderr).replace("\r", "\n")
+    for line in text.splitlines():
         line = re.sub("[━╸╺╾╼]", " ", line)  # the bar; names are padded only to the longest one
-        m = re.match(r"\s*\S?\s*(trace: .+?|plan: .+?)\s{2,}.*?(\d+:\d\d:\d\d)\s*$", line)
+        m = re.match(r"\s*\S?\s*(trace: .+?|plan: done)\s{2,}.*?(\d+:\d\d:\d\d)\s*$", line)
         if m:
-            phases.append((m.group(1).strip(), m.group(2)))
-    return wall, json.loads(proc.stdout), phases
+            phases[m.group(1).strip()] = m.group(2)
+    return wall, json.loads(proc.stdout), list(phases.items())
 
 
 def table(wall: float, doc: dict, phases, load: float) -> str:
