@@ -51,6 +51,11 @@ PLANS = [
      ["-b", "32", "-k", "2", "--schedule", "pipedream-2bw", "-m", "4"]),
     ("gpt, 1f1b 2 stages, M=4, recompute", "examples/gpt.py", GPT,
      ["-b", "32", "-k", "2", "--schedule", "1f1b", "-m", "4", "--recompute", "on"]),
+    *[(f"gpt, {label}, M=4, recompute", "examples/gpt.py", GPT,
+       ["-b", "32", "-k", "2", "--schedule", schedule, "-m", "4", "--recompute", "on"])
+      for label, schedule in (("gpipe 2 stages", "gpipe"), ("interleaved 2 devices", "interleaved"),
+                              ("zb-h1 2 stages", "zb-h1"), ("zb-v 2 devices", "zb-v"),
+                              ("pipedream 2 stages", "pipedream"))],
     ("resnet, 1f1b 2 stages, M=4", "examples/resnet.py", {}, ["-b", "64", "-k", "2", "--schedule", "1f1b", "-m", "4"]),
     ("unet, 1f1b 2 stages, M=4", "examples/unet.py", {}, ["-b", "32", "-k", "2", "--schedule", "1f1b", "-m", "4"]),
     ("mlp, 1f1b 2 stages, M=4", "examples/mlp.py", {}, ["-b", "256", "-k", "2", "--schedule", "1f1b", "-m", "4"]),

@@ -72,6 +72,9 @@ class Layer:
     # of saved_bytes, what the loss saves (the last layer's, which the loss counts as; 0 elsewhere): zero bubble's B
     # on the last stage frees it, not its W (costmodels/transient.py); 0: not traced
     loss_saved_bytes: int = 0
+    # of saved_bytes, what its ops other than weight ops save (the loss's aside): a recomputed stage's split backward
+    # re-runs them once per parameter group in W and keeps every re-run until W ends (costmodels/transient.py)
+    nonweight_saved_bytes: int = 0
     fwd_s: float = 0.0  # measured on the tracing machine (median of repeats)
     bwd_s: float = 0.0
     bytes_moved: int = 0  # estimated memory traffic of one forward (inputs + outputs + weights), for the roofline

@@ -14,7 +14,7 @@ from typing import Any
 from pipeplan.fields import Fields
 
 COUNTS = ("fwd_flops", "bwd_flops", "param_bytes", "output_bytes", "saved_bytes", "bytes_moved", "transient_bytes",
-          "deferred_grad_bytes", "loss_saved_bytes")
+          "deferred_grad_bytes", "loss_saved_bytes", "nonweight_saved_bytes")
 TIMES = ("fwd_s", "bwd_s")
 HINT = "re-run `pipeplan trace` (docs/graph-format.md)"
 

@@ -184,23 +184,49 @@ def activation_bytes(*, saved_bytes_per_mb: int, input_bytes_per_mb: int, inflig
     return _held_activations(saved_bytes_per_mb, input_bytes_per_mb, inflight, recompute, chunks)
 
 
-def _held_activations(saved: int, inb: int, inflight: int, recompute: bool, chunks: int) -> int:
-    """`activation_bytes` without the checks and keywords: the partitioner calls it millions of times."""
+def _held_activations(saved: int, inb: int, inflight: int, recompute: bool, chunks: int, loss_saved: int = 0,
+                      loss_kept: int = 0) -> int:
+    """`activation_bytes` without the checks and keywords: the partitioner calls it millions of times.
+    `loss_saved`: on the last stage, what the loss saves, which runs outside a recomputed stage's checkpoint
+    (runtime/recompute.py): while one microbatch's backward re-runs the stage, the `loss_kept` others between their
+    loss and their backward keep it beside their inputs (`losses_waiting`: GPipe's last stage M - 1)."""
     full = math.ceil(saved * inflight / chunks)
     if not recompute:
         return full
-    return min(full, math.ceil(inb * inflight / chunks) + math.ceil(saved / chunks))
+    return min(full, math.ceil(inb * inflight / chunks) + loss_kept * loss_saved + math.ceil(saved / chunks))
 
 
 def held_with_deferred(saved: int, inb: int, points: Sequence[tuple[int, int, bool]], recompute: bool, chunks: int,
-                       deferred: int, transient: int) -> tuple[int, int, int]:
+                       deferred: int, transient: int, loss_saved: int = 0, loss_kept: int = 0,
+                       w_rerun: int = 0) -> tuple[int, int, int]:
     """(activations, deferred gradients, tensors in flight) at a device's peak: the largest sum over its (held,
     pending W, busy) points (`schedules.weight_pass_points`). A backward split into B and W (zero bubble) keeps
     each pending W's weight-op output gradients, `deferred` bytes per (chunk-)microbatch (costmodels/transient.py,
     `_DeferredGrads`); `transient` (one microbatch's peak beyond its saves) comes on top while a forward or a B
-    runs, not while a W does. One busy point (held, 0) where backwards do not split."""
-    return max(((_held_activations(saved, inb, held, recompute, chunks), pending * deferred, transient if busy else 0)
-                for held, pending, busy in points), key=sum)
+    runs, not while a W does. One busy point (held, 0) where backwards do not split.
+
+    Recomputed, a W holds not one re-run but `w_rerun` bytes (`split_rerun_bytes`) beside the held inputs (and the
+    loss's saves on the last stage, `_held_activations`), where a forward or a B holds one re-run."""
+    def at(held: int, pending: int, busy: bool) -> tuple[int, int, int]:
+        if recompute and not busy:  # the loss's saves of one microbatch too (measured on ZB-H1's last stage)
+            acts = math.ceil(inb * held / chunks) + max(1, loss_kept) * loss_saved + w_rerun
+        else:
+            acts = _held_activations(saved, inb, held, recompute, chunks, loss_saved, loss_kept)
+        return acts, pending * deferred, transient if busy else 0
+
+    return max((at(*point) for point in points), key=sum)
+
+
+def split_rerun_bytes(saved: int, loss_saved: int, nonweight_saved: int, weight_passes: int, first: bool) -> int:
+    """What a recomputed stage's W holds at its peak under torch's split backward: each of its autograd calls (one
+    per parameter group, `costmodels.recompute.weight_grad_passes`) re-runs the stage's checkpointed forward, and
+    what a re-run recomputed for the ops W never reads (a GELU's input, attention's queries, keys and values:
+    `nonweight_saved`) stays until the W ends, when the graph goes; the re-run in progress holds all it recomputes
+    (`saved` less the loss's, which runs outside the checkpoint). Measured with torch's functions on two GPT
+    blocks (12 parameter groups): W's peak 7 times one re-run, within 5% of this rule
+    (tests/test_deferred_grads.py). The first stage's W is its whole backward: one re-run."""
+    rerun = max(0, saved - loss_saved)
+    return rerun if first else weight_passes * nonweight_saved + rerun
 
 
 def walked_held_bytes(order: Sequence[tuple[str, int, int]], saved: Sequence[int], deferred: Sequence[int],
@@ -240,6 +266,15 @@ def kept_model_outputs(schedule: str, stages: int, microbatches: int) -> int:
     if rule.interleaves or rule.splits_backward:
         return 1
     return inflight_microbatches(schedule, stages, stages - 1, microbatches, 1)
+
+
+def losses_waiting(schedule: str, stages: int, microbatches: int) -> int:
+    """Microbatches whose loss's saves the last stage holds, under recomputation (the loss runs outside the
+    checkpoint), while another microbatch's backward re-runs the stage: those between their loss and their
+    backward but that one. M - 1 under GPipe, which runs every forward first; none under the others, whose last
+    stage runs each microbatch's backward (or B) right after its forward (`kept_model_outputs`; PipeDream's
+    loops likewise). On the CPU runtime GPipe's recomputed last stage read -25.7% without them, +0.5% with."""
+    return max(0, kept_model_outputs(schedule, stages, microbatches) - 1)
 
 
 def accumulating_grad_bytes(largest_layer_param_bytes: int, *, schedule: str, microbatches: int, optimizer: str,
@@ -284,7 +319,8 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
                  shards: int = 1, largest_layer_param_bytes: int = 0,
                  stage_replicas: Sequence[int] | None = None, transient_bytes: int = 0,
                  model_output_bytes_per_mb: int = 0, deferred_grad_bytes_per_mb: int = 0,
-                 held_bytes: tuple[int, int, int] | None = None) -> MemoryBreakdown:
+                 held_bytes: tuple[int, int, int] | None = None, loss_saved_bytes_per_mb: int = 0,
+                 w_rerun_bytes: int = 0) -> MemoryBreakdown:
     """Predicted peak memory of one pipeline stage (one device).
 
     param_bytes: fp32 bytes of the stage's parameters (all its chunks when interleaved).
@@ -306,6 +342,9 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     (`held_with_deferred`).
     held_bytes: (activations, deferred gradients, tensors in flight) at the device's peak where the caller walked
     its order chunk by chunk (`walked_held_bytes`), in place of the estimate from the counts.
+    loss_saved_bytes_per_mb: where the device holds the last stage, what the loss saves; recomputed, every
+    microbatch held keeps it (`_held_activations`). w_rerun_bytes: recomputed under a split backward, what a W
+    holds (`split_rerun_bytes`).
 
     Terms (each documented in docs/cost-models.md):
     weights + stashed versions (pipedream), grads + optimizer state + master copy
@@ -336,7 +375,8 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
                          f"{model_output_bytes_per_mb}")
     points = weight_pass_points(schedule, stages, stage, microbatches, chunks, inflight)
     acts, deferred, transient_bytes = held_bytes or held_with_deferred(
-        saved_bytes_per_mb, input_bytes_per_mb, points, recompute, chunks, deferred_grad_bytes_per_mb, transient_bytes)
+        saved_bytes_per_mb, input_bytes_per_mb, points, recompute, chunks, deferred_grad_bytes_per_mb, transient_bytes,
+        loss_saved_bytes_per_mb, losses_waiting(schedule, stages, microbatches), w_rerun_bytes)
     ins, grads = receive_buffers(schedule, stages, stage, microbatches, chunks, inflight)
     buffers = int(input_bytes_per_mb) * ins + int(output_bytes_per_mb) * grads
     buffers += (kept_outputs(schedule, inflight) * int(output_bytes_per_mb)
@@ -371,7 +411,8 @@ class RangeMemory:
                  optimizer: str, dtype: str, shared: Sequence[tuple[int, Sequence[int]]] = (),
                  mixed_precision: str = "deepspeed", sharding: str = "none", shards: int = 1,
                  transient_bytes: Sequence[int] = (), model_output_bytes: int = 0,
-                 deferred_grad_bytes: Sequence[int] = ()) -> None:
+                 deferred_grad_bytes: Sequence[int] = (), loss_saved_bytes: int = 0,
+                 nonweight_saved_bytes: Sequence[int] = (), weight_passes: Sequence[int] = ()) -> None:
         n, P = len(param_bytes), stages
         rule = facts(schedule)
         self.shared = [(nbytes, list(users)) for nbytes, users in shared if len(users) > 1]
@@ -389,8 +430,14 @@ class RangeMemory:
         self.versions = [stashed_weight_versions(schedule, x) for x in self.inflight]
         self.receives = [receive_buffers(schedule, P, p, microbatches, self.ch, x) for p, x in enumerate(self.inflight)]
         self.points = [weight_pass_points(schedule, P, p, microbatches, self.ch, x) for p, x in enumerate(self.inflight)]
-        self.splits = [any(pending for _, pending, _ in points) for points in self.points]
+        self.split_rule = rule.splits_backward
         self.dp = list(itertools.accumulate(deferred_grad_bytes, initial=0)) if any(deferred_grad_bytes) else None
+        self.loss_saved = loss_saved_bytes if recompute else 0  # the loss's saves, outside a recomputed checkpoint
+        self.losses = losses_waiting(schedule, P, microbatches)
+        # recomputed under a split backward: what a W holds (split_rerun_bytes) from prefix sums
+        self.rerun = (list(itertools.accumulate(nonweight_saved_bytes, initial=0)),
+                      list(itertools.accumulate(weight_passes, initial=0))) \
+            if recompute and rule.splits_backward and len(nonweight_saved_bytes) == n == len(weight_passes) else None
         self.sharding, self.shards = sharding, shards
         unit = 4 * 2**20  # a whole number of parameters: the per-byte factors below are exact
         w, g, o = _unsharded_parts(unit, _check(optimizer, OPTIMIZERS, "optimizer"), dtype,
@@ -414,16 +461,19 @@ class RangeMemory:
         self.transient_last = transient_bytes[-1] if self.transient is not None else 0
 
     def device_total(self, p: int, params: int, saved: int, inb: int, outb: int, largest: int = 0,
-                     transient: int = 0, model_out: int = 0, deferred: int = 0) -> int:
+                     transient: int = 0, model_out: int = 0, deferred: int = 0, loss_saved: int = 0,
+                     w_rerun: int = 0) -> int:
         """`stage_memory(...).total_bytes` of pipeline device p holding these bytes (`model_out`: the model's
-        output, where the range ends the model; `deferred`: a (chunk-)microbatch's gradients kept for W)."""
+        output, where the range ends the model; `deferred`: a (chunk-)microbatch's gradients kept for W;
+        `loss_saved`, `w_rerun`: as stage_memory's)."""
         w, g, o = (math.ceil(f * params) for f in self.per_byte)
         w, g, o = _shard(w, g, o, self.sharding, self.shards)
-        if deferred and self.splits[p]:
-            acts = sum(held_with_deferred(saved, inb, self.points[p], self.recompute, self.ch, deferred, transient))
+        if self.split_rule and (deferred or w_rerun):
+            acts = sum(held_with_deferred(saved, inb, self.points[p], self.recompute, self.ch, deferred, transient,
+                                          loss_saved, self.losses, w_rerun))
             transient = 0  # in acts
         else:  # no W pending (the DP's hot path): the most microbatches held, with tensors in flight
-            acts = _held_activations(saved, inb, self.inflight[p], self.recompute, self.ch)
+            acts = _held_activations(saved, inb, self.inflight[p], self.recompute, self.ch, loss_saved, self.losses)
         grads_of, weights_of = self.largest_parts
         gathered = grads_of * int(largest * self.per_byte[1]) + weights_of * int(largest * self.per_byte[0])
         ins, grads = self.receives[p]
@@ -440,9 +490,15 @@ class RangeMemory:
         transient = self._transient(a, b)
         outb = self.cut[b - 1] if b < self.n else 0
         deferred = self.dp[b] - self.dp[a] if self.dp is not None and s > 0 else 0  # torch skips stage 0's B
+        loss_saved = self.loss_saved if b == self.n else 0
+        w_rerun = 0
+        if self.rerun is not None:
+            nonweight, passes = self.rerun
+            w_rerun = split_rerun_bytes(self.sp[b] - self.sp[a], loss_saved, nonweight[b] - nonweight[a],
+                                        passes[b] - passes[a], first=s == 0)
         return self.device_total(self.device_of[s], params * ch, (self.sp[b] - self.sp[a]) * ch,
                                  self.input if a == 0 else self.cut[a - 1], outb, largest, transient,
-                                 0 if b < self.n else self.model_out, deferred)
+                                 0 if b < self.n else self.model_out, deferred, loss_saved, w_rerun)
 
     def _transient(self, a: int, b: int) -> int:
         """`transient_over_saved` of layers [a, b) from the range maximum; the model's last layer apart under

@@ -247,7 +247,7 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
     family = {node.name: node_kind(node) for node in ep.graph.nodes if node.op == "call_function"}
 
     report("counting FLOPs and saved bytes", 0, 1)
-    in_flight = InFlight([0] * n, [0] * n, [0] * n)
+    in_flight = InFlight([0] * n, [0] * n, [0] * n, [0] * n)
     try:
         counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n)
         in_flight = _transient(ep, model, spec, inputs, target, layer_of, n, graph)
@@ -299,6 +299,7 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
         layer.transient_bytes = int(in_flight.transient[i])
         layer.deferred_grad_bytes = int(in_flight.deferred[i])
         layer.loss_saved_bytes = int(in_flight.loss_saved[i])
+        layer.nonweight_saved_bytes = int(in_flight.nonweight_saved[i])
         layer.kind = _refine_kind(layer, counts.node_flops, family)
         layer.parts = with_loss(cost_parts([nodes[x] for x in layer.nodes if x in nodes], counts.node_flops,
                                            params, layer.bwd_flops), loss_read[i])
@@ -321,7 +322,7 @@ def _transient(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
     except Exception as e:
         graph.notes.append(f"tensors in flight were not counted ({type(e).__name__}); "
                            "peak memory holds saved activations and model state only")
-        return InFlight([0] * n, [0] * n, [0] * n)
+        return InFlight([0] * n, [0] * n, [0] * n, [0] * n)
 
 
 def _owned_params(model: torch.nn.Module, layers: list[Layer]) -> list[list[torch.nn.Parameter]]:

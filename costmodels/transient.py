@@ -141,15 +141,31 @@ class _DeferredGrads:
                 self.param_like.add(node.name)
         self.bytes = [0] * nlayers
 
-    def see(self, layer: int, node: torch.fx.Node, out: Any, value_of: Callable[[torch.fx.Node], Any]) -> None:
+    def weight_op(self, node: torch.fx.Node, value_of: Callable[[torch.fx.Node], Any]) -> bool:
+        """Whether `node` (its inputs computed, `value_of`) is a weight op."""
         ins = node.all_input_nodes
         if node.op != "call_function" or not any(a.name in self.param_like for a in ins):
-            return
-        if not any(a.name not in self.param_like and getattr(value_of(a), "requires_grad", False) for a in ins):
-            return
+            return False
+        return any(a.name not in self.param_like and getattr(value_of(a), "requires_grad", False) for a in ins)
+
+    def see(self, layer: int, out: Any) -> None:
+        """A weight op of `layer` made `out`: its first tensor's bytes are its output gradient's."""
         first = next((t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
         if first is not None:
             self.bytes[layer] += first.numel() * first.element_size()
+
+
+class _NodeInterpreter(_LayerInterpreter):
+    """`_LayerInterpreter` that tells `on_node` each node before it runs, its inputs computed."""
+
+    def __init__(self, gm: torch.fx.GraphModule, layer_of: dict[str, int], before: Callable[[int], None],
+                 after: Callable[[int, torch.fx.Node, Any], None], on_node: Callable[[torch.fx.Node], None]):
+        super().__init__(gm, layer_of, before, after)
+        self.on_node = on_node
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.on_node(n)
+        return super().run_node(n)
 
 
 class InFlight(NamedTuple):
@@ -158,6 +174,7 @@ class InFlight(NamedTuple):
     transient: list[int]  # the peak bytes live while its ops run beyond what it and the layers before it saved
     deferred: list[int]  # the output gradients a split backward keeps for its weight pass (`_DeferredGrads`)
     loss_saved: list[int]  # what the loss saves (the last layer's; 0 elsewhere): a split backward's B frees it
+    nonweight_saved: list[int]  # what its ops other than weight ops save (`_DeferredGrads`), the loss's aside
 
 
 def transient_bytes(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec,
@@ -169,7 +186,11 @@ def transient_bytes(ep: torch.export.ExportedProgram, model: torch.nn.Module, sp
 
     The loss's saved tensors (cross-entropy's log-probabilities, as large as the logits): torch's B on the last
     stage runs from the loss, then detaches the stage's output and keeps only the weight ops' nodes for W, so
-    nothing holds the loss's own nodes and what they saved is freed at B, not at W."""
+    nothing holds the loss's own nodes and what they saved is freed at B, not at W.
+
+    What ops other than weight ops save (a GELU's input, attention's queries, keys and values): W never reads it,
+    and under recomputation each of W's autograd calls (one per parameter group) re-runs the stage and keeps
+    what it recomputed for those ops until the W ends (memory.held_with_deferred)."""
     fake_mode, args, fake_target, state = step_args(ep, model, inputs, target)
     last = nlayers - 1
     attribution = _BackwardAttribution(nlayers, Marks(lambda: 0.0), last, keep_activations=False)
@@ -184,16 +205,29 @@ def transient_bytes(ep: torch.export.ExportedProgram, model: torch.nn.Module, sp
         phase["layer"] = layer
 
     deferred = _DeferredGrads(ep, nlayers)
+    phase["weight_op"] = False
+    nonweight: dict[int, int] = {}  # id of a storage an op other than a weight op saved -> its layer
+
+    def on_node(node: torch.fx.Node) -> None:
+        phase["weight_op"] = deferred.weight_op(node, lambda a: interpreter.env.get(a))
 
     def after(layer: int, node: torch.fx.Node, out: Any) -> None:
         attribution.claim(out, layer)
-        deferred.see(layer, node, out, lambda a: interpreter.env.get(a))
+        if phase["weight_op"]:
+            deferred.see(layer, out)
 
-    interpreter = _LayerInterpreter(ep.graph_module, layer_of, before, after)
-    with fake_mode, torch.autograd.graph.saved_tensors_hooks(log.pack, lambda t: t), log:
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        log.pack(t)
+        uid = log.ids.get(t.untyped_storage()._cdata)
+        if uid is not None and not phase["weight_op"] and not phase["backward"]:
+            nonweight.setdefault(uid, int(phase["layer"]))
+        return t
+
+    interpreter = _NodeInterpreter(ep.graph_module, layer_of, before, after, on_node)
+    with fake_mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), log:
         out = interpreter.run(*args)
         interpreter.env.clear()  # it would keep the model's output alive through the backward
-        phase["layer"] = last
+        phase["layer"], phase["weight_op"] = last, False
         before_loss = set(log.saved_at)
         loss = spec.loss(user_output(ep, out), fake_target)
         loss_ids = set(log.saved_at) - before_loss
@@ -209,5 +243,9 @@ def transient_bytes(ep: torch.export.ExportedProgram, model: torch.nn.Module, sp
     sizes = {a: b for kind, a, b in log.events if kind == "a"}
     loss_saved = [0] * nlayers
     loss_saved[last] = sum(sizes.get(uid, 0) for uid in loss_ids)
+    nonweight_saved = [0] * nlayers
+    for uid, layer in nonweight.items():
+        if uid not in loss_ids:
+            nonweight_saved[layer] += sizes.get(uid, 0)
     return InFlight(_beyond_saved(log.events, log.saved_at, grads | log.weight_grads, nlayers), deferred.bytes,
-                    loss_saved)
+                    loss_saved, nonweight_saved)

@@ -127,7 +127,8 @@ class _MixedSearch:
                            dtype=req.training_dtype, shared=self.shared, mixed_precision=req.mixed_precision,
                            sharding=cfg.sharding, shards=cfg.data_parallel, transient_bytes=p.transient_bytes,
                            model_output_bytes=p.output_bytes[-1] if p.n else 0,
-                           deferred_grad_bytes=p.deferred_grad_bytes)
+                           deferred_grad_bytes=p.deferred_grad_bytes, loss_saved_bytes=p.loss_saved_bytes,
+                           nonweight_saved_bytes=p.nonweight_saved_bytes, weight_passes=p.weight_passes)
 
     def lower_bound_s(self, cfg: Config, mb: int) -> float:
         """An iteration of `cfg` takes at least M x (every layer on its fastest type) / K: the busiest stage

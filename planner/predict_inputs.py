@@ -20,6 +20,7 @@ from pipeplan.costmodels.memory import (
     MemoryBreakdown,
     is_mixed_precision,
     model_state_bytes,
+    split_rerun_bytes,
     stage_memory,
     transient_over_saved,
     walked_held_bytes,
@@ -181,6 +182,8 @@ class _Sums:
     largest: list[int]  # fp32 bytes of the stage's largest layer (what ZeRO-2/3 hold unsharded)
     transient: list[int]  # one microbatch's peak beyond the stage's saved bytes (memory.transient_over_saved)
     deferred: list[int]  # gradients a split backward's B keeps for W, per microbatch (0 on the first stage)
+    w_rerun: list[int]  # recomputed under a split backward: what a W holds (memory.split_rerun_bytes)
+    loss_saved: list[int]  # the loss's saved bytes on the last stage, 0 elsewhere
 
 
 def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float,
@@ -205,12 +208,18 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
     for nbytes, used in shared:
         for s in used[1:]:
             params[s] += nbytes
+    last = assignment[problem.n - 1] if problem.n else 0  # the stage computing the loss (outside its checkpoint)
+    loss_saved = [problem.loss_saved_bytes if s == last else 0 for s in range(S)]
+    w_rerun = [0] * S
+    if recompute and problem.nonweight_saved_bytes and problem.weight_passes:
+        w_rerun = [split_rerun_bytes(saved[s], loss_saved[s], sum(problem.nonweight_saved_bytes[i] for i in mine),
+                                     sum(problem.weight_passes[i] for i in mine), first=s == 0)
+                   for s, mine in enumerate(members)]
     if problem.transient_bytes:
-        last = assignment[problem.n - 1]  # the stage computing the loss (outside its checkpoint when recomputed)
         transient = [transient_over_saved([problem.saved_bytes[i] for i in mine],
                                           [problem.transient_bytes[i] for i in mine], loss_apart=recompute and s == last)
                      for s, mine in enumerate(members)]
-    return _Sums(f, b, params, own_params, saved, largest, transient, deferred)
+    return _Sums(f, b, params, own_params, saved, largest, transient, deferred, w_rerun, loss_saved)
 
 
 def _send_times(profile: HardwareProfile, schedule: str, out_bytes: Sequence[int], reps: Sequence[int],
@@ -356,6 +365,8 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             model_output_bytes_per_mb=model_out_bytes if S - 1 in mine else 0,
             deferred_grad_bytes_per_mb=_per_deferring_stage(sums.deferred, mine),
             held_bytes=_walked(config, sums, p, P),
+            loss_saved_bytes_per_mb=max(sums.loss_saved[s] for s in mine) if config.recompute else 0,
+            w_rerun_bytes=max(sums.w_rerun[s] for s in mine) if rule.splits_backward else 0,
         ))
     return memory
 

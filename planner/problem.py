@@ -15,6 +15,7 @@ from functools import cached_property
 from pipeplan.costmodels.compute import layer_times_s
 from pipeplan.costmodels.graph import Graph
 from pipeplan.costmodels.memory import activation_bytes_scale
+from pipeplan.costmodels.recompute import weight_passes_added
 from pipeplan.hardware_profiles.profile import HardwareProfile
 
 
@@ -31,13 +32,16 @@ class Problem:
     edges: tuple[tuple[int, int, int], ...] = ()  # (src index, dst index, bytes per microbatch)
     transient_bytes: tuple[int, ...] = ()  # tensors in flight while a layer runs, per microbatch; (): none counted
     deferred_grad_bytes: tuple[int, ...] = ()  # what a split backward's B leaves held until W, per microbatch; (): none
+    loss_saved_bytes: int = 0  # what the loss saves, per microbatch (memory._held_activations)
+    nonweight_saved_bytes: tuple[int, ...] = ()  # of saved_bytes, what ops other than weight ops save; (): none
+    weight_passes: tuple[int, ...] = ()  # parameter groups each layer adds (costmodels.recompute.weight_grad_passes)
 
     def __post_init__(self) -> None:
         n = len(self.names)
         for field_name in ("fwd_s", "bwd_s", "param_bytes", "saved_bytes", "output_bytes"):
             if len(getattr(self, field_name)) != n:
                 raise ValueError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries for {n} layers")
-        for field_name in ("transient_bytes", "deferred_grad_bytes"):
+        for field_name in ("transient_bytes", "deferred_grad_bytes", "nonweight_saved_bytes", "weight_passes"):
             if getattr(self, field_name) and len(getattr(self, field_name)) != n:
                 raise ValueError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries for {n} layers")
         if len(self.cut_bytes) != max(n - 1, 0):
@@ -145,4 +149,7 @@ def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_s
         # less: memory.held_with_deferred's points assume it)
         deferred_grad_bytes=tuple(act(max(0, layer.deferred_grad_bytes - layer.loss_saved_bytes))
                                   for layer in graph.layers),
+        loss_saved_bytes=act(graph.layers[-1].loss_saved_bytes) if graph.layers else 0,
+        nonweight_saved_bytes=tuple(act(layer.nonweight_saved_bytes) for layer in graph.layers),
+        weight_passes=tuple(weight_passes_added(graph.layers)),
     )

@@ -127,7 +127,8 @@ class _Search:
                 optimizer=req.optimizer, dtype=req.training_dtype, shared=self.shared,
                 mixed_precision=req.mixed_precision, sharding=cfg.sharding, shards=cfg.data_parallel,
                 transient_bytes=prob.transient_bytes, model_output_bytes=prob.output_bytes[-1] if prob.n else 0,
-                deferred_grad_bytes=prob.deferred_grad_bytes)
+                deferred_grad_bytes=prob.deferred_grad_bytes, loss_saved_bytes=prob.loss_saved_bytes,
+                nonweight_saved_bytes=prob.nonweight_saved_bytes, weight_passes=prob.weight_passes)
         return self._memory[key]
 
     @staticmethod

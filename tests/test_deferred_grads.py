@@ -220,3 +220,43 @@ def test_the_runtimes_meter_does_not_keep_a_split_backward_alive():
         assert _live_after_each_w(meter.hooks()) == _live_after_each_w(contextlib.nullcontext())
     finally:
         gc.enable()
+
+
+def test_only_weight_ops_saves_are_left_out_of_the_nonweight_bytes(traced):
+    """A GPT block's saves by ops other than weight ops are attention's (queries, keys, values, output) and the
+    GELU's input; the Linears and LayerNorms save as weight ops."""
+    for layer in traced.layers:
+        if layer.name.startswith("h.1."):
+            kind = layer.name.rsplit(".", 1)[1]
+            assert layer.nonweight_saved_bytes == (layer.saved_bytes if kind in ("attn", "gelu") else 0), layer.name
+
+
+def test_a_recomputed_split_backwards_w_holds_a_rerun_per_parameter_group(traced):
+    """torch's W calls autograd once per parameter group; under non-reentrant checkpoint each call re-runs the
+    stage and what the re-run recomputed for ops W never reads stays until the W ends. Two GPT blocks
+    (12 groups) recomputed as the runtime recomputes them: W's peak above what was live before it, against
+    `split_rerun_bytes` from the trace (one re-run would be a seventh of it)."""
+    import gc
+
+    from pipeplan.costmodels.memory import split_rerun_bytes
+    from pipeplan.costmodels.recompute import weight_grad_passes
+    from pipeplan.runtime.recompute import recompute
+
+    model = _gpt()
+    blocks = recompute(torch.nn.Sequential(*model.h))
+    layers = [layer for layer in traced.layers if layer.name.startswith("h.")]
+    log = StorageLog(lambda: 0, {p.untyped_storage()._cdata for p in blocks.parameters()})
+    with log:
+        x = torch.randn(BATCH, SEQ, WIDTH, requires_grad=True)
+        out = blocks(x).clone()
+        groups = B.stage_backward_input([out], [torch.ones_like(out)], [x], blocks.parameters())[1]
+        out.detach_()
+        start = len(log.events)
+        B.stage_backward_weight(blocks.parameters(), groups)
+    live = [now for _, _, now in _replay(log.events, set())]
+    w_peak = max(live[start:]) - live[start - 1]
+    gc.collect()
+    want = split_rerun_bytes(sum(x.saved_bytes for x in layers), 0, sum(x.nonweight_saved_bytes for x in layers),
+                             weight_grad_passes(layers), first=False)
+    assert weight_grad_passes(layers) == len(groups) == 12
+    assert 0.85 * w_peak <= want <= 1.15 * w_peak, (w_peak, want)
