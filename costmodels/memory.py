@@ -273,7 +273,7 @@ def losses_waiting(schedule: str, stages: int, microbatches: int) -> int:
     checkpoint), while another microbatch's backward re-runs the stage: those between their loss and their
     backward but that one. M - 1 under GPipe, which runs every forward first; none under the others, whose last
     stage runs each microbatch's backward (or B) right after its forward (`kept_model_outputs`; PipeDream's
-    loops likewise). On the CPU runtime GPipe's recomputed last stage read -25.7% without them, +0.5% with."""
+    loops likewise). On the CPU runtime GPipe's recomputed last stage read -25.7% without them, +1.6% with."""
     return max(0, kept_model_outputs(schedule, stages, microbatches) - 1)
 
 
@@ -342,9 +342,9 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     (`held_with_deferred`).
     held_bytes: (activations, deferred gradients, tensors in flight) at the device's peak where the caller walked
     its order chunk by chunk (`walked_held_bytes`), in place of the estimate from the counts.
-    loss_saved_bytes_per_mb: where the device holds the last stage, what the loss saves; recomputed, every
-    microbatch held keeps it (`_held_activations`). w_rerun_bytes: recomputed under a split backward, what a W
-    holds (`split_rerun_bytes`).
+    loss_saved_bytes_per_mb: where the device holds the last stage, what the loss saves; recomputed, the
+    microbatches waiting for their backward keep it (`_held_activations`, `losses_waiting`). w_rerun_bytes:
+    recomputed under a split backward, what a W holds (`split_rerun_bytes`).
 
     Terms (each documented in docs/cost-models.md):
     weights + stashed versions (pipedream), grads + optimizer state + master copy
