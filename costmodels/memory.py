@@ -430,8 +430,9 @@ class RangeMemory:
         self.versions = [stashed_weight_versions(schedule, x) for x in self.inflight]
         self.receives = [receive_buffers(schedule, P, p, microbatches, self.ch, x) for p, x in enumerate(self.inflight)]
         self.points = [weight_pass_points(schedule, P, p, microbatches, self.ch, x) for p, x in enumerate(self.inflight)]
-        self.split_rule = rule.splits_backward
-        self.dp = list(itertools.accumulate(deferred_grad_bytes, initial=0)) if any(deferred_grad_bytes) else None
+        # only a split backward keeps gradients for W: other schedules skip the prefix sums and their range sums
+        self.dp = list(itertools.accumulate(deferred_grad_bytes, initial=0)) \
+            if rule.splits_backward and any(deferred_grad_bytes) else None
         self.loss_saved = loss_saved_bytes if recompute else 0  # the loss's saves, outside a recomputed checkpoint
         self.losses = losses_waiting(schedule, P, microbatches)
         # recomputed under a split backward: what a W holds (split_rerun_bytes) from prefix sums
@@ -468,7 +469,7 @@ class RangeMemory:
         `loss_saved`, `w_rerun`: as stage_memory's)."""
         w, g, o = (math.ceil(f * params) for f in self.per_byte)
         w, g, o = _shard(w, g, o, self.sharding, self.shards)
-        if self.split_rule and (deferred or w_rerun):
+        if deferred or w_rerun:  # both 0 unless backwards split
             acts = sum(held_with_deferred(saved, inb, self.points[p], self.recompute, self.ch, deferred, transient,
                                           loss_saved, self.losses, w_rerun))
             transient = 0  # in acts

@@ -162,17 +162,11 @@ class SavedTensorMeter:
         most bytes it held at once beyond the `modules`' parameters, buffers and the gradients it leaves
         (`step_peak`). The saved tensors are part of it, and so are what they leave out: outputs not yet read,
         gradients in flight, the loss's (costmodels/transient.py, whose log this is). It costs a dispatch per
-        op, so only the steps the meter is on for (untimed ones) are logged; the parameters are listed only then."""
-        if not self.enabled or self.state_keys is None:
+        op, so only the steps the meter is on for (untimed ones) are logged; the parameters are listed only then.
+        One `op` whose log is read at once."""
+        with self.op(modules):
             yield
-            return
-        from pipeplan.costmodels.transient import StorageLog
-
-        log = StorageLog(lambda: 0, set(self.state_keys))
-        with log:
-            yield
-        grads = log.live_ids(p.grad for m in modules for p in m.parameters() if p.grad is not None)
-        self.step_peak = max(self.step_peak, log.peak_bytes(grads))
+        self.close_ops()
 
     @contextlib.contextmanager
     def op(self, modules):
