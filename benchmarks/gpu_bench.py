@@ -9,8 +9,13 @@ Steps, each through the `pipeplan` command as a user would run it:
    Each layer is predicted by the roofline (`compute.layer_times_s(times="roofline")`, fp32: the tracer
    runs the model in its own dtype, fp32) on the catalogue profile of this GPU and on the calibrated one.
 3. `pipeplan plan --gpus 1 --stages 1` and `pipeplan run` per example: the measured iteration against
-   each profile's predicted iteration (one GPU: one stage, NCCL with one rank).
-4. The calibrated curve points.
+   each profile's roofline and against the default plan, which takes this GPU's traced times (one GPU: one
+   stage, NCCL with one rank).
+4. `pipeplan analyze MODEL --profile <this GPU's catalogue profile> --dtype fp32` (defaults: it re-times its plan
+   on the GPU) and `pipeplan run` of that plan.
+5. The calibrated curve points.
+`--replan` (no GPU) prints step 3's table again from DIR's saved calibration, graphs and runs, planned by the
+current code.
 Writes DIR/gpu_section.md (the markdown for benchmarks/RESULTS.md) and prints it. Needs a GPU.
 """
 
@@ -105,43 +110,90 @@ def _median_log_err(g, pred) -> float:
     return errs[len(errs) // 2] if errs else float("nan")
 
 
-def step_rows(examples, out: Path, profiles: dict[str, str], log: Path) -> list[str]:
-    """Plan each example on one GPU with each profile; run the calibrated plan; measured vs predicted iteration."""
+def step_section(examples, out: Path, sheet_name: str | None, cal_path: Path, log: Path, replan: bool) -> list[str]:
+    """Section (b): each example planned with the roofline on the catalogue and calibrated profiles and with the
+    defaults on the calibrated profile (this GPU's traced times), against `pipeplan run` of the default plan."""
+    variants = {f"{sheet_name} roofline": (sheet_name, "roofline")} if sheet_name else {}
+    variants["calibrated roofline"] = (str(cal_path), "roofline")
+    variants["default"] = (str(cal_path), "model")
+    return (["### (b) Per step: `pipeplan run` (NCCL, one process on the one GPU) against the plans' predictions", "",
+             "Roofline columns: `--times roofline` on each profile; default: `--times model` (the default) on the "
+             "calibrated profile, which takes this GPU's traced layer times; `pipeplan run` runs the default plan.",
+             ""] + step_rows(examples, out, variants, log, replan))
+
+
+def step_rows(examples, out: Path, variants: dict[str, tuple[str, str]], log: Path, replan: bool = False) -> list[str]:
+    """Plan each example on one GPU per variant (label -> (profile, --times)); run the last variant's plan (or,
+    `replan`, read the run saved beside the graph); measured against predicted iteration and peak memory."""
     rows = ["| model | batch | schedule, microbatches | measured iteration ms (`pipeplan run`) | "
-            + " | ".join(f"predicted {n} ms" for n in profiles) + " | trace step ms (sum of layers) |",
-            "|" + "---|" * (5 + len(profiles))]
+            + " | ".join(f"predicted {n} ms" for n in variants) + " | trace step ms (sum of layers) | measured peak GB | "
+            + " | ".join(f"predicted peak {n} GB" for n in variants) + " |",
+            "|" + "---|" * (6 + 2 * len(variants))]
     for label, model, batch, env, m in examples:
         try:
-            rows.append(_step_row(label, model, batch, env, m, out, profiles, log))
+            rows.append(_step_row(label, model, batch, env, m, out, variants, log, replan))
         except RuntimeError as e:
             rows.append(f"| {label} | {batch} | — | failed: {str(e)[:200]} |")
     return rows
 
 
-def _step_row(label: str, model: str, batch: int, env: dict[str, str], m: int, out: Path, profiles: dict[str, str],
-              log: Path) -> str:
+def _step_row(label: str, model: str, batch: int, env: dict[str, str], m: int, out: Path,
+              variants: dict[str, tuple[str, str]], log: Path, replan: bool) -> str:
     """One model's row of `step_rows`."""
     stem = Path(model).stem
-    preds, plan_paths = {}, {}
-    for n, prof in profiles.items():
-        plan_paths[n] = out / f"{stem}.{n}.plan.json"
+    preds, plan_paths, peaks = {}, {}, {}
+    for i, (n, (prof, times)) in enumerate(variants.items()):
+        plan_paths[n] = out / f"{stem}.v{i}.plan.json"
         sh(["pipeplan", "plan", str(out / f"{stem}.graph.json"), "--profile", prof, "--gpus", "1", "-b", str(batch),
-            "-m", str(m), "--stages", "1", "--dtype", "fp32", "--recompute", "off", "-o", str(plan_paths[n])],
-           env, log)
-        preds[n] = json.loads(plan_paths[n].read_text())["predicted"]["iteration_s"]
-    last = list(profiles)[-1]
-    res = json.loads(sh(["pipeplan", "run", str(plan_paths[last]), "--steps", "12", "--warmup", "2", "--json"],
-                        env, log))
-    (out / f"{stem}.run.json").write_text(json.dumps(res, indent=1))
+            "-m", str(m), "--stages", "1", "--dtype", "fp32", "--recompute", "off", "--times", times,
+            "-o", str(plan_paths[n])], env, log)
+        doc = json.loads(plan_paths[n].read_text())
+        preds[n] = doc["predicted"]["iteration_s"]
+        peaks[n] = doc["predicted"]["peak_memory_bytes"]
+    last = list(variants)[-1]
+    if replan:
+        res = json.loads((out / f"{stem}.run.json").read_text())
+    else:
+        res = json.loads(sh(["pipeplan", "run", str(plan_paths[last]), "--steps", "12", "--warmup", "2", "--json"],
+                            env, log))
+        (out / f"{stem}.run.json").write_text(json.dumps(res, indent=1))
     meas = res["measured"]["iteration_s"]
+    meas_peak = max(s["device_peak_bytes"] for s in res["measured"]["stages"])
     plan = json.loads(plan_paths[last].read_text())
     from pipeplan.costmodels.graph import load_graph
 
     g = load_graph(out / f"{stem}.graph.json")
     trace_step = sum(l.fwd_s + l.bwd_s for l in g.layers) * batch / g.batch_size
     return (f"| {label} | {batch} | {plan['schedule']}, {plan['microbatches']} | {meas * 1e3:.2f} | "
-            + " | ".join(f"{preds[n] * 1e3:.2f} ({pct(preds[n], meas)})" for n in profiles)
-            + f" | {trace_step * 1e3:.2f} |")
+            + " | ".join(f"{preds[n] * 1e3:.2f} ({pct(preds[n], meas)})" for n in variants)
+            + f" | {trace_step * 1e3:.2f} | {meas_peak / 1e9:.2f} | "
+            + " | ".join(f"{peaks[n] / 1e9:.2f} ({pct(peaks[n], meas_peak)})" for n in variants) + " |")
+
+
+def analyze_rows(examples, out: Path, profile: str, log: Path) -> list[str]:
+    """Defaults only on this GPU's catalogue profile: `pipeplan analyze MODEL --gpus 1 --dtype fp32` (which re-times
+    its chosen plan on the GPU, cli/device_like.py) then `pipeplan run` of that plan."""
+    rows = ["| model | batch | plan (schedule, microbatches, microbatch size) | measured iteration ms | predicted ms | "
+            "measured peak GB | predicted peak GB |", "|---|---|---|---|---|---|---|"]
+    for label, model, batch, env, _ in examples:
+        stem = Path(model).stem
+        try:
+            plan_path = out / f"{stem}.analyze.plan.json"
+            sh(["pipeplan", "analyze", model, "--profile", profile, "--gpus", "1", "-b", str(batch), "--dtype", "fp32",
+                "-o", str(plan_path), "--json"], env, log)
+            res = json.loads(sh(["pipeplan", "run", str(plan_path), "--steps", "12", "--warmup", "2", "--json"], env, log))
+        except RuntimeError as e:
+            rows.append(f"| {label} | {batch} | failed: {str(e)[:200]} | | | | |")
+            continue
+        (out / f"{stem}.analyze.run.json").write_text(json.dumps(res, indent=1))
+        plan = json.loads(plan_path.read_text())
+        meas, pred = res["measured"]["iteration_s"], plan["predicted"]["iteration_s"]
+        meas_peak = max(st["device_peak_bytes"] for st in res["measured"]["stages"])
+        pred_peak = plan["predicted"]["peak_memory_bytes"]
+        rows.append(f"| {label} | {batch} | {plan['schedule']}, {plan['microbatches']}, {plan['microbatch_size']} | "
+                    f"{meas * 1e3:.2f} | {pred * 1e3:.2f} ({pct(pred, meas)}) | {meas_peak / 1e9:.2f} | "
+                    f"{pred_peak / 1e9:.2f} ({pct(pred_peak, meas_peak)}) |")
+    return rows
 
 
 def curve_rows(path: Path) -> list[str]:
@@ -170,10 +222,20 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true", help="small models (a smoke run)")
     ap.add_argument("--top", type=int, default=8, help="slowest layers shown per model")
+    ap.add_argument("--replan", action="store_true",
+                    help="no GPU: section (b) again from DIR's calibrated profile, graphs and runs, planned by this code")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     log = a.out / "gpu_bench.log"
     examples = QUICK if a.quick else EXAMPLES
+    if a.replan:
+        from pipeplan.hardware_profiles.gpu_catalog import catalog_match
+        from pipeplan.hardware_profiles.loader import read_profile_file
+
+        cal_path = a.out / "calibrated.yaml"
+        sheet = catalog_match(read_profile_file(cal_path).device)
+        print("\n".join(step_section(examples, a.out, sheet.name if sheet else None, cal_path, log, True)))
+        return
     import torch
 
     from pipeplan.hardware_profiles.gpu_catalog import catalog_match
@@ -181,7 +243,8 @@ def main() -> None:
 
     t0 = time.perf_counter()
     cal_path = a.out / "calibrated.yaml"
-    sh(["pipeplan", "profiles", "calibrate", "--device", "cuda", "--name", "h100-80gb-hbm3-calibrated",
+    slug = "".join(c if c.isalnum() else "-" for c in torch.cuda.get_device_name(0).lower()).strip("-")
+    sh(["pipeplan", "profiles", "calibrate", "--device", "cuda", "--name", f"{slug}-calibrated",
         "-o", str(cal_path), "--quiet"], log=log)
     t_cal = time.perf_counter() - t0
     sheet = catalog_match(torch.cuda.get_device_name(0))
@@ -208,9 +271,13 @@ def main() -> None:
         traced.append(example)
         _write(a.out, md)
     (a.out / "layer_summary.json").write_text(json.dumps(summaries, indent=1))
-    md += ["### (b) Per step: `pipeplan run` (NCCL, one process on the one GPU) against the plans' predictions", ""]
-    md += step_rows(traced, a.out, {n: (p.path if n == "calibrated" else n) for n, p in profiles.items()}, log)
-    md += ["", "### (c) The calibrated profile's curves", ""] + curve_rows(cal_path)
+    md += step_section(traced, a.out, sheet.name if sheet else None, cal_path, log, False)
+    _write(a.out, md)
+    if sheet is not None:
+        md += ["", f"### (c) Defaults only: `pipeplan analyze MODEL --profile {sheet.name} --gpus 1 -b B --dtype fp32`, "
+               "then `pipeplan run`", ""]
+        md += analyze_rows(examples, a.out, sheet.name, log)
+    md += ["", "### (d) The calibrated profile's curves", ""] + curve_rows(cal_path)
     text = "\n".join(md) + "\n"
     (a.out / "gpu_section.md").write_text(text)
     print(text)

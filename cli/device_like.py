@@ -12,6 +12,14 @@ search runs again on those times over the configurations that keep that
 microbatch size (the plan's replica and microbatch counts fixed), which the new
 times describe exactly. A zero-bubble plan's split backward is then timed on its
 own stages (`measure_split_like_device`, runtime/split_cost.py).
+
+On a machine whose visible GPU is the profile's (its calibration, or the catalogue
+profile its name matches), an fp32 plan is re-timed the same way on that GPU: the
+model is traced on CUDA at the plan's microbatch size, and the search takes those
+CUDA-event times (costmodels.compute.uses_measured_times). On the H200 the roofline
+priced a 32x32 ResNet's step 72-84% under `pipeplan run`, its kernels waiting for
+eager PyTorch to issue them; the GPU's own layer times summed to 6% under (a 32x32
+U-Net: 19%; benchmarks/RESULTS.md, GPU).
 """
 
 from __future__ import annotations
@@ -21,12 +29,12 @@ from dataclasses import replace
 from typing import Any
 
 
-def retime_like_device(graph: Any, profile: Any, request: Any, result: Any, retrace: Callable[[int], Any],
+def retime_like_device(graph: Any, profile: Any, request: Any, result: Any, retrace: Callable[[int, str], Any],
                        progress: Callable | None = None) -> tuple[Any, Any]:
     """(graph, search result) to report: the given ones, or re-traced like a device and searched again.
 
-    `retrace(batch)` traces the model at `batch` samples with layer times (the caller's loader);
-    `request` is already resolved for the profile.
+    `retrace(batch, device)` traces the model at `batch` samples with layer times on "cpu" or "cuda" (the
+    caller's loader); `request` is already resolved for the profile.
     """
     from pipeplan.cli.workflow import run_search
     from pipeplan.costmodels.compute import device_threads, local_times_note
@@ -34,16 +42,38 @@ def retime_like_device(graph: Any, profile: Any, request: Any, result: Any, retr
     from pipeplan.schedules import facts
 
     best = result.best
-    note = local_times_note(graph, profile, dtype=request.training_dtype, times=request.times,
-                            samples=best.microbatch_size)
-    if note is None:
-        return graph, result
-    with DeviceLikeThreads(device_threads(profile)):
-        timed = retrace(best.microbatch_size)
+    gpu = gpu_retime_wanted(graph, profile, request, best.microbatch_size)
+    if gpu is not None:
+        if not gpu:
+            return graph, result
+        timed = retrace(best.microbatch_size, "cuda")
+    else:
+        note = local_times_note(graph, profile, dtype=request.training_dtype, times=request.times,
+                                samples=best.microbatch_size)
+        if note is None:
+            return graph, result
+        with DeviceLikeThreads(device_threads(profile)):
+            timed = retrace(best.microbatch_size, "cpu")
     narrowed = replace(request, microbatches=best.microbatches)
     if facts(best.schedule).replicates_whole_pipeline:  # PipeDream's replicas are per stage
         narrowed = replace(narrowed, data_parallel=best.data_parallel)
     return timed, run_search(timed, profile, narrowed, progress=progress)
+
+
+def gpu_retime_wanted(graph: Any, profile: Any, request: Any, microbatch_size: int) -> bool | None:
+    """None where the profile is not the visible GPU (or no GPU is visible, or the plan would not take measured
+    times: --times other than model, a dtype other than fp32); else whether the graph still needs timing on it
+    (False: it is already a CUDA trace at the microbatch size)."""
+    if request.times != "model" or request.training_dtype != "fp32" or profile.local:
+        return None
+    import torch
+
+    from pipeplan.costmodels.compute import profile_is_gpu
+
+    if not torch.cuda.is_available() or not profile_is_gpu(profile, torch.cuda.get_device_name(0)):
+        return None
+    return not (graph.source.get("device") == "cuda" and graph.batch_size == microbatch_size
+                and graph.source.get("timed") is not False)
 
 
 def measure_split_like_device(graph: Any, profile: Any, request: Any, result: Any) -> Any:

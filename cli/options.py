@@ -99,7 +99,9 @@ def planning_options(*, with_profile: bool = True, with_cluster: bool = False) -
                          help="bf16/fp16 memory recipe: 16-bit gradients (deepspeed, 16 B/param with Adam) or fp32 "
                               "gradients (megatron: bf16 18 B/param, fp16 20)."),
             click.option("--times", type=_choice(TIMES), default="model", show_default=True,
-                         help="Layer times from the roofline cost model, or as measured while tracing."),
+                         help="Layer times: 'model' takes the trace's measurements where it timed the profile's device "
+                              "(this CPU, or that GPU at the microbatch size), else the roofline; 'measured' always "
+                              "the trace's; 'roofline' always the cost model."),
         ]
         if with_cluster:
             decorators += cluster_options

@@ -212,7 +212,7 @@ def has_cost_counts(graph: Graph) -> bool:
     return any(l.fwd_flops or l.bwd_flops or l.bytes_moved for l in graph.layers)
 
 
-# Measured times are fp32 times: a local profile uses them for these dtypes only.
+# Measured times are fp32 times: a local profile uses them for these dtypes only (a GPU's for fp32 alone).
 MEASURED_DTYPES = ("fp32", "tf32")
 
 
@@ -220,15 +220,43 @@ def measured_times_wanted(profile: HardwareProfile, *, times: str, dtype: str) -
     """Whether a plan on `profile` would take layer times from the trace (else they can be left untimed).
 
     --times measured always does; the default ("model") does on a local profile in fp32
-    (`uses_measured_times`); a catalogue profile prices layers by roofline.
+    (`uses_measured_times`); a catalogue profile prices layers by roofline (unless a CUDA trace of its GPU is
+    planned on it, or `analyze` re-times its plan on this machine's GPU: cli/device_like.py).
     """
     return times == "measured" or (times == "model" and profile.local and dtype in MEASURED_DTYPES)
 
 
 def _timed_here(graph: Graph, profile: HardwareProfile, dtype: str) -> bool:
-    """A local profile and a graph with fp32 timings taken on this machine's CPU: measured times could apply."""
-    return (profile.local and graph.source.get("device") == "cpu" and dtype in MEASURED_DTYPES
-            and any(l.fwd_s > 0 for l in graph.layers))
+    """fp32 timings taken on the device the profile describes: this machine's CPU for a local profile, or the GPU
+    the profile is (`timed_on_profile_gpu`) for a CUDA trace. Measured times could apply."""
+    if dtype not in MEASURED_DTYPES or not any(l.fwd_s > 0 for l in graph.layers):
+        return False
+    device = graph.source.get("device")
+    if device == "cuda":  # fp32 only: on a GPU tf32 matmuls run on other units than the trace's fp32 ones
+        return dtype == "fp32" and timed_on_profile_gpu(graph, profile)
+    return profile.local and device == "cpu"
+
+
+def timed_on_profile_gpu(graph: Graph, profile: HardwareProfile) -> bool:
+    """Whether a CUDA trace ran on the GPU `profile` describes (`profile_is_gpu`).
+
+    Why measured times beat the roofline there: the trace's CUDA events time what the GPU really ran, host-bound
+    layers included (a 32x32 ResNet's kernels wait for eager PyTorch to issue them; benchmarks/RESULTS.md, GPU).
+    """
+    name = graph.source.get("device_name")
+    return bool(name) and profile_is_gpu(profile, str(name))
+
+
+def profile_is_gpu(profile: HardwareProfile, device_name: str) -> bool:
+    """Whether `profile` describes the GPU torch names `device_name`: the GPU a calibrated profile measured, or
+    the catalogue profile that name matches (gpu_catalog.catalog_match: "NVIDIA H100 80GB HBM3" is h100-sxm)."""
+    from pipeplan.hardware_profiles.gpu_catalog import catalog_match
+
+    calibration = getattr(profile, "calibration", None) or {}
+    if calibration.get("device_type") == "cuda":
+        return calibration.get("device_name") == device_name
+    sheet = catalog_match(device_name)
+    return sheet is not None and sheet.name == profile.name and not profile.local
 
 
 def device_threads(profile: HardwareProfile) -> int:
@@ -242,18 +270,22 @@ def _timed_on_device_threads(graph: Graph, profile: HardwareProfile) -> bool:
     return threads is None or int(threads) == device_threads(profile)
 
 
-def uses_measured_times(graph: Graph, profile: HardwareProfile, dtype: str) -> bool:
+def uses_measured_times(graph: Graph, profile: HardwareProfile, dtype: str, *, samples: int | None = None) -> bool:
     """Whether times="model" should take the graph's own measurements on this profile.
 
-    Yes when the profile is this machine's calibration (local) and the graph was
-    traced here on the CPU in fp32 (measured times are fp32 times; a bf16 request
-    goes through the roofline with the calibrated bf16 peak), and the graph
-    actually has timings (imported or hand-made graphs may not). A local "device"
-    is one core running `calibration["threads_per_device"]` threads; when the
-    graph records how many threads timed it (source["threads"]) and that differs,
-    its times are not one device's times, so the roofline is used instead.
+    Yes when the graph was timed in fp32 on the device the profile describes (`_timed_here`: a bf16 request
+    goes through the roofline with the calibrated bf16 peak) and the graph actually has timings (imported or
+    hand-made graphs may not). A local "device" is one core running `calibration["threads_per_device"]`
+    threads; when the graph records how many threads timed it (source["threads"]) and that differs, its times
+    are not one device's times, so the roofline is used instead. On a GPU the trace's times hold at the batch it
+    timed (`samples`, None: that batch) only: a host-bound layer takes as long at half the batch, a GPU-bound one
+    half as long, and one trace cannot tell which, so another microbatch size is priced by the roofline.
     """
-    return _timed_here(graph, profile, dtype) and _timed_on_device_threads(graph, profile)
+    if not _timed_here(graph, profile, dtype):
+        return False
+    if graph.source.get("device") == "cuda":
+        return samples is None or samples == graph.batch_size
+    return _timed_on_device_threads(graph, profile)
 
 
 def local_times_note(graph: Graph, profile: HardwareProfile, *, dtype: str, times: str, samples: int) -> str | None:
@@ -265,9 +297,17 @@ def local_times_note(graph: Graph, profile: HardwareProfile, *, dtype: str, time
     cores falls back to the roofline (here 1.5-2x optimistic on skinny matmuls);
     one at another batch is scaled linearly, and a CPU's time per sample is not
     constant in the batch (5x between 1 and 32 rows on examples/mlp.py here).
+    A GPU's measured times are used at the traced batch only (`uses_measured_times`), so there the note says
+    when the roofline stood in for them.
     """
     if times != "model" or not _timed_here(graph, profile, dtype):
         return None
+    if graph.source.get("device") == "cuda":
+        if samples == graph.batch_size:
+            return None
+        return (f"{LOCAL_TIMES_NOTE_PREFIX} the roofline's: the trace timed batch {graph.batch_size} on "
+                f"{graph.source.get('device_name')} and the microbatch is {samples}; to plan with that GPU's "
+                f"measured times, trace at the microbatch size (`pipeplan trace MODEL --device cuda -b {samples}`)")
     threads = device_threads(profile)
     redo = (f"for a prediction to compare with `pipeplan run`, trace like a device: "
             f"OMP_NUM_THREADS={threads} with --trace-batch-size {samples} (and this plan's -m)")
@@ -285,8 +325,9 @@ def layer_times_s(graph: Graph, profile: HardwareProfile, *, dtype: str = "fp32"
     """Per-layer (fwd_s, bwd_s) lists for `samples` samples (default: the traced batch size).
 
     times="measured": the graph's measured times, scaled linearly with samples.
-    times="model": roofline on the profile, except on a local profile with a graph
-    traced on this machine (`uses_measured_times`), as issue 3 asks.
+    times="model": roofline on the profile, except where the graph was timed on the
+    device the profile describes (`uses_measured_times`: this machine's CPU for a local
+    profile, as issue 3 asks; the profile's GPU for a CUDA trace, at the traced batch).
     times="roofline": always the roofline (what the calibration test checks).
     A graph with timings but no FLOP or byte counts at all (an imported PipeDream
     profile) can only be planned with its measured times, so every mode uses them;
@@ -301,7 +342,8 @@ def layer_times_s(graph: Graph, profile: HardwareProfile, *, dtype: str = "fp32"
     if n <= 0:
         raise ValueError("samples must be > 0")
     measured_only = not has_cost_counts(graph) and any(l.fwd_s > 0 or l.bwd_s > 0 for l in graph.layers)
-    if times == "measured" or measured_only or (times == "model" and uses_measured_times(graph, profile, dtype)):
+    if times == "measured" or measured_only or (times == "model" and uses_measured_times(graph, profile, dtype,
+                                                                                         samples=n)):
         ratio = n / batch
         return [l.fwd_s * ratio for l in graph.layers], [l.bwd_s * ratio for l in graph.layers]
     fwd, bwd = [], []

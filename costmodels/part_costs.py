@@ -107,6 +107,26 @@ def kernel_overheads_s(profile: HardwareProfile) -> tuple[float, float]:
     return (default_k if k is None else k), (default_d if d is None else d)
 
 
+def host_floor_s(parts: Sequence[CostPart], profile: HardwareProfile) -> tuple[float, float] | None:
+    """(forward, backward) host seconds to issue a layer's ops, from the profile's per-kind figures, or None where
+    it has none (then ops x `dispatch_s` bounds each pass, as before).
+
+    Why per kind: measured on an H200's host (torch 2.11, hardware_profiles/measured/nvidia-h200-calibrated.yaml),
+    a ReLU costs 13 µs forward and 50 µs backward, a training-mode batch norm 60 and 110, a convolution 29-33 and
+    74-81 (hardware_profiles/calibrate_dispatch.py), where one `x * 1.0` took 10: priced at that one figure the
+    32x32 ResNet's calibrated step was 72% under `pipeplan run`, with these 41%. A "norm" part takes batch
+    norm's figure; a kind the profile lacks takes `dispatch_s` (backward: x BACKWARD_KERNELS_FACTOR).
+    """
+    by_kind = profile.dispatch_by_kind_s
+    if not by_kind:
+        return None
+    _, d = kernel_overheads_s(profile)
+    fallback = (d, d * BACKWARD_KERNELS_FACTOR)
+    fwd = sum(part.ops * by_kind.get(part.kind, fallback)[0] for part in parts)
+    bwd = sum(part.ops * by_kind.get(part.kind, fallback)[1] for part in parts)
+    return fwd, bwd
+
+
 def part_bytes(part: CostPart, ratio: float) -> tuple[float, float]:
     """(forward, backward) traffic of a part at `ratio` x the traced batch, in traced (fp32) bytes.
 
@@ -156,7 +176,8 @@ def parts_roofline_s(parts: Sequence[CostPart], profile: HardwareProfile, *, dty
     """(fwd_s, bwd_s) of a layer's parts at `ratio` x the traced batch: summed rooflines plus kernel time.
 
     Per pass: sum over parts of max(FLOPs / (peak * eff), bytes / (bandwidth * eff))
-    + kernels x per-kernel time, and no less than ops x host dispatch time. A profile
+    + kernels x per-kernel time, and no less than the host's time to issue the ops (`host_floor_s`, else
+    ops x host dispatch time). A profile
     with an `efficiency_curve` for a part's kind gives eff at the part's FLOPs per kernel
     (forward: FLOPs / ops; backward: FLOPs / (ops x BACKWARD_KERNELS_FACTOR)); the curve
     is defined net of the per-kernel time (hardware_profiles/curve.py), so adding it here
@@ -179,7 +200,6 @@ def parts_roofline_s(parts: Sequence[CostPart], profile: HardwareProfile, *, dty
         ce, me = efficiency_for(profile, part.kind, dtype, b_flops * ratio / (kernels * BACKWARD_KERNELS_FACTOR))
         bwd += roofline_time_s(b_flops * ratio, b_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce, me)
         ops += part.ops
-    fwd = max(fwd + ops * kernel_s, ops * dispatch_s)
     bwd_ops = ops * BACKWARD_KERNELS_FACTOR
-    bwd = max(bwd + bwd_ops * kernel_s, bwd_ops * dispatch_s)
-    return fwd, bwd
+    host = host_floor_s(parts, profile) or (ops * dispatch_s, bwd_ops * dispatch_s)
+    return max(fwd + ops * kernel_s, host[0]), max(bwd + bwd_ops * kernel_s, host[1])

@@ -61,8 +61,9 @@ def resolve_device(requested: str, profile: HardwareProfile | None = None) -> st
 
     auto: "cuda" when a GPU is visible, unless the profile is a CPU calibration (a local
     profile not measured on CUDA), whose device is one core; "cpu" otherwise. A catalogue
-    GPU profile with a GPU visible also times on CUDA: measured times are only used with
-    --times measured, and then the GPU's own times are the ones that mean anything.
+    GPU profile with a GPU visible also times on CUDA: a plan on that GPU's own profile takes
+    the times (compute.uses_measured_times), any other only with --times measured, where the
+    GPU's own times are the ones that mean anything.
     "cuda" without a visible GPU is the user's error.
     """
     if requested not in TRACE_DEVICES:

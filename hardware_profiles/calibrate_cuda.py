@@ -43,6 +43,8 @@ Progress = Callable[[str, int, int], None]
 MATMUL_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)  # n of an n x n x n GEMM
 CONV_BATCHES = (1, 4, 16, 64, 256)  # N of a 3x3 convolution, C_in = C_out = 128, 28 x 28, padding 1
 CONV_SHAPE = (128, 28)
+CONV_SWEEP = ((16, 32), (32, 16), (64, 8), (128, 4), (64, 32), (128, 16), (256, 8))  # (C, HW), batch below
+CONV_SWEEP_BATCH = 256
 ATTENTION_SEQS = (128, 256, 512, 1024, 2048, 4096)  # S of causal SDPA, batch 8, 12 heads of 64
 ATTENTION_SHAPE = (8, 12, 64)
 COPY_BYTES = GIB  # far beyond the H100's 50 MB L2, so this is HBM bandwidth
@@ -136,6 +138,28 @@ def measure_conv(dtype_name: str) -> list[tuple[float, float]]:
     return out
 
 
+def measure_conv_sweep(dtype_name: str) -> list[list[float]]:
+    """[C, HW, N, FLOPs, forward s, backward s] per 3x3 convolution of C -> C channels at HW x HW, batch N.
+
+    The shapes of a CIFAR-size ResNet's stages and wider ones: cuDNN's efficiency at equal FLOPs depends on the
+    channel count (the implicit GEMM's reduction is C x 9), which the batch-varied curve above does not show.
+    Backward is aten.convolution_backward for the input and weight gradients, as autograd calls it.
+    """
+    torch = _torch()
+    out = []
+    for c, hw in CONV_SWEEP:
+        n = CONV_SWEEP_BATCH
+        x = torch.randn(n, c, hw, hw, device="cuda", dtype=_dtype(dtype_name))
+        w = torch.randn(c, c, 3, 3, device="cuda", dtype=_dtype(dtype_name))
+        gy = torch.randn_like(x)
+        flops = 2.0 * n * hw * hw * c * c * 9
+        fwd = time_per_call_s(functools.partial(torch.nn.functional.conv2d, x, w, padding=1), _calls(flops))
+        bwd = time_per_call_s(functools.partial(torch.ops.aten.convolution_backward, gy, x, w, None, [1, 1], [1, 1],
+                                                [1, 1], False, [0, 0], 1, [True, True, False]), _calls(2 * flops))
+        out.append([c, hw, n, flops, fwd, bwd])
+    return out
+
+
 def measure_attention(dtype_name: str) -> list[tuple[float, float]]:
     """(FLOPs, seconds) per causal SDPA forward, FLOPs 4*B*H*S^2*D (torch's sdpa_flop_count) for each S."""
     torch = _torch()
@@ -204,24 +228,40 @@ def calibrate_cuda(*, name: str = "local-gpu", progress: Progress | None = None)
     device = torch.cuda.get_device_name(0)
     stamp = f"measured by pipeplan profiles calibrate on {device}, {datetime.date.today().isoformat()}"
     sheet = catalog_match(device)
-    step("kernel overhead and dispatch", 0, 5)
+    step("kernel overhead and dispatch", 0, 7)
     kernel_s = measure_kernel_overhead_s()
     dispatch = measure_dispatch_s()
-    step("memory bandwidth", 1, 5)
+    step("memory bandwidth", 1, 7)
     copy_bw = measure_copy_bytes_per_s()
     raw: dict[str, list[tuple[float, float]]] = {}
-    step("GEMMs", 2, 5)
+    step("GEMMs", 2, 7)
     for d in DTYPE_NAMES:
         raw[f"matmul@{d}"] = measure_matmul(d)
-    step("3x3 convolutions", 3, 5)
+    step("3x3 convolutions", 3, 7)
     for d in ("fp32", "bf16"):
         raw[f"conv3x3@{d}"] = measure_conv(d)
-    step("attention", 4, 5)
+    step("attention", 4, 7)
     for d in ("fp32", "bf16"):
         raw[f"attention@{d}"] = measure_attention(d)
-    step("attention", 5, 5)
+    step("per-kind dispatch and convolution shapes", 5, 7)
+    from pipeplan.hardware_profiles.calibrate_dispatch import measure_dispatch_by_kind
+
+    by_kind = measure_dispatch_by_kind("cuda")
+    sweep = {d: measure_conv_sweep(d) for d in ("fp32", "bf16")}
+    step("optimizer step", 6, 7)
+    from pipeplan.hardware_profiles import optimizer_overhead
+
+    optimizer_s = optimizer_overhead.per_tensor_s("cuda")
+    param_s = optimizer_overhead.per_param_s(optimizer_s, "cuda")
+    adam_steps = {str(n): round(optimizer_overhead.step_s("adam", n, optimizer_overhead.NUMEL, 15, 3, "cuda") * 1e6, 2)
+                  for n in (1, 16, 64)}
+    step("done", 7, 7)
     facts = {"total_memory": int(torch.cuda.get_device_properties(0).total_memory),
-             "torch": str(torch.__version__), "cuda": str(torch.version.cuda)}
+             "torch": str(torch.__version__), "cuda": str(torch.version.cuda),
+             "optimizer_tensor_s": optimizer_s, "optimizer_param_s": param_s,
+             "dispatch_by_kind": by_kind,
+             "extra": {"adam_step_us_by_tensors": adam_steps,
+                       "conv3x3_sweep": {d: [[float(v) for v in row] for row in rows] for d, rows in sweep.items()}}}
     return build_profile(name=name, device=device, stamp=stamp, sheet=sheet, raw=raw, kernel_s=kernel_s,
                          dispatch=dispatch, copy_bw=copy_bw, links=_links(stamp, sheet), facts=facts)
 
@@ -258,7 +298,10 @@ def build_profile(*, name: str, device: str, stamp: str, sheet: HardwareProfile 
                   copy_bw: float, links: dict[str, Any], facts: dict[str, Any]) -> HardwareProfile:
     """The profile from the measurements (pure: tests build one from made-up numbers).
 
-    `facts`: the device's total_memory (bytes) and the torch and CUDA versions.
+    `facts`: the device's total_memory (bytes), the torch and CUDA versions, optionally the optimizer step's
+    measured seconds per tensor and per parameter (`optimizer_tensor_s`, `optimizer_param_s`), the host seconds
+    per op by kind (`dispatch_by_kind`, calibrate_dispatch.py) and `extra`
+    measurements kept under `calibration` for the record (Adam's step by tensor count, convolution shapes).
     """
     peaks, best = _peaks(sheet, raw)
     curves = {}
@@ -272,6 +315,10 @@ def build_profile(*, name: str, device: str, stamp: str, sheet: HardwareProfile 
         "kernel_overhead)), peak = peak_tflops",
         f"kernel_overhead_us: {stamp}, 1-element add_ kernels back to back in a CUDA graph",
         f"dispatch_us: {stamp}, host time per eager autograd-recorded op (x * 1.0), no synchronize",
+        f"dispatch_us_by_kind: {stamp}, host time per op of each kind on tiny tensors, forward and backward, the "
+        "slope between 1 and 32 ops (hardware_profiles/calibrate_dispatch.py)",
+        f"optimizer_us_per_tensor / optimizer_ns_per_param: {stamp}, torch.optim's default (foreach) step on the GPU "
+        "(hardware_profiles/optimizer_overhead.py), synchronized",
         f"memory_bandwidth_gbps / efficiency.memory: {stamp}, {COPY_BYTES // GIB} GiB device-to-device copy "
         f"{copy_bw / 1e9:.0f} GB/s (read + written) against the datasheet's {datasheet_bw / 1e9:.0f} GB/s",
         f"memory_gib: {stamp}, torch.cuda.get_device_properties total_memory; usable = total - 1 GiB "
@@ -286,10 +333,12 @@ def build_profile(*, name: str, device: str, stamp: str, sheet: HardwareProfile 
         intra_node=links["intra_node"], inter_node=links["inter_node"],
         efficiency={"memory": min(2.0, copy_bw / datasheet_bw)}, sources=tuple(sources),
         collectives=links["collectives"], kernel_overhead_s=kernel_s, dispatch_s=dispatch["autograd"],
-        efficiency_curve=curves, notes=links["note"],
+        dispatch_by_kind_s=dict(facts.get("dispatch_by_kind", {})),
+        efficiency_curve=curves, notes=links["note"], optimizer_tensor_s=dict(facts.get("optimizer_tensor_s", {})),
+        optimizer_param_s=dict(facts.get("optimizer_param_s", {})),
         calibration={"device_type": "cuda", "device_name": device, "torch": facts["torch"],
                      "cuda": facts["cuda"], "date": datetime.date.today().isoformat(),
                      "best_gemm_tflops": {d: round(v / 1e12, 2) for d, v in best.items()},
                      "copy_gbps": round(copy_bw / 1e9, 1), "dispatch_plain_us": round(dispatch["plain"] * 1e6, 3),
-                     "catalogue_match": sheet.name if sheet is not None else None},
+                     "catalogue_match": sheet.name if sheet is not None else None, **facts.get("extra", {})},
     )

@@ -32,7 +32,7 @@ from pipeplan.choices import DTYPES, OPTIMIZERS
 from pipeplan.errors import UserError
 from pipeplan.fields import quote
 from pipeplan.hardware_profiles.curve import MAX_CURVE_POINTS, MIN_CURVE_POINTS
-from pipeplan.hardware_profiles.profile import HardwareProfile, Link
+from pipeplan.hardware_profiles.profile import DISPATCH_KINDS, HardwareProfile, Link
 from pipeplan.schedules import SCHEDULE_NAMES
 from pipeplan.units import GIB, MIB
 
@@ -65,6 +65,7 @@ _UNITS = {
     "op_overhead_us_per_tensor": ("µs per tensor", 1e6),
     "kernel_overhead_us": ("µs", 1e4),
     "dispatch_us": ("µs", 1e4),
+    "dispatch_us_by_kind": ("µs", 1e4),
     "optimizer_us_per_tensor": ("µs", 1e4),
     "optimizer_ns_per_param": ("ns", 1e4),
     "recompute_overhead_us": ("µs", 1e6),
@@ -93,6 +94,7 @@ _TOP_KEYS = {
     "op_overhead_us": False,
     "kernel_overhead_us": False,
     "dispatch_us": False,
+    "dispatch_us_by_kind": False,
     "op_overhead_us_per_mib": False,
     "op_overhead_us_per_tensor": False,
     "optimizer_us_per_tensor": False,
@@ -304,6 +306,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     dispatch_us = doc.get("dispatch_us")
     kernel_s = None if kernel_us is None else c.number(kernel_us, "kernel_overhead_us", allow_zero=True) * 1e-6
     dispatch_s = None if dispatch_us is None else c.number(dispatch_us, "dispatch_us", allow_zero=True) * 1e-6
+    by_kind_s = _dispatch_by_kind(c, doc)
     per_byte_s = {k: v * 1e-6 / MIB for k, v in c.schedule_map(doc, "op_overhead_us_per_mib").items()}
     per_tensor_s = {k: v * 1e-6 for k, v in c.schedule_map(doc, "op_overhead_us_per_tensor").items()}
     optimizer_us = c.mapping(doc.get("optimizer_us_per_tensor") or {}, "optimizer_us_per_tensor")
@@ -359,6 +362,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         collectives={k: c.link(v, f"collectives.{k}") for k, v in collectives.items()},
         kernel_overhead_s=kernel_s,
         dispatch_s=dispatch_s,
+        dispatch_by_kind_s=by_kind_s,
         efficiency_curve=curves,
         optimizer_tensor_s=optimizer_s,
         optimizer_param_s=param_s,
@@ -402,6 +406,8 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         doc["kernel_overhead_us"] = _num(profile.kernel_overhead_s * 1e6)
     if profile.dispatch_s is not None:
         doc["dispatch_us"] = _num(profile.dispatch_s * 1e6)
+    if profile.dispatch_by_kind_s:
+        doc["dispatch_us_by_kind"] = {k: [_num(f * 1e6), _num(b * 1e6)] for k, (f, b) in profile.dispatch_by_kind_s.items()}
     if profile.concurrency_slowdown != 1.0:
         doc["concurrency_slowdown"] = _num(profile.concurrency_slowdown)
     if profile.op_overhead_s:
@@ -432,6 +438,20 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         doc["notes"] = profile.notes
     doc["sources"] = list(profile.sources)
     return doc
+
+
+def _dispatch_by_kind(c: _Checker, doc: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """`dispatch_us_by_kind: {kind: [forward µs, backward µs]}` in seconds (profile.DISPATCH_KINDS)."""
+    raw = c.mapping(doc.get("dispatch_us_by_kind") or {}, "dispatch_us_by_kind")
+    c.keys(raw, {k: False for k in DISPATCH_KINDS}, prefix="dispatch_us_by_kind.")
+    out = {}
+    for kind, pair in raw.items():
+        field = f"dispatch_us_by_kind.{kind}"
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise c.fail(field, f"is [forward µs, backward µs], got {quote(pair)}")
+        fwd, bwd = (c.number(v, field, "dispatch_us_by_kind", allow_zero=True) * 1e-6 for v in pair)
+        out[kind] = (fwd, bwd)
+    return out
 
 
 class _Dumper(yaml.SafeDumper):

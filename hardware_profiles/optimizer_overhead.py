@@ -34,40 +34,56 @@ LARGE_NUMEL: Final[int] = 1 << 20  # 4 MiB a tensor, 32 MiB a state over the 8: 
 LARGE_STEPS, LARGE_WARMUP = 5, 2
 
 
-def per_tensor_s() -> dict[str, float]:
-    """Median seconds per parameter tensor of one step of each optimizer, on the calling thread."""
-    return {name: _step_s(name, TENSORS, NUMEL, STEPS, WARMUP) / TENSORS for name in OPTIMIZERS}
+# On a GPU the large tensors must pass the L2 too (H100 50 MB, H200 60 MB): 32 MiB a tensor, 256 MiB over the 8.
+GPU_LARGE_NUMEL: Final[int] = 1 << 23
 
 
-def per_param_s(tensor_s: dict[str, float]) -> dict[str, float]:
+def per_tensor_s(device: str = "cpu") -> dict[str, float]:
+    """Median seconds per parameter tensor of one step of each optimizer, on the calling thread.
+
+    On CUDA torch.optim takes its foreach kernels and still spends host time per tensor (Adam on the H200: 252,
+    501 and 1229 µs over 1, 16 and 64 tiny tensors, 15 µs a tensor beyond a fixed ~0.24 ms, which this figure
+    spreads over TENSORS tensors)."""
+    return {name: step_s(name, TENSORS, NUMEL, STEPS, WARMUP, device) / TENSORS for name in OPTIMIZERS}
+
+
+def per_param_s(tensor_s: dict[str, float], device: str = "cpu") -> dict[str, float]:
     """Seconds per parameter of one step of each optimizer, on the calling thread: a step over
     LARGE_TENSORS tensors of LARGE_NUMEL floats, less their per-tensor time (`tensor_s`, from `per_tensor_s`).
     Large tensors, because the models whose step matters are big: small ones stay in cache and step faster
     per parameter (here ~15% at 64K floats a tensor), which this slightly over-predicts. Measure it under the
     runtime's allocator setting (calibrate sets `keep_freed_memory` first): without it the temporaries Adam
     allocates per tensor land on fresh pages, and its step took 7.1 ns a parameter here instead of 3.1."""
-    n = LARGE_TENSORS * LARGE_NUMEL
+    numel = GPU_LARGE_NUMEL if device == "cuda" else LARGE_NUMEL
+    n = LARGE_TENSORS * numel
     out: dict[str, float] = {}
     for name in OPTIMIZERS:
-        step_s = _step_s(name, LARGE_TENSORS, LARGE_NUMEL, LARGE_STEPS, LARGE_WARMUP)
-        per_param = (step_s - LARGE_TENSORS * tensor_s.get(name, 0.0)) / n
+        large_s = step_s(name, LARGE_TENSORS, numel, LARGE_STEPS, LARGE_WARMUP, device)
+        per_param = (large_s - LARGE_TENSORS * tensor_s.get(name, 0.0)) / n
         if per_param > 0:  # else (a disturbed run) the profile keeps the bytes model for it
             out[name] = per_param
     return out
 
 
-def _step_s(name: str, tensors: int, numel: int, steps: int, warmup: int) -> float:
-    """Median seconds of one step of optimizer `name` (as the runtime builds it) over `tensors` x `numel` floats."""
+def step_s(name: str, tensors: int, numel: int, steps: int, warmup: int, device: str = "cpu") -> float:
+    """Median seconds of one step of optimizer `name` (as the runtime builds it) over `tensors` x `numel` floats
+    on `device` (CUDA: synchronized before and after, so the kernels' time counts as the runtime waits for it)."""
     import torch
 
-    params = [torch.nn.Parameter(torch.zeros(numel)) for _ in range(tensors)]
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    params = [torch.nn.Parameter(torch.zeros(numel, device=device)) for _ in range(tensors)]
     for p in params:
-        p.grad = torch.ones(numel)
+        p.grad = torch.ones(numel, device=device)
     opt = make_optimizer(name, params, DEFAULT_LR[name])
     times = []
     for i in range(steps + warmup):
+        sync()
         t0 = time.perf_counter()
         opt.step()
+        sync()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)

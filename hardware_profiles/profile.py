@@ -18,6 +18,12 @@ from pipeplan.schedules import facts
 __all__ = ["DTYPES", "HardwareProfile", "Link"]
 
 
+# Op kinds `dispatch_us_by_kind` may name: the cost parts' kinds (costmodels/graph.PART_KINDS) and layer_norm, which
+# calibrate times beside batch norm (a "norm" part is priced at batch norm's figure).
+DISPATCH_KINDS = ("matmul", "conv", "conv3x3", "attention", "embedding", "norm", "layer_norm", "elementwise",
+                  "dropout", "other")
+
+
 @dataclass(frozen=True)
 class Link:
     kind: str  # nvlink, pcie, infiniband, ici, ethernet, xgmi, loopback ...
@@ -65,6 +71,10 @@ class HardwareProfile:
     # (costmodels/part_costs.py). None: that module's defaults (0 on a local profile).
     kernel_overhead_s: float | None = None
     dispatch_s: float | None = None
+    # Host seconds eager PyTorch spends per op by part kind, (forward, backward per forward op): a convolution's
+    # or a training-mode norm's cost several x1.0's (hardware_profiles/calibrate_dispatch.py). Measured by
+    # `profiles calibrate --device cuda`; empty = `dispatch_s` for every kind.
+    dispatch_by_kind_s: dict[str, tuple[float, float]] = field(default_factory=dict)
     # Achieved/peak by kernel size, "kind" or "kind@dtype" -> ((FLOPs per kernel, efficiency), ...) with FLOPs
     # increasing (hardware_profiles/curve.py says how it is defined and read). Empty: `efficiency` alone.
     efficiency_curve: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)

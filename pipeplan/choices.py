@@ -42,8 +42,9 @@ Solver = Literal["auto", "dp", "ilp"]
 """Partitioner: the DP for every configuration; "ilp"/"auto" re-partition the best with the ILP (DAGs)."""
 SOLVERS: Final[tuple[Solver, ...]] = get_args(Solver)
 
-Times = Literal["model", "measured"]
-"""Layer times from the roofline cost model, or as measured while tracing."""
+Times = Literal["model", "measured", "roofline"]
+"""Layer times: the trace's measurements where it timed the profile's device (this CPU, or that GPU), else the
+roofline cost model ("model"); always as measured while tracing; always the roofline."""
 TIMES: Final[tuple[Times, ...]] = get_args(Times)
 
 Layout = Literal["stage-major", "pipeline-major"]

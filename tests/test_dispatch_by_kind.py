@@ -1,0 +1,72 @@
+"""Host time per op by kind (`dispatch_us_by_kind`): measured by calibrate, stored in the profile, and the floor of a
+layer's time where its kernels are tiny (costmodels/part_costs.host_floor_s)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipeplan.costmodels.graph import CostPart
+from pipeplan.costmodels.part_costs import BACKWARD_KERNELS_FACTOR, host_floor_s, parts_roofline_s
+from pipeplan.errors import UserError
+from pipeplan.hardware_profiles.calibrate_dispatch import measure_dispatch_by_kind, slope_s
+from pipeplan.hardware_profiles.loader import load_profile, read_profile_file, save_profile
+from pipeplan.hardware_profiles.profile import DISPATCH_KINDS
+
+BY_KIND = {"conv3x3": (20e-6, 75e-6), "norm": (39e-6, 99e-6), "elementwise": (9e-6, 35e-6)}
+
+
+def _profile(**kw):
+    return dataclasses.replace(load_profile("h200"), name="t", dispatch_s=14e-6, **kw)
+
+
+def test_the_host_floor_is_ops_times_each_kinds_figure_and_dispatch_for_the_rest():
+    parts = [CostPart("conv3x3", ops=2), CostPart("norm", ops=1), CostPart("matmul", ops=3)]
+    fwd, bwd = host_floor_s(parts, _profile(dispatch_by_kind_s=BY_KIND))
+    assert fwd == pytest.approx(2 * 20e-6 + 39e-6 + 3 * 14e-6)
+    assert bwd == pytest.approx(2 * 75e-6 + 99e-6 + 3 * 14e-6 * BACKWARD_KERNELS_FACTOR)
+    assert host_floor_s(parts, _profile()) is None
+
+
+def test_tiny_kernels_take_the_host_floor_and_big_ones_their_roofline():
+    tiny = [CostPart("conv3x3", fwd_flops=1000, bwd_flops=2000, bytes_moved=1000, ops=1)]
+    assert parts_roofline_s(tiny, _profile(dispatch_by_kind_s=BY_KIND), dtype="fp32", ratio=1.0) == \
+        pytest.approx((20e-6, 75e-6))
+    big = [CostPart("conv3x3", fwd_flops=int(1e13), bwd_flops=int(2e13), bytes_moved=int(1e9), ops=1)]
+    with_floor = parts_roofline_s(big, _profile(dispatch_by_kind_s=BY_KIND), dtype="fp32", ratio=1.0)
+    assert with_floor == parts_roofline_s(big, _profile(), dtype="fp32", ratio=1.0)
+    assert with_floor[0] > 1e-3
+
+
+def test_the_profile_field_round_trips_and_rejects_a_bad_entry(tmp_path):
+    path = tmp_path / "p.yaml"
+    save_profile(_profile(dispatch_by_kind_s=BY_KIND), path)
+    loaded = read_profile_file(path).dispatch_by_kind_s
+    assert set(loaded) == set(BY_KIND)
+    for kind, pair in BY_KIND.items():
+        assert loaded[kind] == pytest.approx(pair)
+    text = path.read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("dispatch_us_by_kind:", "dispatch_us_by_kind:\n  relu: [1, 2]"))
+    with pytest.raises(UserError, match="relu"):
+        read_profile_file(bad)
+    bad.write_text(text.replace("dispatch_us_by_kind:", "dispatch_us_by_kind:\n  other: 3"))
+    with pytest.raises(UserError, match="forward µs, backward µs"):
+        read_profile_file(bad)
+
+
+def test_slope_takes_out_what_a_batch_pays_once():
+    # 1 op: 100 fixed + 10; 32 ops: 100 + 320 -> 10 a op
+    assert slope_s(110e-6, 420e-6, 32) == pytest.approx(10e-6)
+    assert slope_s(420e-6, 110e-6, 32) == 0.0  # a disturbed run never gives a negative cost
+
+
+def test_measuring_on_the_cpu_gives_every_kind_a_forward_and_a_backward():
+    """The same loop calibrate runs on CUDA, here on the CPU (where it times the ops' whole work)."""
+    out = measure_dispatch_by_kind("cpu")
+    assert set(out) == set(DISPATCH_KINDS)
+    for fwd, bwd in out.values():
+        assert 0 <= fwd < 5e-3 and 0 <= bwd < 5e-3
+    # a convolution with its weight gradient costs more backward than a ReLU's threshold_backward
+    assert out["conv3x3"][1] > out["elementwise"][1]
