@@ -50,7 +50,7 @@ def retime_like_device(graph: Any, profile: Any, request: Any, result: Any, retr
     else:
         note = local_times_note(graph, profile, dtype=request.training_dtype, times=request.times,
                                 samples=best.microbatch_size)
-        if note is None:
+        if note is None or not profile.local:
             return graph, result
         with DeviceLikeThreads(device_threads(profile)):
             timed = retrace(best.microbatch_size, "cpu")

@@ -100,7 +100,7 @@ def planning_options(*, with_profile: bool = True, with_cluster: bool = False) -
                               "gradients (megatron: bf16 18 B/param, fp16 20)."),
             click.option("--times", type=_choice(TIMES), default="model", show_default=True,
                          help="Layer times: 'model' takes the trace's measurements where it timed the profile's device "
-                              "(this CPU, or that GPU at the microbatch size), else the roofline; 'measured' always "
+                              "(this CPU, or that GPU in fp32), else the roofline; 'measured' always "
                               "the trace's; 'roofline' always the cost model."),
         ]
         if with_cluster:

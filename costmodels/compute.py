@@ -270,22 +270,21 @@ def _timed_on_device_threads(graph: Graph, profile: HardwareProfile) -> bool:
     return threads is None or int(threads) == device_threads(profile)
 
 
-def uses_measured_times(graph: Graph, profile: HardwareProfile, dtype: str, *, samples: int | None = None) -> bool:
+def uses_measured_times(graph: Graph, profile: HardwareProfile, dtype: str) -> bool:
     """Whether times="model" should take the graph's own measurements on this profile.
 
     Yes when the graph was timed in fp32 on the device the profile describes (`_timed_here`: a bf16 request
     goes through the roofline with the calibrated bf16 peak) and the graph actually has timings (imported or
     hand-made graphs may not). A local "device" is one core running `calibration["threads_per_device"]`
     threads; when the graph records how many threads timed it (source["threads"]) and that differs, its times
-    are not one device's times, so the roofline is used instead. On a GPU the trace's times hold at the batch it
-    timed (`samples`, None: that batch) only: a host-bound layer takes as long at half the batch, a GPU-bound one
-    half as long, and one trace cannot tell which, so another microbatch size is priced by the roofline.
+    are not one device's times, so the roofline is used instead. On a GPU, as on a CPU, another microbatch
+    size scales them linearly (`local_times_note` says so): the search must price every configuration it
+    compares the same way (the roofline at one size against measured times at another picked the roofline's,
+    optimistic by 3x on the H200's 32x32 ResNet), and `analyze` re-times the one it chooses (cli/device_like.py).
     """
     if not _timed_here(graph, profile, dtype):
         return False
-    if graph.source.get("device") == "cuda":
-        return samples is None or samples == graph.batch_size
-    return _timed_on_device_threads(graph, profile)
+    return graph.source.get("device") == "cuda" or _timed_on_device_threads(graph, profile)
 
 
 def local_times_note(graph: Graph, profile: HardwareProfile, *, dtype: str, times: str, samples: int) -> str | None:
@@ -297,17 +296,22 @@ def local_times_note(graph: Graph, profile: HardwareProfile, *, dtype: str, time
     cores falls back to the roofline (here 1.5-2x optimistic on skinny matmuls);
     one at another batch is scaled linearly, and a CPU's time per sample is not
     constant in the batch (5x between 1 and 32 rows on examples/mlp.py here).
-    A GPU's measured times are used at the traced batch only (`uses_measured_times`), so there the note says
-    when the roofline stood in for them.
+    A GPU's measured times are used in fp32 only, and scale as a CPU's: a host-bound layer takes as long at half
+    the batch, so the note says when they were scaled.
     """
+    if (times == "model" and dtype != "fp32" and graph.source.get("device") == "cuda"
+            and any(l.fwd_s > 0 for l in graph.layers) and timed_on_profile_gpu(graph, profile)):
+        return (f"{LOCAL_TIMES_NOTE_PREFIX} the roofline's in {dtype}: the trace timed {graph.source.get('device_name')} "
+                f"in fp32; plan with --dtype fp32 to use its measured times")
     if times != "model" or not _timed_here(graph, profile, dtype):
         return None
     if graph.source.get("device") == "cuda":
         if samples == graph.batch_size:
             return None
-        return (f"{LOCAL_TIMES_NOTE_PREFIX} the roofline's: the trace timed batch {graph.batch_size} on "
-                f"{graph.source.get('device_name')} and the microbatch is {samples}; to plan with that GPU's "
-                f"measured times, trace at the microbatch size (`pipeplan trace MODEL --device cuda -b {samples}`)")
+        return (f"{LOCAL_TIMES_NOTE_PREFIX} measured times scaled from the traced batch {graph.batch_size} on "
+                f"{graph.source.get('device_name')} to the microbatch {samples}, and a layer that waits for the host "
+                f"does not scale; for a prediction to compare with `pipeplan run`, trace at the microbatch size "
+                f"(`pipeplan trace MODEL --device cuda -b {samples}`, or `analyze` on this GPU)")
     threads = device_threads(profile)
     redo = (f"for a prediction to compare with `pipeplan run`, trace like a device: "
             f"OMP_NUM_THREADS={threads} with --trace-batch-size {samples} (and this plan's -m)")
@@ -327,7 +331,7 @@ def layer_times_s(graph: Graph, profile: HardwareProfile, *, dtype: str = "fp32"
     times="measured": the graph's measured times, scaled linearly with samples.
     times="model": roofline on the profile, except where the graph was timed on the
     device the profile describes (`uses_measured_times`: this machine's CPU for a local
-    profile, as issue 3 asks; the profile's GPU for a CUDA trace, at the traced batch).
+    profile, as issue 3 asks; the profile's GPU for a CUDA trace in fp32).
     times="roofline": always the roofline (what the calibration test checks).
     A graph with timings but no FLOP or byte counts at all (an imported PipeDream
     profile) can only be planned with its measured times, so every mode uses them;
@@ -342,8 +346,7 @@ def layer_times_s(graph: Graph, profile: HardwareProfile, *, dtype: str = "fp32"
     if n <= 0:
         raise ValueError("samples must be > 0")
     measured_only = not has_cost_counts(graph) and any(l.fwd_s > 0 or l.bwd_s > 0 for l in graph.layers)
-    if times == "measured" or measured_only or (times == "model" and uses_measured_times(graph, profile, dtype,
-                                                                                         samples=n)):
+    if times == "measured" or measured_only or (times == "model" and uses_measured_times(graph, profile, dtype)):
         ratio = n / batch
         return [l.fwd_s * ratio for l in graph.layers], [l.bwd_s * ratio for l in graph.layers]
     fwd, bwd = [], []

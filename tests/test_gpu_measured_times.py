@@ -54,15 +54,16 @@ def test_a_calibrated_profile_of_that_gpu_takes_them_and_one_of_another_does_not
     assert not compute.uses_measured_times(g, calibrated, "bf16")  # the trace timed fp32
 
 
-def test_another_microbatch_size_is_priced_by_the_roofline_with_a_note():
+def test_another_microbatch_size_scales_the_measured_times_with_a_note():
+    """As on a CPU: one rule for every configuration the search compares (measured at one size against the
+    roofline at another, the search picked the roofline's half-size microbatches, 3x optimistic)."""
     g = _graph("resnet")
     h200 = load_profile("h200")
-    assert compute.uses_measured_times(g, h200, "fp32", samples=g.batch_size)
-    assert not compute.uses_measured_times(g, h200, "fp32", samples=g.batch_size // 2)
-    half = compute.layer_times_s(g, h200, samples=g.batch_size // 2)
-    assert half == compute.layer_times_s(g, h200, samples=g.batch_size // 2, times="roofline")
+    fwd, bwd = compute.layer_times_s(g, h200, samples=g.batch_size // 2)
+    assert fwd == pytest.approx([l.fwd_s / 2 for l in g.layers]) and bwd == pytest.approx([l.bwd_s / 2 for l in g.layers])
     note = compute.local_times_note(g, h200, dtype="fp32", times="model", samples=128)
-    assert note.startswith(compute.LOCAL_TIMES_NOTE_PREFIX + " the roofline's") and "-b 128" in note
+    assert note.startswith(compute.LOCAL_TIMES_NOTE_PREFIX + " measured times scaled from the traced batch 256")
+    assert "-b 128" in note
     assert compute.local_times_note(g, h200, dtype="fp32", times="model", samples=g.batch_size) is None
 
 
@@ -124,3 +125,11 @@ def test_analyze_re_times_the_chosen_plan_on_the_visible_gpu(monkeypatch):
     assert gpu_retime_wanted(untimed, h200, dataclasses.replace(request, dtype="bf16").for_profile(h200), 256) is None
     assert gpu_retime_wanted(untimed, h200, dataclasses.replace(request, times="roofline"), 256) is None
 
+
+
+def test_a_bf16_plan_on_the_traced_gpu_says_why_its_times_are_the_rooflines():
+    g = _graph("resnet")
+    note = compute.local_times_note(g, load_profile("h200"), dtype="bf16", times="model", samples=g.batch_size)
+    assert note.startswith(compute.LOCAL_TIMES_NOTE_PREFIX + " the roofline's in bf16") and "--dtype fp32" in note
+    assert compute.local_times_note(g, load_profile("h100-sxm"), dtype="bf16", times="model", samples=256) is None
+    assert compute.local_times_note(g, load_profile("h200"), dtype="bf16", times="roofline", samples=256) is None
