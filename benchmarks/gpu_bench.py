@@ -38,6 +38,13 @@ EXAMPLES = [
     ("resnet (32x32)", "examples/resnet.py", 256, {}, 1),
     ("unet (32x32)", "examples/unet.py", 64, {}, 1),
 ]
+# --published: the published table's worst CNN rows (benchmarks/RESULTS.md, "Still missing") need their models'
+# per-layer GPU times: torchgpipe's U-Net and ResNet-101, traced one layer per module as published_bench traces
+# them, at a microbatch of their published runs. (label, model file, batch, entry, depth)
+PUBLISHED = [
+    ("torchgpipe U-Net (5, 64), 192x192", "benchmarks/published/torchgpipe_unet.py", 16, "build_unet", 1),
+    ("torchgpipe ResNet-101, 224x224", "benchmarks/published/torchgpipe_resnet101.py", 32, "build_resnet101", 1),
+]
 QUICK = [
     ("gpt small", "examples/gpt.py", 8, {"PIPEPLAN_GPT_SIZE": "small"}, 1),
     ("resnet (32x32)", "examples/resnet.py", 32, {}, 1),
@@ -170,6 +177,22 @@ def _step_row(label: str, model: str, batch: int, env: dict[str, str], m: int, o
             + " | ".join(f"{peaks[n] / 1e9:.2f} ({pct(peaks[n], meas_peak)})" for n in variants) + " |")
 
 
+def published_layers(out: Path, profiles: dict[str, object], top: int, log: Path, summaries: dict) -> list[str]:
+    """Section (a) for the published table's CNNs (PUBLISHED): CUDA-event layer times against each profile."""
+    md: list[str] = ["#### The published table's CNNs (`--published`)", ""]
+    for label, model, batch, entry, depth in PUBLISHED:
+        graph_path = out / f"{Path(model).stem}.graph.json"
+        try:
+            sh(["pipeplan", "trace", model, "--entry", entry, "--depth", str(depth), "-b", str(batch), "--device",
+                "cuda", "--repeats", "3", "--no-fvcore-check", "-o", str(graph_path)], None, log)
+        except RuntimeError as e:
+            md += [f"**{label}**: trace failed: {str(e)[:300]}", ""]
+            continue
+        rows, summaries[label] = layer_table(label, graph_path, profiles, top)
+        md += rows
+    return md
+
+
 def analyze_rows(examples, out: Path, profile: str, log: Path) -> list[str]:
     """Defaults only on this GPU's catalogue profile: `pipeplan analyze MODEL --gpus 1 --dtype fp32` (which re-times
     its chosen plan on the GPU, cli/device_like.py) then `pipeplan run` of that plan."""
@@ -222,6 +245,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true", help="small models (a smoke run)")
     ap.add_argument("--top", type=int, default=8, help="slowest layers shown per model")
+    ap.add_argument("--published", action="store_true",
+                    help="also trace the published table's CNNs (torchgpipe's U-Net and ResNet-101) per layer on the GPU")
     ap.add_argument("--replan", action="store_true",
                     help="no GPU: section (b) again from DIR's calibrated profile, graphs and runs, planned by this code")
     a = ap.parse_args()
@@ -270,6 +295,8 @@ def main() -> None:
         md += rows
         traced.append(example)
         _write(a.out, md)
+    if a.published:
+        md += published_layers(a.out, profiles, a.top, log, summaries)
     (a.out / "layer_summary.json").write_text(json.dumps(summaries, indent=1))
     md += step_section(traced, a.out, sheet.name if sheet else None, cal_path, log, False)
     _write(a.out, md)

@@ -6,6 +6,8 @@ Why: gpu_bench.py's per-step table says the small CNNs run 5-7x longer than the 
 GPU is busy (kernels slower than priced) or waits for the host (eager PyTorch's per-op cost), and which ops.
 Per example (gpu_bench.EXAMPLES), fp32 as the tracer runs them:
 - eager_step_s: forward + loss + backward, host clock around it with a synchronize (median of STEPS);
+- eager_fwd_s, eager_bwd_s: the same step's forward + loss and backward apart, CUDA events around each, no
+  hooks: what the trace's per-layer sums (which carry its hooks) are to be held against;
 - host_issue_s: the same step's host time up to `backward()` returning, before the synchronize: when it is
   about eager_step_s, the GPU waited for the host;
 - graph_step_s: the same step captured in a CUDA graph and replayed (no host in the loop): the GPU's own time;
@@ -51,6 +53,18 @@ def step_fn(mod, batch: int):
     def step() -> None:
         loss_fn(model(*x), y).backward()
 
+    def passes() -> tuple[float, float]:
+        """(forward + loss, backward) seconds of one step, CUDA events around each, no hooks anywhere."""
+        a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        a.record()
+        loss = loss_fn(model(*x), y)
+        b.record()
+        loss.backward()
+        c.record()
+        c.synchronize()
+        return a.elapsed_time(b) / 1e3, b.elapsed_time(c) / 1e3
+
+    step.passes = passes  # type: ignore[attr-defined]
     return model, step
 
 
@@ -135,14 +149,17 @@ def main() -> None:
             timed(step, True)
         eager = statistics.median(timed(step, True) for _ in range(STEPS))
         issue = statistics.median(timed(step, False) for _ in range(STEPS))
+        split = [step.passes() for _ in range(STEPS)]
+        fwd, bwd = statistics.median(f for f, _ in split), statistics.median(b for _, b in split)
         adam = adam_step_s(net)
         net.zero_grad(set_to_none=False)
         ops = op_table(step, a.out / f"{Path(model).stem}.ops.txt")
         torch.cuda.synchronize()
         graph = graph_time_s(step)  # last: a failed capture may leave the stream unusable for this model
         result[label] = {"batch": batch, "adam_step_s": adam, "eager_step_s": eager, "host_issue_s": issue,
+                         "eager_fwd_s": fwd, "eager_bwd_s": bwd,
                          "graph_step_s": graph, "ops": ops}
-        print(f"{label}: eager {eager * 1e3:.2f} ms, host issue {issue * 1e3:.2f} ms, graph "
+        print(f"{label}: eager {eager * 1e3:.2f} ms (forward {fwd * 1e3:.2f}, backward {bwd * 1e3:.2f}), host issue {issue * 1e3:.2f} ms, graph "
               f"{'-' if graph is None else f'{graph * 1e3:.2f}'} ms, adam {adam * 1e3:.2f} ms",
               flush=True)
         (a.out / "breakdown.json").write_text(json.dumps(result, indent=1))

@@ -104,15 +104,43 @@ def show_cmd(name: str, as_json: bool) -> None:
     t.add_row("efficiency overrides", ", ".join(f"{k}={v:.3g}" for k, v in p.efficiency.items()) or "— (cost-model defaults)")
     if p.op_overhead_s:
         t.add_row("runtime per op", p.op_overhead_text())
+    for label, value in _overhead_rows(p):
+        t.add_row(label, value)
     if p.confidence:
         t.add_row("confidence", ", ".join(f"{k}:{v}" for k, v in p.confidence.items()))
     if p.notes:
         t.add_row("notes", p.notes)
     for k, v in p.calibration.items():
-        t.add_row("calibration" if k == next(iter(p.calibration)) else "", f"{k}: {v}")
+        t.add_row("calibration" if k == next(iter(p.calibration)) else "", f"{k}: {_brief(v)}")
     for i, s in enumerate(p.sources):
         t.add_row("sources" if i == 0 else "", s)
     stdout_console().print(t)
+
+
+def _overhead_rows(p) -> list[tuple[str, str]]:
+    """The per-kernel, per-op and optimizer figures a profile measured (or states), one row each."""
+    rows = []
+    if p.kernel_overhead_s is not None or p.dispatch_s is not None:
+        k = "—" if p.kernel_overhead_s is None else f"{p.kernel_overhead_s * 1e6:.3g} µs a kernel"
+        d = "—" if p.dispatch_s is None else f"{p.dispatch_s * 1e6:.3g} µs an op"
+        rows.append(("kernel / host per op", f"{k}; {d}"))
+    if p.dispatch_by_kind_s:
+        rows.append(("host per op by kind", ", ".join(f"{k} {f * 1e6:.3g}/{b * 1e6:.3g}"
+                                                     for k, (f, b) in p.dispatch_by_kind_s.items()) + " µs fwd/bwd"))
+    if p.optimizer_tensor_s or p.optimizer_param_s:
+        rows.append(("optimizer step", ", ".join(
+            f"{name} {p.optimizer_tensor_s.get(name, 0) * 1e6:.3g} µs a tensor + "
+            f"{p.optimizer_param_s.get(name, 0) * 1e9:.3g} ns a parameter"
+            for name in sorted(set(p.optimizer_tensor_s) | set(p.optimizer_param_s)))))
+    if p.efficiency_curve:
+        rows.append(("efficiency curves", ", ".join(f"{k} ({len(v)} points)" for k, v in p.efficiency_curve.items())))
+    return rows
+
+
+def _brief(value, limit: int = 160) -> str:
+    """A calibration value as text, a long one (a table of measurements) cut with a pointer to the file."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters; the YAML file has it all)"
 
 
 @profiles.command("calibrate")

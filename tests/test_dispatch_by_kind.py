@@ -70,3 +70,20 @@ def test_measuring_on_the_cpu_gives_every_kind_a_forward_and_a_backward():
         assert 0 <= fwd < 5e-3 and 0 <= bwd < 5e-3
     # a convolution with its weight gradient costs more backward than a ReLU's threshold_backward
     assert out["conv3x3"][1] > out["elementwise"][1]
+
+
+def test_profiles_show_lists_a_gpu_calibrations_overheads_and_cuts_its_long_tables():
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from pipeplan.cli.main import cli
+
+    path = Path(__file__).parents[1] / "hardware_profiles" / "measured" / "nvidia-h200-calibrated.yaml"
+    p = read_profile_file(path)
+    r = CliRunner().invoke(cli, ["profiles", "show", str(path)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    fwd, bwd = p.dispatch_by_kind_s["norm"]
+    assert f"norm {fwd * 1e6:.3g}/{bwd * 1e6:.3g}" in r.output
+    assert f"adam {p.optimizer_tensor_s['adam'] * 1e6:.3g} µs a tensor" in r.output
+    assert "conv3x3_sweep" in r.output and "the YAML file has it all" in r.output
