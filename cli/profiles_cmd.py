@@ -132,6 +132,9 @@ def _overhead_rows(p) -> list[tuple[str, str]]:
             f"{name} {p.optimizer_tensor_s.get(name, 0) * 1e6:.3g} µs a tensor + "
             f"{p.optimizer_param_s.get(name, 0) * 1e9:.3g} ns a parameter"
             for name in sorted(set(p.optimizer_tensor_s) | set(p.optimizer_param_s)))))
+    for key, (fwd, bwd) in p.channel_factors.items():
+        rows.append((f"{key} by channels", "x the curve: forward " + ", ".join(f"{c:g}: {f:.2f}" for c, f in fwd)
+                     + "; backward " + ", ".join(f"{c:g}: {f:.2f}" for c, f in bwd)))
     if p.efficiency_curve:
         rows.append(("efficiency curves", ", ".join(f"{k} ({len(v)} points)" for k, v in p.efficiency_curve.items())))
     return rows

@@ -334,6 +334,20 @@ def _channels_first_bytes(node: torch.fx.Node) -> int:
     return tensor_bytes(x) + tensor_bytes(val)
 
 
+def _conv_channels(node: torch.fx.Node) -> int:
+    """A convolution's narrower channel count, min(output channels, input channels per group), from its weight
+    (C_out, C_in / groups, kh, kw; transposed: C_in, C_out / groups, ...): the implicit GEMM's output columns or
+    the reduction's channels, whichever is fewer. 0 where the weight's shape is not known."""
+    w = node.args[1] if len(node.args) > 1 else None
+    val = getattr(w, "meta", {}).get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() < 3:
+        return 0
+    try:
+        return int(min(val.shape[0], val.shape[1]))
+    except Exception:  # symbolic sizes
+        return 0
+
+
 def _dropout_mask_bytes(node: torch.fx.Node) -> int:
     """The mask dropout writes in training, one byte per element (aten native_dropout's bool mask)."""
     val = node.meta.get("val")  # aten.dropout: the output alone (native_dropout's mask output is counted already)
@@ -354,21 +368,23 @@ def cost_parts(nodes: list[torch.fx.Node], node_flops: dict[str, int], param_inp
         kind = part_kind(n) if n.op == "call_function" else None
         if kind is None:
             continue
-        a = acc.setdefault(kind, [0, 0, 0, 0, 0])
+        a = acc.setdefault(kind, [0, 0, 0, 0, 0, 0])
         a[0] += node_flops.get(n.name, 0)
         a[1] += _node_bytes(n) + (_dropout_mask_bytes(n) if kind == "dropout" else 0)
         a[2] += sum(tensor_bytes(x.meta.get("val")) for x in n.all_input_nodes if x.name in param_inputs)
         a[3] += 1
         a[4] += _channels_first_bytes(n) if kind in ("conv", "conv3x3") else 0
+        a[5] += node_flops.get(n.name, 0) * _conv_channels(n) if kind in ("conv", "conv3x3") else 0
     fwd_total = sum(a[0] for a in acc.values())
     ops_total = sum(a[3] for a in acc.values())
     parts = []
     for kind in PART_KINDS:
         if kind in acc:
-            f, b, w, ops, layout = acc[kind]
+            f, b, w, ops, layout, channel_flops = acc[kind]
             share = f / fwd_total if fwd_total else ops / ops_total
             parts.append(CostPart(kind=kind, fwd_flops=f, bwd_flops=round(bwd_flops * share), bytes_moved=b,
-                                  param_bytes=min(w, b), ops=ops, layout_bytes=min(layout, b)))
+                                  param_bytes=min(w, b), ops=ops, layout_bytes=min(layout, b),
+                                  channels=round(channel_flops / f) if f else 0))
     return parts
 
 

@@ -19,7 +19,7 @@ TIMES = ("fwd_s", "bwd_s")
 HINT = "re-run `pipeplan trace` (docs/graph-format.md)"
 
 
-PART_COUNTS = ("fwd_flops", "bwd_flops", "bytes_moved", "param_bytes", "ops", "layout_bytes")
+PART_COUNTS = ("fwd_flops", "bwd_flops", "bytes_moved", "param_bytes", "ops", "layout_bytes", "channels")
 
 
 def check_graph_doc(doc: dict[str, Any], path: str | os.PathLike[str], layer_kinds: tuple[str, ...],

@@ -43,6 +43,7 @@ from pipeplan.costmodels.compute import (
 )
 from pipeplan.costmodels.graph import CostPart
 from pipeplan.costmodels.memory import activation_bytes_scale
+from pipeplan.hardware_profiles.curve import interpolate
 from pipeplan.hardware_profiles.profile import HardwareProfile
 
 # (forward, backward) traffic as a multiple of the traced forward bytes of a part.
@@ -105,6 +106,20 @@ def kernel_overheads_s(profile: HardwareProfile) -> tuple[float, float]:
     k = profile.kernel_overhead_s
     d = profile.dispatch_s
     return (default_k if k is None else k), (default_d if d is None else d)
+
+
+def channel_factor(part: CostPart, profile: HardwareProfile, dtype: str) -> tuple[float, float]:
+    """(forward, backward) multipliers on a convolution part's curve efficiency for its channel count, from the
+    profile's measured `channel_factors` (1 where it has none for the kind and dtype, or the part no channels).
+
+    Why: an implicit-GEMM convolution's tile is as wide as its channels allow; the H200's 16-channel 3x3
+    convolutions ran at 0.19x (forward) and 0.08x (backward) of the 128-channel curve at their FLOPs, its
+    256-channel ones at 1.2x and 0.9x (hardware_profiles/measured/nvidia-h200-calibrated.yaml).
+    """
+    factors = profile.channel_factors.get(f"{part.kind}@{dtype}") if part.channels else None
+    if factors is None:
+        return 1.0, 1.0
+    return interpolate(factors[0], part.channels), interpolate(factors[1], part.channels)
 
 
 def host_floor_s(parts: Sequence[CostPart], profile: HardwareProfile) -> tuple[float, float] | None:
@@ -195,10 +210,11 @@ def parts_roofline_s(parts: Sequence[CostPart], profile: HardwareProfile, *, dty
         f_layout, b_layout = layout_traffic(part, profile, dtype, ratio)
         f_bytes, b_bytes = f_bytes + f_layout, b_bytes + b_layout
         kernels = max(part.ops, 1)
+        narrow_f, narrow_b = channel_factor(part, profile, dtype)
         ce, me = efficiency_for(profile, part.kind, dtype, f_flops * ratio / kernels)
-        fwd += roofline_time_s(f_flops * ratio, f_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce, me)
+        fwd += roofline_time_s(f_flops * ratio, f_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce * narrow_f, me)
         ce, me = efficiency_for(profile, part.kind, dtype, b_flops * ratio / (kernels * BACKWARD_KERNELS_FACTOR))
-        bwd += roofline_time_s(b_flops * ratio, b_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce, me)
+        bwd += roofline_time_s(b_flops * ratio, b_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce * narrow_b, me)
         ops += part.ops
     bwd_ops = ops * BACKWARD_KERNELS_FACTOR
     host = host_floor_s(parts, profile) or (ops * dispatch_s, bwd_ops * dispatch_s)

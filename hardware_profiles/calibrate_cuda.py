@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeplan.errors import UserError
-from pipeplan.hardware_profiles.curve import point_efficiency
+from pipeplan.hardware_profiles.curve import interpolate, point_efficiency
 from pipeplan.hardware_profiles.gpu_catalog import catalog_match
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.units import GIB
@@ -213,6 +213,27 @@ def curve(points: list[tuple[float, float]], peak_flops: float, kernel_s: float)
     return [(f, point_efficiency(f, t, peak_flops, kernel_s)) for f, t in sorted(points)]
 
 
+def channel_factors(sweep: list[list[float]], curve: tuple[tuple[float, float], ...], peak_flops: float,
+                    kernel_s: float) -> tuple[tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]]:
+    """(forward, backward) ((channels, factor), ...) from `measure_conv_sweep`'s rows: each row's efficiency
+    (curve.point_efficiency; backward: its two kernels, 2F FLOPs) over the batch-varied curve's at the row's
+    forward FLOPs per kernel (the backward's kernels each have that many), averaged over rows of equal channels.
+
+    Why: the curve is measured at 128 channels; on the H200 a 16-channel convolution of the same FLOPs ran at a
+    fifth of it forward and a twelfth backward, and a 256-channel one at 1.2x and 0.9x.
+    """
+    by_c: dict[float, list[tuple[float, float]]] = {}
+    for c, _hw, _n, flops, fwd_s, bwd_s in sweep:
+        ref = interpolate(curve, flops)
+        by_c.setdefault(float(c), []).append(
+            (point_efficiency(flops, fwd_s, peak_flops, kernel_s) / ref,
+             point_efficiency(2 * flops, bwd_s, peak_flops, 2 * kernel_s) / ref))
+    rows = sorted(by_c.items())
+    fwd = tuple((c, sum(f for f, _ in v) / len(v)) for c, v in rows)
+    bwd = tuple((c, sum(b for _, b in v) / len(v)) for c, v in rows)
+    return fwd, bwd
+
+
 def calibrate_cuda(*, name: str = "local-gpu", progress: Progress | None = None) -> HardwareProfile:
     """Measure GPU 0 into a profile (see the module docstring for every definition)."""
     torch = _torch()
@@ -308,6 +329,10 @@ def build_profile(*, name: str, device: str, stamp: str, sheet: HardwareProfile 
     for key, points in raw.items():
         peak = peaks.get(key.split("@")[1]) or best["fp32"]
         curves[key] = tuple(curve(points, float(peak), kernel_s))
+    sweep = facts.get("extra", {}).get("conv3x3_sweep", {})
+    factors = {f"conv3x3@{d}": channel_factors(rows, curves[f"conv3x3@{d}"], float(peaks.get(d) or best["fp32"]),
+                                                kernel_s)
+               for d, rows in sweep.items() if len(rows) >= 2 and f"conv3x3@{d}" in curves}
     total = int(facts["total_memory"])
     datasheet_bw = sheet.mem_bw_bytes_per_s if sheet is not None else copy_bw
     sources = [
@@ -315,6 +340,8 @@ def build_profile(*, name: str, device: str, stamp: str, sheet: HardwareProfile 
         "kernel_overhead)), peak = peak_tflops",
         f"kernel_overhead_us: {stamp}, 1-element add_ kernels back to back in a CUDA graph",
         f"dispatch_us: {stamp}, host time per eager autograd-recorded op (x * 1.0), no synchronize",
+        f"channel_factors: {stamp}, 3x3 convolutions of 16-256 channels (calibration.conv3x3_sweep) against "
+        "the conv3x3 curve at their FLOPs (calibrate_cuda.channel_factors)",
         f"dispatch_us_by_kind: {stamp}, host time per op of each kind on tiny tensors, forward and backward, the "
         "slope between 1 and 32 ops (hardware_profiles/calibrate_dispatch.py)",
         f"optimizer_us_per_tensor / optimizer_ns_per_param: {stamp}, torch.optim's default (foreach) step on the GPU "
@@ -334,7 +361,7 @@ def build_profile(*, name: str, device: str, stamp: str, sheet: HardwareProfile 
         efficiency={"memory": min(2.0, copy_bw / datasheet_bw)}, sources=tuple(sources),
         collectives=links["collectives"], kernel_overhead_s=kernel_s, dispatch_s=dispatch["autograd"],
         dispatch_by_kind_s=dict(facts.get("dispatch_by_kind", {})),
-        efficiency_curve=curves, notes=links["note"], optimizer_tensor_s=dict(facts.get("optimizer_tensor_s", {})),
+        efficiency_curve=curves, channel_factors=factors, notes=links["note"], optimizer_tensor_s=dict(facts.get("optimizer_tensor_s", {})),
         optimizer_param_s=dict(facts.get("optimizer_param_s", {})),
         calibration={"device_type": "cuda", "device_name": device, "torch": facts["torch"],
                      "cuda": facts["cuda"], "date": datetime.date.today().isoformat(),

@@ -91,6 +91,7 @@ _TOP_KEYS = {
     "inter_node": True,
     "efficiency": False,
     "efficiency_curve": False,
+    "channel_factors": False,
     "op_overhead_us": False,
     "kernel_overhead_us": False,
     "dispatch_us": False,
@@ -289,6 +290,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     curve_doc = c.mapping(doc.get("efficiency_curve") or {}, "efficiency_curve")
     c.efficiency_keys(curve_doc, "efficiency_curve")
     curves = {str(k): c.curve(v, f"efficiency_curve.{k}") for k, v in curve_doc.items()}
+    channel_factors = _channel_factors(c, doc)
     efficiency = {}
     for k, v in eff_doc.items():
         e = c.number(v, f"efficiency.{k}")
@@ -364,6 +366,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         dispatch_s=dispatch_s,
         dispatch_by_kind_s=by_kind_s,
         efficiency_curve=curves,
+        channel_factors=channel_factors,
         optimizer_tensor_s=optimizer_s,
         optimizer_param_s=param_s,
         recompute_overhead_s=recompute_s,
@@ -406,6 +409,10 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         doc["kernel_overhead_us"] = _num(profile.kernel_overhead_s * 1e6)
     if profile.dispatch_s is not None:
         doc["dispatch_us"] = _num(profile.dispatch_s * 1e6)
+    if profile.channel_factors:
+        doc["channel_factors"] = {k: {"forward": [[_num(x), _num(y)] for x, y in fwd],
+                                      "backward": [[_num(x), _num(y)] for x, y in bwd]}
+                                  for k, (fwd, bwd) in profile.channel_factors.items()}
     if profile.dispatch_by_kind_s:
         doc["dispatch_us_by_kind"] = {k: [_num(f * 1e6), _num(b * 1e6)] for k, (f, b) in profile.dispatch_by_kind_s.items()}
     if profile.concurrency_slowdown != 1.0:
@@ -438,6 +445,20 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         doc["notes"] = profile.notes
     doc["sources"] = list(profile.sources)
     return doc
+
+
+def _channel_factors(c: _Checker, doc: dict[str, Any]) -> dict[str, Any]:
+    """`channel_factors: {kind@dtype: {forward: [[channels, factor], ...], backward: [...]}}`, each list checked as
+    an efficiency curve (channels increasing, factors in (0, 16])."""
+    raw = c.mapping(doc.get("channel_factors") or {}, "channel_factors")
+    c.efficiency_keys(raw, "channel_factors")
+    out = {}
+    for key, sides in raw.items():
+        sides = c.mapping(sides, f"channel_factors.{key}")
+        c.keys(sides, {"forward": True, "backward": True}, prefix=f"channel_factors.{key}.")
+        out[str(key)] = (c.curve(sides["forward"], f"channel_factors.{key}.forward"),
+                         c.curve(sides["backward"], f"channel_factors.{key}.backward"))
+    return out
 
 
 def _dispatch_by_kind(c: _Checker, doc: dict[str, Any]) -> dict[str, tuple[float, float]]:

@@ -78,6 +78,11 @@ class HardwareProfile:
     # Achieved/peak by kernel size, "kind" or "kind@dtype" -> ((FLOPs per kernel, efficiency), ...) with FLOPs
     # increasing (hardware_profiles/curve.py says how it is defined and read). Empty: `efficiency` alone.
     efficiency_curve: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    # Convolutions' efficiency against their curve by channel count, "kind@dtype" -> (forward, backward), each
+    # ((channels, factor), ...) with channels increasing: min(output channels, input channels per group) decides how
+    # much of a kernel tile a convolution fills, which FLOPs alone do not say (calibrate_cuda.channel_factors).
+    channel_factors: dict[str, tuple[tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]]] = \
+        field(default_factory=dict)
     # Host seconds per parameter tensor of one optimizer step, by optimizer name (torch.optim's per-tensor loop on
     # a CPU; hardware_profiles/optimizer_overhead.py). Measured by `profiles calibrate`; empty = bytes alone.
     optimizer_tensor_s: dict[str, float] = field(default_factory=dict)
