@@ -13,6 +13,11 @@ What is measured, and how each number is defined (every one is written with its 
 - kernel_overhead_us: GPU time per 1-element kernel in the same graph replays.
 - dispatch_us: host time per eager op that autograd records (x * 1.0 with x requiring
   grad), back-to-back without synchronizing: eager PyTorch's floor per op.
+- dispatch_us_by_kind: the same by op kind and pass (calibrate_dispatch.py).
+- channel_factors: 3x3 convolutions of 16-256 channels (`measure_conv_sweep`, kept as
+  `calibration.conv3x3_sweep`), each channel count's efficiency over the conv3x3 curve's.
+- optimizer_us_per_tensor / optimizer_ns_per_param: torch.optim's step on the GPU
+  (optimizer_overhead.py); `calibration.adam_step_us_by_tensors`: Adam over 1, 16, 64 tensors.
 - memory bandwidth: a 1 GiB device-to-device copy, bytes read + written over time;
   `efficiency.memory` = measured / datasheet.
 - peak_tflops: the datasheet's (the catalogue profile matching the device name); the
@@ -264,27 +269,29 @@ def calibrate_cuda(*, name: str = "local-gpu", progress: Progress | None = None)
     step("attention", 4, 7)
     for d in ("fp32", "bf16"):
         raw[f"attention@{d}"] = measure_attention(d)
-    step("per-kind dispatch and convolution shapes", 5, 7)
+    facts = {"total_memory": int(torch.cuda.get_device_properties(0).total_memory),
+             "torch": str(torch.__version__), "cuda": str(torch.version.cuda), **_host_and_shape_facts(step)}
+    return build_profile(name=name, device=device, stamp=stamp, sheet=sheet, raw=raw, kernel_s=kernel_s,
+                         dispatch=dispatch, copy_bw=copy_bw, links=_links(stamp, sheet), facts=facts)
+
+
+def _host_and_shape_facts(step: Callable[[str, int, int], None]) -> dict[str, Any]:
+    """`build_profile`'s facts beyond the curves: host time per op kind, the optimizer step, the convolution sweep."""
+    from pipeplan.hardware_profiles import optimizer_overhead
     from pipeplan.hardware_profiles.calibrate_dispatch import measure_dispatch_by_kind
 
+    step("per-kind dispatch and convolution shapes", 5, 7)
     by_kind = measure_dispatch_by_kind("cuda")
     sweep = {d: measure_conv_sweep(d) for d in ("fp32", "bf16")}
     step("optimizer step", 6, 7)
-    from pipeplan.hardware_profiles import optimizer_overhead
-
     optimizer_s = optimizer_overhead.per_tensor_s("cuda")
     param_s = optimizer_overhead.per_param_s(optimizer_s, "cuda")
-    adam_steps = {str(n): round(optimizer_overhead.step_s("adam", n, optimizer_overhead.NUMEL, 15, 3, "cuda") * 1e6, 2)
-                  for n in (1, 16, 64)}
+    adam_us = {str(n): round(optimizer_overhead.step_s("adam", n, optimizer_overhead.NUMEL, 15, 3, "cuda") * 1e6, 2)
+               for n in (1, 16, 64)}
     step("done", 7, 7)
-    facts = {"total_memory": int(torch.cuda.get_device_properties(0).total_memory),
-             "torch": str(torch.__version__), "cuda": str(torch.version.cuda),
-             "optimizer_tensor_s": optimizer_s, "optimizer_param_s": param_s,
-             "dispatch_by_kind": by_kind,
-             "extra": {"adam_step_us_by_tensors": adam_steps,
-                       "conv3x3_sweep": {d: [[float(v) for v in row] for row in rows] for d, rows in sweep.items()}}}
-    return build_profile(name=name, device=device, stamp=stamp, sheet=sheet, raw=raw, kernel_s=kernel_s,
-                         dispatch=dispatch, copy_bw=copy_bw, links=_links(stamp, sheet), facts=facts)
+    return {"optimizer_tensor_s": optimizer_s, "optimizer_param_s": param_s, "dispatch_by_kind": by_kind,
+            "extra": {"adam_step_us_by_tensors": adam_us,
+                      "conv3x3_sweep": {d: [[float(v) for v in row] for row in rows] for d, rows in sweep.items()}}}
 
 
 def _links(stamp: str, sheet: HardwareProfile | None) -> dict[str, Any]:
