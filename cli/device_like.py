@@ -18,8 +18,8 @@ profile its name matches), an fp32 plan is re-timed the same way on that GPU: th
 model is traced on CUDA at the plan's microbatch size, and the search takes those
 CUDA-event times (costmodels.compute.uses_measured_times). On the H200 the roofline
 priced a 32x32 ResNet's step 72-84% under `pipeplan run`, its kernels waiting for
-eager PyTorch to issue them; the GPU's own layer times summed to 6% under (a 32x32
-U-Net: 19%; benchmarks/RESULTS.md, GPU).
+eager PyTorch to issue them; planned on the GPU's own layer times it is 5% under (a 32x32
+U-Net: 16%; benchmarks/RESULTS.md, GPU).
 """
 
 from __future__ import annotations

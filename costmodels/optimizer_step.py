@@ -54,7 +54,8 @@ def optimizer_step_s(param_bytes_fp32: float, *, optimizer: str, mixed_precision
     issues the next tensor's kernels while the GPU runs the last ones, so the step is the longer of the two.
     Measured on an H200 (benchmarks/RESULTS.md, GPU): torch.optim.Adam took 3.12 ms over GPT-2's 124M
     parameters in 148 tensors, where 2.85 ms is their passes and 2.26 ms their 15.3 µs a tensor (sum 5.1), and
-    1.26 ms over the 32x32 ResNet's 2.8M in 62 (passes 0.06 ms, host 0.95).
+    1.26 ms over the 32x32 ResNet's 2.8M in 62 (passes 0.06 ms, host 0.95). What is left, ~0.24 ms, is a step's
+    fixed part (`optimizer_us_per_step`, measured on CUDA: Adam over one tensor took 252 µs).
     """
     table = FOREACH_BYTES_PER_PARAM if profile.local else FUSED_BYTES_PER_PARAM
     if optimizer not in table:
@@ -64,9 +65,10 @@ def optimizer_step_s(param_bytes_fp32: float, *, optimizer: str, mixed_precision
     measured = profile.optimizer_param_s.get(optimizer)
     update_s = params * measured if measured is not None else params * table[optimizer] / profile.mem_bw_bytes_per_s
     host_s = tensors * profile.optimizer_tensor_s.get(optimizer, 0.0)
+    fixed_s = profile.optimizer_step_s.get(optimizer, 0.0) if params > 0 else 0.0
     if profile.local:
-        return update_s + half_copy_s + host_s
-    return max(update_s + half_copy_s, host_s)
+        return update_s + half_copy_s + host_s + fixed_s
+    return max(update_s + half_copy_s, host_s) + fixed_s
 
 
 def stash_copy_s(param_bytes: float, *, profile: HardwareProfile) -> float:

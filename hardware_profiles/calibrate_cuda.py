@@ -286,10 +286,12 @@ def _host_and_shape_facts(step: Callable[[str, int, int], None]) -> dict[str, An
     step("optimizer step", 6, 7)
     optimizer_s = optimizer_overhead.per_tensor_s("cuda")
     param_s = optimizer_overhead.per_param_s(optimizer_s, "cuda")
+    fixed_s = optimizer_overhead.per_step_s(optimizer_s, "cuda")
     adam_us = {str(n): round(optimizer_overhead.step_s("adam", n, optimizer_overhead.NUMEL, 15, 3, "cuda") * 1e6, 2)
                for n in (1, 16, 64)}
     step("done", 7, 7)
-    return {"optimizer_tensor_s": optimizer_s, "optimizer_param_s": param_s, "dispatch_by_kind": by_kind,
+    return {"optimizer_tensor_s": optimizer_s, "optimizer_param_s": param_s, "optimizer_step_s": fixed_s,
+            "dispatch_by_kind": by_kind,
             "extra": {"adam_step_us_by_tensors": adam_us,
                       "conv3x3_sweep": {d: [[float(v) for v in row] for row in rows] for d, rows in sweep.items()}}}
 
@@ -351,8 +353,8 @@ def build_profile(*, name: str, device: str, stamp: str, sheet: HardwareProfile 
         "the conv3x3 curve at their FLOPs (calibrate_cuda.channel_factors)",
         f"dispatch_us_by_kind: {stamp}, host time per op of each kind on tiny tensors, forward and backward, the "
         "slope between 1 and 32 ops (hardware_profiles/calibrate_dispatch.py)",
-        f"optimizer_us_per_tensor / optimizer_ns_per_param: {stamp}, torch.optim's default (foreach) step on the GPU "
-        "(hardware_profiles/optimizer_overhead.py), synchronized",
+        f"optimizer_us_per_tensor / optimizer_ns_per_param / optimizer_us_per_step: {stamp}, torch.optim's default "
+        "(foreach) step on the GPU (hardware_profiles/optimizer_overhead.py), synchronized",
         f"memory_bandwidth_gbps / efficiency.memory: {stamp}, {COPY_BYTES // GIB} GiB device-to-device copy "
         f"{copy_bw / 1e9:.0f} GB/s (read + written) against the datasheet's {datasheet_bw / 1e9:.0f} GB/s",
         f"memory_gib: {stamp}, torch.cuda.get_device_properties total_memory; usable = total - 1 GiB "
@@ -370,6 +372,7 @@ def build_profile(*, name: str, device: str, stamp: str, sheet: HardwareProfile 
         dispatch_by_kind_s=dict(facts.get("dispatch_by_kind", {})),
         efficiency_curve=curves, channel_factors=factors, notes=links["note"], optimizer_tensor_s=dict(facts.get("optimizer_tensor_s", {})),
         optimizer_param_s=dict(facts.get("optimizer_param_s", {})),
+        optimizer_step_s=dict(facts.get("optimizer_step_s", {})),
         calibration={"device_type": "cuda", "device_name": device, "torch": facts["torch"],
                      "cuda": facts["cuda"], "date": datetime.date.today().isoformat(),
                      "best_gemm_tflops": {d: round(v / 1e12, 2) for d, v in best.items()},

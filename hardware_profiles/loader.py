@@ -68,6 +68,7 @@ _UNITS = {
     "dispatch_us_by_kind": ("µs", 1e4),
     "optimizer_us_per_tensor": ("µs", 1e4),
     "optimizer_ns_per_param": ("ns", 1e4),
+    "optimizer_us_per_step": ("µs", 1e6),
     "recompute_overhead_us": ("µs", 1e6),
     "recompute_us_per_saved_tensor": ("µs", 1e4),
     "split_backward_overhead_us": ("µs", 1e6),
@@ -100,6 +101,7 @@ _TOP_KEYS = {
     "op_overhead_us_per_tensor": False,
     "optimizer_us_per_tensor": False,
     "optimizer_ns_per_param": False,
+    "optimizer_us_per_step": False,
     "recompute_overhead_us": False,
     "recompute_us_per_saved_tensor": False,
     "split_backward_overhead_us": False,
@@ -319,6 +321,10 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     c.keys(param_ns, {k: False for k in OPTIMIZERS}, prefix="optimizer_ns_per_param.")
     param_s = {k: c.number(v, f"optimizer_ns_per_param.{k}", "optimizer_ns_per_param") * 1e-9
                for k, v in param_ns.items()}
+    step_us = c.mapping(doc.get("optimizer_us_per_step") or {}, "optimizer_us_per_step")
+    c.keys(step_us, {k: False for k in OPTIMIZERS}, prefix="optimizer_us_per_step.")
+    step_s = {k: c.number(v, f"optimizer_us_per_step.{k}", "optimizer_us_per_step", allow_zero=True) * 1e-6
+              for k, v in step_us.items()}
     recompute_s = c.number(doc.get("recompute_overhead_us", 0), "recompute_overhead_us", allow_zero=True) * 1e-6
     recompute_tensor_s = c.number(doc.get("recompute_us_per_saved_tensor", 0), "recompute_us_per_saved_tensor",
                                   allow_zero=True) * 1e-6
@@ -369,6 +375,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         channel_factors=channel_factors,
         optimizer_tensor_s=optimizer_s,
         optimizer_param_s=param_s,
+        optimizer_step_s=step_s,
         recompute_overhead_s=recompute_s,
         recompute_tensor_s=recompute_tensor_s,
         split_backward_s=split_s,
@@ -427,6 +434,8 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         doc["optimizer_us_per_tensor"] = {k: _num(v * 1e6) for k, v in profile.optimizer_tensor_s.items()}
     if profile.optimizer_param_s:
         doc["optimizer_ns_per_param"] = {k: _num(v * 1e9) for k, v in profile.optimizer_param_s.items()}
+    if profile.optimizer_step_s:
+        doc["optimizer_us_per_step"] = {k: _num(v * 1e6) for k, v in profile.optimizer_step_s.items()}
     if profile.recompute_overhead_s or profile.recompute_tensor_s:
         doc["recompute_overhead_us"] = _num(profile.recompute_overhead_s * 1e6)
         doc["recompute_us_per_saved_tensor"] = _num(profile.recompute_tensor_s * 1e6)

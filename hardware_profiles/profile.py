@@ -90,6 +90,9 @@ class HardwareProfile:
     # `profiles calibrate`, hardware_profiles/optimizer_overhead.py). Empty = the bytes its kernels move / the
     # memory bandwidth (catalogue devices: fused kernels, one pass).
     optimizer_param_s: dict[str, float] = field(default_factory=dict)
+    # Seconds one optimizer step takes whatever its tensors, by optimizer name (measured by `profiles calibrate
+    # --device cuda`: torch.optim's step on a GPU has a fixed host part, ~0.24 ms for Adam on the H200). Empty = 0.
+    optimizer_step_s: dict[str, float] = field(default_factory=dict)
     # Host time torch's checkpoint spends around a recomputed stage beyond re-running its forward: per region and
     # per tensor its forward saves (hardware_profiles/recompute_overhead.py). Measured by `profiles calibrate`;
     # 0 = none (catalogue GPUs: host work that overlaps the kernels).

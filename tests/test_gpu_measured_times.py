@@ -133,3 +133,24 @@ def test_a_bf16_plan_on_the_traced_gpu_says_why_its_times_are_the_rooflines():
     assert note.startswith(compute.LOCAL_TIMES_NOTE_PREFIX + " the roofline's in bf16") and "--dtype fp32" in note
     assert compute.local_times_note(g, load_profile("h100-sxm"), dtype="bf16", times="model", samples=256) is None
     assert compute.local_times_note(g, load_profile("h200"), dtype="bf16", times="roofline", samples=256) is None
+
+
+def test_plan_from_the_command_line_takes_the_gpus_times_by_default_and_the_roofline_when_asked(tmp_path):
+    """What a user runs: `pipeplan plan GRAPH --profile h200 --dtype fp32` on a graph traced on an H200, with and
+    without `--times roofline`; the default's stage times are the trace's layer sums."""
+    from click.testing import CliRunner
+
+    from pipeplan.cli.main import cli
+
+    g = _graph("resnet")
+    args = ["plan", str(DATA / "resnet-h200.graph.json"), "--profile", "h200", "--gpus", "1", "-b", "256",
+            "--dtype", "fp32", "--json"]
+    out = {}
+    for times in ("model", "roofline"):
+        r = CliRunner().invoke(cli, [*args, "--times", times])
+        assert r.exit_code == 0, r.output
+        out[times] = json.loads(r.stdout)["plan"]
+    stage = out["model"]["stages"][0]["predicted"]
+    assert out["model"]["microbatches"] == 1
+    assert stage["fwd_s"] == pytest.approx(sum(l.fwd_s for l in g.layers), rel=1e-6)
+    assert out["roofline"]["predicted"]["iteration_s"] < 0.5 * out["model"]["predicted"]["iteration_s"]
