@@ -177,19 +177,26 @@ def _step_row(label: str, model: str, batch: int, env: dict[str, str], m: int, o
             + " | ".join(f"{peaks[n] / 1e9:.2f} ({pct(peaks[n], meas_peak)})" for n in variants) + " |")
 
 
+def traced_layers(label: str, model: str, batch: int, env: dict[str, str] | None, flags: list[str], out: Path,
+                  profiles: dict[str, object], top: int, log: Path, summaries: dict) -> tuple[list[str], bool]:
+    """(section (a)'s rows for one model traced on CUDA with `flags`, whether it traced): a failure is a row, not
+    the end of the benchmark."""
+    graph_path = out / f"{Path(model).stem}.graph.json"
+    try:
+        sh(["pipeplan", "trace", model, "-b", str(batch), "--device", "cuda", *flags, "--no-fvcore-check",
+            "-o", str(graph_path)], env, log)
+    except RuntimeError as e:
+        return [f"**{label}**: trace failed: {str(e)[:300]}", ""], False
+    rows, summaries[label] = layer_table(label, graph_path, profiles, top)
+    return rows, True
+
+
 def published_layers(out: Path, profiles: dict[str, object], top: int, log: Path, summaries: dict) -> list[str]:
     """Section (a) for the published table's CNNs (PUBLISHED): CUDA-event layer times against each profile."""
     md: list[str] = ["#### The published table's CNNs (`--published`)", ""]
     for label, model, batch, entry, depth in PUBLISHED:
-        graph_path = out / f"{Path(model).stem}.graph.json"
-        try:
-            sh(["pipeplan", "trace", model, "--entry", entry, "--depth", str(depth), "-b", str(batch), "--device",
-                "cuda", "--repeats", "3", "--no-fvcore-check", "-o", str(graph_path)], None, log)
-        except RuntimeError as e:
-            md += [f"**{label}**: trace failed: {str(e)[:300]}", ""]
-            continue
-        rows, summaries[label] = layer_table(label, graph_path, profiles, top)
-        md += rows
+        md += traced_layers(label, model, batch, None, ["--entry", entry, "--depth", str(depth), "--repeats", "3"],
+                            out, profiles, top, log, summaries)[0]
     return md
 
 
@@ -284,16 +291,10 @@ def main() -> None:
     traced = []
     for example in examples:
         label, model, batch, env, _ = example
-        graph_path = a.out / f"{Path(model).stem}.graph.json"
-        try:
-            sh(["pipeplan", "trace", model, "-b", str(batch), "--device", "cuda", "--repeats", "5",
-                "--no-fvcore-check", "-o", str(graph_path)], env, log)
-        except RuntimeError as e:  # one model's failure is a row, not the end of the benchmark
-            md += [f"**{label}**: trace failed: {str(e)[:300]}", ""]
-            continue
-        rows, summaries[label] = layer_table(label, graph_path, profiles, a.top)
+        rows, ok = traced_layers(label, model, batch, env, ["--repeats", "5"], a.out, profiles, a.top, log, summaries)
         md += rows
-        traced.append(example)
+        if ok:
+            traced.append(example)
         _write(a.out, md)
     if a.published:
         md += published_layers(a.out, profiles, a.top, log, summaries)

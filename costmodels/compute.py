@@ -299,8 +299,7 @@ def local_times_note(graph: Graph, profile: HardwareProfile, *, dtype: str, time
     A GPU's measured times are used in fp32 only, and scale as a CPU's: a host-bound layer takes as long at half
     the batch, so the note says when they were scaled.
     """
-    if (times == "model" and dtype != "fp32" and graph.source.get("device") == "cuda"
-            and any(l.fwd_s > 0 for l in graph.layers) and timed_on_profile_gpu(graph, profile)):
+    if times == "model" and dtype != "fp32" and graph.source.get("device") == "cuda" and _timed_here(graph, profile, "fp32"):
         return (f"{LOCAL_TIMES_NOTE_PREFIX} the roofline's in {dtype}: the trace timed {graph.source.get('device_name')} "
                 f"in fp32; plan with --dtype fp32 to use its measured times")
     if times != "model" or not _timed_here(graph, profile, dtype):

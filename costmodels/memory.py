@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pipeplan.choices import DTYPES, MIXED_PRECISION_DTYPES, MIXED_PRECISIONS, OPTIMIZERS, SHARDINGS
 from pipeplan.errors import UserError
 from pipeplan.schedules import facts, inflight_microbatches, stage_device, stashed_weight_versions, weight_pass_points
+from pipeplan.v_orders import walk
 
 __all__ = [
     "ModelState", "MemoryBreakdown", "RangeMemory",
@@ -235,14 +236,9 @@ def walked_held_bytes(order: Sequence[tuple[str, int, int]], saved: Sequence[int
     each virtual stage with its own bytes per microbatch (indexed by virtual stage; `deferred` 0 for stage 0),
     where the counts' estimate takes the chunks as equal: a V's first rank holds the embedding's stage and the
     loss's, whose saved bytes, tensors in flight and deferred gradients differ several times over."""
-    held = pending = 0
-    best = (0, 0, 0)
-    for kind, s, _ in order:
-        held += saved[s] if kind == "F" else 0
-        best = max(best, (held, pending, transient[s] if kind != "W" else 0), key=sum)
-        pending += deferred[s] if kind == "B" else -deferred[s] if kind == "W" else 0
-        held -= saved[s] if kind in ("W", "BW") else 0
-    return best
+    points = ((held, pending, transient[s] if kind != "W" else 0)
+              for kind, s, held, pending in walk(order, saved.__getitem__, deferred.__getitem__))
+    return max(points, key=sum, default=(0, 0, 0))
 
 
 def kept_outputs(schedule: str, inflight: int) -> int:

@@ -287,8 +287,8 @@ def _host_and_shape_facts(step: Callable[[str, int, int], None]) -> dict[str, An
     optimizer_s = optimizer_overhead.per_tensor_s("cuda")
     param_s = optimizer_overhead.per_param_s(optimizer_s, "cuda")
     fixed_s = optimizer_overhead.per_step_s(optimizer_s, "cuda")
-    adam_us = {str(n): round(optimizer_overhead.step_s("adam", n, optimizer_overhead.NUMEL, 15, 3, "cuda") * 1e6, 2)
-               for n in (1, 16, 64)}
+    o = optimizer_overhead
+    adam_us = {str(n): round(o.step_s("adam", n, o.NUMEL, o.STEPS, o.WARMUP, "cuda") * 1e6, 2) for n in (1, 16, 64)}
     step("done", 7, 7)
     return {"optimizer_tensor_s": optimizer_s, "optimizer_param_s": param_s, "optimizer_step_s": fixed_s,
             "dispatch_by_kind": by_kind,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 LONG = 32  # ops per timed batch at the long end of the slope
@@ -56,7 +56,7 @@ def _op_builders(torch: Any, device: Any) -> dict[str, Callable[[], tuple[Callab
     }
 
 
-def _host_s(torch: Any, ops: list[tuple[Callable[[Any], Any], Any]], backward: bool, sync: Callable[[], None],
+def _host_s(torch: Any, ops: Sequence[tuple[Callable[[Any], Any], Any]], backward: bool, sync: Callable[[], None],
             clock: Timer) -> float:
     """Host seconds to issue the ops' forwards (and one backward over all their outputs), median of ROUNDS."""
     times = []
@@ -89,8 +89,8 @@ def measure_dispatch_by_kind(device: Any, clock: Timer = time.perf_counter) -> d
 
     dev = torch.device(device)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    seed_one, seed_long = (_seed_s(torch, dev, n, sync, clock) for n in (1, LONG))
-    seed = slope_s(seed_one, seed_long)
+    seeds = [(torch.ones_like, torch.zeros(4, 16, device=dev)) for _ in range(LONG)]
+    seed = slope_s(_host_s(torch, seeds[:1], False, sync, clock), _host_s(torch, seeds, False, sync, clock))
     out = {}
     for kind, build in _op_builders(torch, dev).items():
         ops = [build() for _ in range(LONG)]
@@ -99,14 +99,3 @@ def measure_dispatch_by_kind(device: Any, clock: Timer = time.perf_counter) -> d
         out[kind] = (fwd, max(0.0, both - fwd - seed))
     return out
 
-
-def _seed_s(torch: Any, dev: Any, n: int, sync: Callable[[], None], clock: Timer) -> float:
-    """Host seconds for n ones_like calls (the backward's seeds), median of ROUNDS."""
-    xs = [torch.zeros(4, 16, device=dev) for _ in range(n)]
-    times = []
-    for _ in range(ROUNDS + 2):
-        sync()
-        t0 = clock()
-        _ = [torch.ones_like(x) for x in xs]
-        times.append(clock() - t0)
-    return float(statistics.median(times[2:]))

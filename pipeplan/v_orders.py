@@ -15,7 +15,9 @@ custom overlap function is registered, which pipeplan's runtime does not do.
 
 from __future__ import annotations
 
-__all__ = ["VOrder", "zbv_order", "dualpipev_order", "v_order", "peak_pairs", "held_points", "Point"]
+from collections.abc import Callable, Iterator, Sequence
+
+__all__ = ["VOrder", "zbv_order", "dualpipev_order", "v_order", "walk", "peak_pairs", "held_points", "Point"]
 
 VOrder = list[tuple[str, int, int]]
 
@@ -148,16 +150,26 @@ def v_order(schedule: str, rank: int, ranks: int, microbatches: int) -> VOrder:
     raise ValueError(f"{schedule!r} is not a V schedule")
 
 
-def peak_pairs(order: VOrder) -> int:
-    """Most (chunk, microbatch) activations a rank holds at once: a forward keeps its activations until
-    the pass that ends its backward (W, or a whole backward BW). A rank runs its ops one at a time, so the
-    peak over its order is the peak in time."""
-    held = peak = 0
-    for kind, _, _ in order:
-        held += 1 if kind == "F" else -1 if kind in ("W", "BW") else 0
-        peak = max(peak, held)
-    return peak
+def walk(order: Sequence[tuple[str, int, int]], held_by: Callable[[int], int] = lambda stage: 1,
+         pending_by: Callable[[int], int] = lambda stage: int(stage != 0)) -> Iterator[tuple[str, int, int, int]]:
+    """(kind, virtual stage, held, pending) while each op of a rank's order runs: the one rule of what it holds.
 
+    A forward's activations (`held_by` its stage: 1 to count them, bytes to weigh them) come when it starts and
+    stay until the pass that ends its backward (W, or a whole backward BW) is over; a B keeps its weight ops'
+    output gradients (`pending_by`) from its end until its W is over. By default the first stage keeps none:
+    torch skips its B, whose W is the whole backward (`ScheduleFacts.b_reruns`). A rank runs its ops one at a
+    time, so the peak over its order is the peak in time."""
+    held = pending = 0
+    for kind, stage, _ in order:
+        held += held_by(stage) if kind == "F" else 0
+        yield kind, stage, held, pending
+        pending += pending_by(stage) if kind == "B" else -pending_by(stage) if kind == "W" else 0
+        held -= held_by(stage) if kind in ("W", "BW") else 0
+
+
+def peak_pairs(order: VOrder) -> int:
+    """Most (chunk, microbatch) activations a rank holds at once (`walk`)."""
+    return max((held for _, _, held, _ in walk(order)), default=0)
 
 
 Point = tuple[int, int, bool]  # (pairs held, weight passes pending, an op with tensors in flight is running)
@@ -167,19 +179,11 @@ def held_points(order: VOrder) -> tuple[Point, ...]:
     """What a rank holds while each op of its order runs, the points no other of their kind exceeds in both counts:
     the peaks its memory can take, whatever the two weigh (costmodels/memory.py, `held_with_deferred`).
 
-    (pairs held, input-gradient passes whose W has not run, busy). A forward's activations stay until its W or BW
-    ends; a B keeps its weight ops' output gradients until its W, except on the first stage, whose B torch skips
-    (its W is the whole backward: `ScheduleFacts.b_reruns`). While F, B or BW runs its tensors in flight come on
-    top (busy; a B's own gradients are among them, so it counts the pending before it); while W runs, it reads
-    its microbatch's activations and gradients, both still held, and makes only weight gradients (not busy).
+    (pairs held, input-gradient passes whose W has not run, busy), counted by `walk`. While F, B or BW runs its
+    tensors in flight come on top (busy; a B's own gradients are among them, so it counts the pending before it);
+    while W runs, it reads its microbatch's activations and gradients, both still held, and makes only weight
+    gradients (not busy).
     """
-    held = pending = 0
-    seen: set[Point] = set()
-    for kind, stage, _ in order:
-        held += kind == "F"
-        seen.add((held, pending, kind != "W"))
-        if stage != 0:
-            pending += 1 if kind == "B" else -1 if kind == "W" else 0
-        held -= kind in ("W", "BW")
+    seen = {(held, pending, kind != "W") for kind, _, held, pending in walk(order)}
     return tuple(sorted(p for p in seen
                         if not any(q != p and q[2] == p[2] and q[0] >= p[0] and q[1] >= p[1] for q in seen)))
