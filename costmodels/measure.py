@@ -29,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from torch.utils.hooks import RemovableHandle
 
 from pipeplan.costmodels.accumulate import accumulate_times
+from pipeplan.costmodels.instrument import take_out_excess
 from pipeplan.costmodels.model_file import ModelSpec
 from pipeplan.errors import UserError
 
@@ -363,6 +364,7 @@ class Timing:
     warmup_s: float
     repeats: int
     node_overhead_s: float = 0.0  # the interpreter's time per node, taken out of the forward times (`_compiled_forward`)
+    hook_overhead_s: float = 0.0  # a CUDA trace's time per backward hook, taken out of the backward (`_unhooked_backward`)
     last_save_share: list[float] = field(default_factory=list)  # of each layer's forward, the part up to its last save
     saved_tensors: list[int] = field(default_factory=list)  # tensors each layer's forward saves for backward
     # of each layer's backward, the adds into existing weight gradients a fresh one skips (costmodels/accumulate.py)
@@ -371,8 +373,9 @@ class Timing:
 
 def _one_step(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, args: list[Any], target: Any,
               layer_of: dict[str, int], nlayers: int, marks: Marks | None = None,
-              ) -> tuple[list[float], list[float], float, list[float]]:
-    """One timed training step: per-layer forward and backward seconds, the whole step's, and per-layer B.
+              ) -> tuple[list[float], list[float], float, list[float], list[int]]:
+    """One timed training step: per-layer forward and backward seconds, the whole step's, per-layer B, and how
+    many autograd nodes of each layer carry a timing hook.
 
     Every boundary is a mark (`marks`, default perf_counter); the intervals are resolved
     after the step, so CUDA events need one synchronize per step, not one per layer.
@@ -395,7 +398,10 @@ def _one_step(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
     # backward here, docs/runtime.md), so that is the backward a stage runs most often.
     # The garbage collector is off while steps are timed (`_collector_off`).
     step, b_pass, b = _timed_step(ep, spec, args, target, layer_of, forward, attribution, before, after)
-    return forward.totals(), attribution.totals(), marks.elapsed_s(*step) - marks.elapsed_s(*b_pass), b
+    hooks = [0] * nlayers
+    for layer in attribution.owner.values():
+        hooks[layer] += 1
+    return forward.totals(), attribution.totals(), marks.elapsed_s(*step) - marks.elapsed_s(*b_pass), b, hooks
 
 
 def _timed_step(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[Any], target: Any,
@@ -476,7 +482,7 @@ def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
         marks.wait()
         warm = time.perf_counter() - t0
         if warm < 1.0 or cuda:
-            _, _, warm, _ = _one_step(ep, model, spec, args, target, layer_of, nlayers, marks)
+            _, _, warm, _, _ = _one_step(ep, model, spec, args, target, layer_of, nlayers, marks)
         else:
             warm *= 3.0  # a step is roughly forward + 2x backward
         if progress:
@@ -492,17 +498,23 @@ def time_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: Mo
         progress("timing layers", repeats, repeats)
     accumulate: list[float] = []
     if owned_params is not None:  # on the gradients the timed steps left
-        accumulate = accumulate_times(owned_params, marks, passes=min(3, repeats))
-    for p in model.parameters():
-        p.grad = None
+        accumulate = accumulate_times(owned_params, marks, passes=min(3, repeats), plain=cuda)
     fwd = [statistics.median(r[0][i] for r in runs) for i in range(nlayers)]
     bwd = [statistics.median(r[1][i] for r in runs) for i in range(nlayers)]
     # W paired within each step (its backward less its B pass), so a slow step shifts both alike.
     wgrad = [statistics.median(r[1][i] - r[3][i] for r in runs) for i in range(nlayers)]
+    per_hook = 0.0
+    if cuda:  # on the gradients the timed steps left, as they ran
+        fixed, per_hook = _unhooked_backward(ep, spec, args, target, bwd, runs[-1][4], repeats, marks)
+        wgrad = [w * (f / b) if b > 0 else w for w, f, b in zip(wgrad, fixed, bwd, strict=True)]
+        bwd = fixed
+    for p in model.parameters():
+        p.grad = None
     fwd, per_node = _compiled_forward(ep, spec, args, target, fwd, layer_of, repeats, marks)
     share, saves = save_points(ep, spec, args, target, layer_of, nlayers, marks, passes=min(3, repeats))
     return Timing(fwd_s=fwd, bwd_s=bwd, bwd_weight_s=wgrad, step_s=[r[2] for r in runs], warmup_s=warm,
-                  repeats=repeats, node_overhead_s=per_node, last_save_share=share, saved_tensors=saves,
+                  repeats=repeats, node_overhead_s=per_node, hook_overhead_s=per_hook, last_save_share=share,
+                  saved_tensors=saves,
                   grad_accumulate_s=accumulate)
 
 
@@ -584,10 +596,31 @@ def _compiled_forward(ep: torch.export.ExportedProgram, spec: ModelSpec, args: l
     nodes = [0] * len(fwd)
     for layer in layer_of.values():
         nodes[layer] += 1
-    compiled = statistics.median(times)
-    excess = sum(fwd) - compiled
-    if excess <= 0 or not sum(nodes):
-        return fwd, 0.0
-    per_node = excess / sum(nodes)
-    share = compiled / sum(fwd)  # floor: the layer's share of the compiled forward (a layer that computes is never 0)
-    return [max(f * share, f - k * per_node) for f, k in zip(fwd, nodes, strict=True)], per_node
+    return take_out_excess(fwd, nodes, statistics.median(times))
+
+
+def _unhooked_backward(ep: torch.export.ExportedProgram, spec: ModelSpec, args: list[Any], target: Any,
+                       bwd: list[float], hooks: list[int], repeats: int, marks: Marks) -> tuple[list[float], float]:
+    """A CUDA trace's layer backward times less its hooks' share: (times, seconds per hook taken out).
+
+    The backward is timed by a pre-hook on every autograd node that records a CUDA event (`_BackwardAttribution`):
+    a Python call and a cudaEventRecord per node. A model whose GPU waits for the host (small convolutions at
+    32x32 on an H200: its CUDA-graph replay took half its eager step, benchmarks/RESULTS.md, GPU (e)) spends that
+    host time in the GPU's intervals too: the 32x32 U-Net's traced backward summed to 3.76 and 6.62 ms in two
+    traces, against 3.18 and 2.38 ms in `pipeplan run`. So the same backward is timed without hooks (its
+    forward run untimed before it; into the gradients the timed steps left, as they ran), and the excess comes
+    out per hook (instrument.take_out_excess), as `_compiled_forward` takes out the interpreter's per node. On a
+    CPU the mark is a perf_counter read, and the hooked and unhooked backwards agreed within 2% on the examples and
+    tests/runtime_model_unet.py at batch 32 (measured here, one thread), so it is not run there.
+    """
+    times = []
+    for _ in range(max(3, repeats)):
+        out = ep.graph_module(*args)
+        loss = spec.loss(user_output(ep, out), target)
+        del out
+        a = marks.mark()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward has no annotations
+        b = marks.mark()
+        marks.wait()
+        times.append(marks.elapsed_s(a, b))
+    return take_out_excess(bwd, hooks, statistics.median(times))

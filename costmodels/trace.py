@@ -274,6 +274,8 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
                                        progress=report, owned_params=_owned_params(model, graph.layers))
         fwd_s, bwd_s, graph.source["repeats"] = timing.fwd_s, timing.bwd_s, timing.repeats
         bwd_weight_s = timing.bwd_weight_s
+        if timing.hook_overhead_s:
+            graph.source["backward_hook_us"] = round(timing.hook_overhead_s * 1e6, 3)
     nodes = {node.name: node for node in ep.graph.nodes}
     params = param_input_names(ep)
     loss_read = {i: 0 for i in range(n)}

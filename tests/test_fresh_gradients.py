@@ -108,3 +108,24 @@ def test_a_graph_file_keeps_the_adds_within_the_backward(graph):
     doc["layers"][0]["grad_accumulate_s"] = doc["layers"][0]["bwd_s"] * 2
     with pytest.raises(UserError, match="grad_accumulate_s"):
         Graph.from_dict(doc)
+
+
+def test_a_cuda_traces_gradient_adds_lose_their_marks_cost(monkeypatch):
+    """costmodels.accumulate.accumulate_times with plain=True (a CUDA trace) on a clock that reads 1 ms a mark: each
+    marked add spans 1 ms (2 layers: 2 adds and 1), the unmarked run of all 3 also 1 ms, so 2 ms of excess
+    over 3 adds comes out, 2/3 ms an add, floored at each layer's share 1/3 of what it measured: 2/3 and 1/3 ms.
+    Without plain the marked times stay; the adds happened (each gradient grew by 1 per sweep)."""
+    import itertools
+
+    from pipeplan.costmodels.accumulate import accumulate_times
+    from pipeplan.costmodels.measure import Marks
+
+    ticks = itertools.count()
+    params = [[torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))], [torch.nn.Parameter(torch.zeros(2))]]
+    for layer in params:
+        for p in layer:
+            p.grad = torch.zeros_like(p)
+    marks = Marks(lambda: next(ticks) * 1e-3)
+    assert accumulate_times(params, marks, passes=1) == pytest.approx([2e-3, 1e-3])
+    assert accumulate_times(params, marks, passes=1, plain=True) == pytest.approx([2e-3 / 3, 1e-3 / 3])
+    assert [float(p.grad[0]) for layer in params for p in layer] == [3.0, 3.0, 3.0]

@@ -83,13 +83,16 @@ def test_deferred_marks_charge_each_layer_its_own_nodes_and_wait_once_per_ledger
     n = len(graph.layers)
     args = measure.program_args(ep, model, list(pytree.tree_leaves(inputs)))
     marks = FakeEvents()
-    fwd, bwd, step, b = measure._one_step(ep, model, spec, args, target, layer_of, n, marks)
+    fwd, bwd, step, b, hooks = measure._one_step(ep, model, spec, args, target, layer_of, n, marks)
     # Forward: one tick per node of a layer (a mark before and after it), plus the loss's tick on the last layer.
     nodes = [sum(1 for node in ep.graph.nodes if layer_of.get(node.name) == i) for i in range(n)]
     expected = [float(c) for c in nodes]
     expected[-1] += 1.0
     assert fwd == expected
     assert all(b >= 0 for b in bwd) and sum(bwd) > 0
+    # Backward: one tick per hooked autograd node (each hook marks once) between the pass's first and last marks,
+    # so the hook counts `_unhooked_backward` spreads a CUDA trace's excess over are the marks that cost it.
+    assert sum(bwd) == sum(hooks) + 1 and all(h >= 1 for h in hooks)
     assert all(x >= 0 for x in b) and 0 < sum(b) < sum(bwd)  # B alone runs fewer nodes than the full backward
     assert marks.waits == 3  # the forward ledger, the input-gradient one and the backward one, each once
     assert step == pytest.approx(sum(fwd) + sum(bwd) + 2 * n + 3, abs=4 * n + 8)  # every mark lies inside the step, B's pass left out

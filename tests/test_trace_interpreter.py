@@ -132,3 +132,36 @@ def test_a_tiny_models_traced_step_is_its_eager_step():
     finally:
         torch.set_num_threads(threads)
     assert 0.7 < traced / eager < 1.4, (traced, eager)
+
+
+def test_an_instruments_excess_comes_out_per_item_and_a_cuda_trace_takes_its_hooks_out(monkeypatch):
+    """costmodels.measure.take_out_excess, the rule both corrections use, by hand: layers of 0.5, 1.0 and 0.1 ms
+    with 1, 4 and 0 hooks against a 1 ms plain pass: 0.6 ms of excess over 5 hooks, 0.12 ms a hook. Less their
+    hooks the layers would keep 0.38, 0.52 and 0.1; the floor is each one's share 1/1.6 of what it measured
+    (0.3125, 0.625, 0.0625), so the second keeps 0.625. No excess: nothing changes.
+    Then `_unhooked_backward` on a clock that reads 1 ms per backward: the same numbers come back."""
+    import pipeplan.costmodels.measure as measure
+
+    times, per = measure.take_out_excess([0.5e-3, 1.0e-3, 0.1e-3], [1, 4, 0], 1e-3)
+    assert per == pytest.approx(0.12e-3)
+    assert times == pytest.approx([0.38e-3, 0.625e-3, 0.1e-3])
+    assert measure.take_out_excess([0.5e-3, 0.4e-3], [3, 3], 1e-3) == ([0.5e-3, 0.4e-3], 0.0)
+
+    clock = iter(t * 1e-3 for _ in range(5) for t in (0.0, 1.0))
+
+    class Loss:
+        def backward(self) -> None:
+            return None
+
+    class Program:
+        def graph_module(self, *args):
+            return None
+
+    class Spec:
+        def loss(self, out, target):
+            return Loss()
+
+    monkeypatch.setattr(measure, "user_output", lambda ep, out: out)
+    marks = measure.Marks(lambda: next(clock))
+    got = measure._unhooked_backward(Program(), Spec(), [], None, [0.5e-3, 1.0e-3, 0.1e-3], [1, 4, 0], 3, marks)
+    assert got[0] == pytest.approx([0.38e-3, 0.625e-3, 0.1e-3]) and got[1] == pytest.approx(0.12e-3)
