@@ -119,7 +119,7 @@ pipeline8); the one-GPU pipeline rows read 1.04 and 1.00 only because two errors
    40%; with 8 alone: 18%, 41%). That is the one number in this table fitted to published rows; the fit's table and its held-out
    column are in the script's output, and tests/test_published_cnn_benchmarks.py fails if a cost-model change
    moves the fit's minimum away from the profiles' value. After 10 and 12 the minimum is still 0.58 (median
-   4.5%; 16.1% at 0.80; torchgpipe held out: 5.2%, worst 23%).
+   4.7%; 16.6% at 0.80; torchgpipe held out: 5.2%, worst 23%).
 
 10. *Where a transfer is paid.* pipeplan's simulator started each transfer at the producer's end and let it hide
    behind the receiver's compute. Its runtime does not: torch.distributed.pipelining posts a receive when it
@@ -147,20 +147,28 @@ pipeline8); the one-GPU pipeline rows read 1.04 and 1.00 only because two errors
    (0.74 with SDPA), so the quoted runs cannot have been unfused there; which kernels they used is not in the
    table.
 12. *Torch7's first-layer input gradient.* cnn_benchmark.lua's `model:backward(x, dout)` computes the first
-   layer's gradInput, which PyTorch skips for an input that needs no gradient. cnn_benchmarks.py's inputs now
-   need one, so the trace counts the stem's input gradient (tests/test_published_cnn_benchmarks.py: its
-   backward is twice its forward's FLOPs, torchgpipe's PyTorch stem once). At the convolutions' roofline it is
-   0.5-0.6 ms a batch: resnet18/1080ti 1.40 -> 1.37, resnet34 1.25-1.27 -> 1.23-1.25.
+   layer's gradInput where the module has one, which PyTorch skips for an input that needs no gradient.
+   cnn_benchmarks.py's inputs need one, so the trace counts VGG's first input gradient (Caffe models,
+   gradInput kept: tests/test_published_cnn_benchmarks.py, its backward twice its forward's FLOPs). The ResNets
+   have none: fb.resnet.torch's createModel ends with `model:get(1).gradInput = nil` (models/resnet.lua),
+   cudnn.torch's SpatialConvolution:updateGradInput returns without one, and cnn-benchmarks restores only
+   gradWeight and gradBias of the models it loads (utils.lua); their stem now counts the weight gradient only
+   (`StemWithoutGradInput`). An earlier version of this item charged it to the ResNets too (1.40 -> 1.37 on
+   resnet18/1080ti); taken back, found by reading those sources: resnet18 1.32 and 1.40, resnet34 1.25 and 1.27.
 
 Still missing (the rows above 1.15 or below 0.85):
-- *Small ResNets on Pascal.* ResNet-18 and -34 read 1.23-1.37, ResNet-50 1.13, the deeper ones 0.99-1.03.
+- *Small ResNets on Pascal.* ResNet-18 and -34 read 1.25-1.40, ResNet-50 1.13, the deeper ones 0.99-1.03.
   cnn-benchmarks times forward and backward apart (the "Forward and backward apart" table above): the miss is
   mostly in the backward, a roughly fixed 5.5-10 ms in ResNet-18, -34 and -50 (1.5-2.3 ms in their forwards),
   against -4 to +6 ms for VGG and the deeper ResNets. A fixed cost in what the three share fits the stem: its
-  7x7 convolution over 3 input channels is a GEMM with a reduction of only 147 (forward, weight gradient), and
-  its input gradient (12) is a GEMM with 3 output columns that fills a few of a kernel tile's; pipeplan prices
-  them at the convolutions' roofline, and pricing them below it would take a tile size, a number these rows
-  would fit. The high-resolution blocks, whose batch norms have 64-256 channels, are the other candidate:
+  7x7 convolution over 3 input channels is a GEMM with a reduction of only 147 (forward, weight gradient), but
+  Torch7 + cuDNN's per-layer times of a 3-channel first layer (soumith/convnet-benchmarks,
+  torch7/layerwise_benchmarks/output.log, 11x11 over 3 channels on a Maxwell Titan X) put its forward near 60%
+  of peak and its weight gradient at 1.07x its forward, as priced: under 0.2 ms here. Differences between rows
+  place the miss: ResNet-34 minus ResNet-18 (its extra basic blocks at every resolution) is predicted within
+  1.1 ms of the published backward, so the miss is in what every ResNet shares (the stem's batch norm, ReLU and
+  pooling over 64x112x112, the stage transitions, the head), and no per-block cost of small 3x3 convolutions
+  (Winograd's tile waste at 7x7 is worth 0.5 ms on ResNet-18). The high-resolution blocks, whose batch norms have 64-256 channels, are the other candidate:
   PyTorch's NCHW batch-norm kernels reduce one channel per thread block (Normalization.cuh,
   `blocks(input.size(1))`), so few channels would mean a poorly filled GPU; cuDNN's kernels, which Torch7 ran,
   are not public. The deeper ResNets show that one memory efficiency cannot be right for every layer either:

@@ -65,11 +65,13 @@ def test_the_profiles_memory_efficiency_is_the_fits_minimum(tmp_path, monkeypatc
     assert objective(value) < objective(0.80) / 3  # the catalogue default misses these rows by 3x as much
 
 
-def test_the_first_convolution_pays_its_input_gradient_as_torch7s_backward_computes_it():
-    """cnn_benchmark.lua's `model:backward(x, dout)` computes the first layer's gradInput; PyTorch skips it for an
-    input that needs no gradient. The model file's inputs need one, so the stem's backward counts both the input
-    and the weight gradient of its bias-free convolution, each as many FLOPs as its forward (the same multiply-adds
-    over other operands); torchgpipe's ResNet-101 (PyTorch, the same stem) counts the weight gradient only."""
+def test_the_first_convolution_pays_its_input_gradient_where_torch7s_backward_computes_it():
+    """cnn_benchmark.lua's `model:backward(x, dout)` computes the first layer's gradInput where the module has one;
+    PyTorch skips it for an input that needs no gradient. The model file's inputs need one, so VGG-16's first
+    convolution (a Caffe model, gradInput kept) counts both the input and the weight gradient, each as many FLOPs
+    as its forward (the same multiply-adds over other operands; its bias's gradient is not counted as FLOPs);
+    the ResNets' stem, built by fb.resnet.torch with `model:get(1).gradInput = nil`, counts the weight gradient
+    only, as torchgpipe's ResNet-101 (PyTorch, the same stem, inputs without a gradient) does."""
     import pipeplan
 
     def stem(path, entry):
@@ -79,4 +81,7 @@ def test_the_first_convolution_pays_its_input_gradient_as_torch7s_backward_compu
     torch7, pytorch = stem("cnn_benchmarks.py", "build_resnet18"), stem("torchgpipe_resnet101.py", "build_resnet101")
     macs = 112 * 112 * 64 * 3 * 7 * 7  # one 224x224 image: a 7x7 stride-2 convolution, 3 -> 64 channels
     assert torch7.fwd_flops == pytorch.fwd_flops == 2 * macs
-    assert torch7.bwd_flops == 2 * torch7.fwd_flops and pytorch.bwd_flops == pytorch.fwd_flops
+    assert torch7.bwd_flops == torch7.fwd_flops and pytorch.bwd_flops == pytorch.fwd_flops
+    vgg = stem("cnn_benchmarks.py", "build_vgg16")
+    vgg_macs = 224 * 224 * 64 * 3 * 3 * 3  # a 3x3 convolution, 3 -> 64 channels, at 224x224
+    assert vgg.fwd_flops == 2 * vgg_macs and vgg.bwd_flops == 2 * vgg.fwd_flops

@@ -24,9 +24,27 @@ from torchgpipe_seq import SkipSequential, Stash
 
 def example_inputs(batch_size: int) -> tuple[torch.Tensor, ...]:
     """A batch of 3x224x224 images that needs its gradient: Torch7's `model:backward(x, dout)` computes the first
-    layer's gradInput too (nn modules always do), where PyTorch skips it for an input that does not require grad;
-    the trace then counts that convolution's input-gradient FLOPs, as cnn_benchmark.lua's backward ran them."""
+    layer's gradInput where the module has one, where PyTorch skips it for an input that does not require grad;
+    the trace then counts that convolution's input-gradient FLOPs, as cnn_benchmark.lua's backward ran them for
+    the VGGs (Caffe models through loadcaffe). The ResNets' first convolution has none (`StemWithoutGradInput`)."""
     return (torch.rand(batch_size, 3, 224, 224).requires_grad_(),)
+
+
+class StemWithoutGradInput(nn.Conv2d):
+    """fb.resnet.torch's first convolution: its createModel ends with `model:get(1).gradInput = nil`
+    (models/resnet.lua) and cudnn.torch's SpatialConvolution:updateGradInput returns at once without one
+    (`if not self.gradInput then return end`); cnn-benchmarks loads those models and restores only their
+    gradWeight and gradBias (utils.lua), so its ResNets' backward computes the stem's weight gradient only."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.detach())
+
+
+def fb_resnet_layers(blocks: tuple[int, ...], **kwargs: object) -> list[nn.Module]:
+    """resnet_layers with fb.resnet.torch's first convolution (`StemWithoutGradInput`, the same weights)."""
+    layers = resnet_layers(blocks, **kwargs)  # type: ignore[arg-type]
+    layers[0] = StemWithoutGradInput(3, 64, 7, stride=2, padding=3, bias=False)
+    return layers
 
 VGG_CONFIGS = {
     16: [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
@@ -65,20 +83,20 @@ def build_vgg19() -> nn.Module:
 
 
 def build_resnet18() -> nn.Module:
-    return SkipSequential(resnet_layers((2, 2, 2, 2), block=basic_block, expansion=1))
+    return SkipSequential(fb_resnet_layers((2, 2, 2, 2), block=basic_block, expansion=1))
 
 
 def build_resnet34() -> nn.Module:
-    return SkipSequential(resnet_layers((3, 4, 6, 3), block=basic_block, expansion=1))
+    return SkipSequential(fb_resnet_layers((3, 4, 6, 3), block=basic_block, expansion=1))
 
 
 def build_resnet50() -> nn.Module:
-    return SkipSequential(resnet_layers((3, 4, 6, 3)))
+    return SkipSequential(fb_resnet_layers((3, 4, 6, 3)))
 
 
 def build_resnet101() -> nn.Module:
-    return SkipSequential(resnet_layers((3, 4, 23, 3)))
+    return SkipSequential(fb_resnet_layers((3, 4, 23, 3)))
 
 
 def build_resnet152() -> nn.Module:
-    return SkipSequential(resnet_layers((3, 8, 36, 3)))
+    return SkipSequential(fb_resnet_layers((3, 8, 36, 3)))
