@@ -165,10 +165,12 @@ Still missing (the rows above 1.15 or below 0.85):
   Torch7 + cuDNN's per-layer times of a 3-channel first layer (soumith/convnet-benchmarks,
   torch7/layerwise_benchmarks/output.log, 11x11 over 3 channels on a Maxwell Titan X) put its forward near 60%
   of peak and its weight gradient at 1.07x its forward, as priced: under 0.2 ms here. Differences between rows
-  place the miss: ResNet-34 minus ResNet-18 (its extra basic blocks at every resolution) is predicted within
-  1.1 ms of the published backward, so the miss is in what every ResNet shares (the stem's batch norm, ReLU and
-  pooling over 64x112x112, the stage transitions, the head), and no per-block cost of small 3x3 convolutions
-  (Winograd's tile waste at 7x7 is worth 0.5 ms on ResNet-18). The high-resolution blocks, whose batch norms have 64-256 channels, are the other candidate:
+  place the miss: ResNet-34 minus ResNet-18 (its extra basic blocks at every resolution) is predicted 1.2-1.8
+  ms under the published backward difference of 12.3-13.2 ms, where ResNet-18 alone misses 6.1-7.4, so most
+  of the miss is in what every ResNet shares (the stem's batch norm, ReLU and pooling over 64x112x112, the
+  stage transitions, the head), not a per-block cost of small 3x3 convolutions (Winograd's tile waste at 7x7,
+  8x8 tiles computed for 7x7 outputs, is worth about 0.7 ms a batch on ResNet-18). The high-resolution
+  blocks, whose batch norms have 64-256 channels, are the other candidate:
   PyTorch's NCHW batch-norm kernels reduce one channel per thread block (Normalization.cuh,
   `blocks(input.size(1))`), so few channels would mean a poorly filled GPU; cuDNN's kernels, which Torch7 ran,
   are not public. The deeper ResNets show that one memory efficiency cannot be right for every layer either:
