@@ -1,5 +1,6 @@
 """A graph traced on a GPU is planned with its own CUDA-event times on that GPU's profile (CPU tests; the data are
-an H200's: tests/data/gpu, from benchmarks/gpu_bench.py on the lent machine, 2026-11-27).
+an H200's: tests/data/gpu, from benchmarks/gpu_bench.py on the lent machine, 2026-11-27; `-h200b`: a second H200
+session the same day, traced with the backward hooks' cost taken out, beside gpu_step_breakdown.py's passes).
 
 Why: on the H200 the 32x32 ResNet's and U-Net's kernels wait for eager PyTorch to issue them, and the roofline
 priced their steps 72-87% under `pipeplan run`; their traced layer times summed to within 10% of the run.
@@ -14,19 +15,20 @@ import pytest
 
 from pipeplan.costmodels import compute
 from pipeplan.costmodels.graph import load_graph
-from pipeplan.hardware_profiles.loader import load_profile
+from pipeplan.hardware_profiles.loader import load_profile, read_profile_file
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.search import search
 
 DATA = Path(__file__).parent / "data" / "gpu"
+CALIBRATED = read_profile_file(Path(__file__).parents[1] / "hardware_profiles" / "measured" / "nvidia-h200-calibrated.yaml")
 
 
-def _graph(name: str):
-    return load_graph(DATA / f"{name}-h200.graph.json")
+def _graph(name: str, run: str = "h200"):
+    return load_graph(DATA / f"{name}-{run}.graph.json")
 
 
-def _measured(name: str) -> dict:
-    return json.loads((DATA / f"{name}-h200.run.json").read_text())
+def _measured(name: str, run: str = "h200") -> dict:
+    return json.loads((DATA / f"{name}-{run}.run.json").read_text())
 
 
 @pytest.mark.parametrize("name", ["resnet", "unet"])
@@ -67,18 +69,37 @@ def test_another_microbatch_size_scales_the_measured_times_with_a_note():
     assert compute.local_times_note(g, h200, dtype="fp32", times="model", samples=g.batch_size) is None
 
 
+@pytest.mark.parametrize("run", ["h200", "h200b"])
 @pytest.mark.parametrize("name", ["resnet", "unet"])
-def test_the_default_plan_predicts_the_h200_run_within_20_percent(name):
-    """Against the run measured on the H200 (independent: `pipeplan run`'s median step, another process). The
-    roofline on the same profile predicted these 81% and 87% under (benchmarks/RESULTS.md, GPU section)."""
-    g = _graph(name)
+def test_the_default_plan_predicts_the_h200_run_within_20_percent(name, run):
+    """Against the run measured on the H200 (independent: `pipeplan run`'s median step, another process), on the
+    H200's committed calibration, which measured torch.optim's step there as the runtime takes it (RESULTS, GPU
+    (b)). The catalogue roofline predicted these 81-88% under. The second session's traces have the hooks' cost
+    taken out and read -19% and -14% here (-18% and -12% on that session's own calibration, RESULTS, GPU (f)).
+    On the catalogue h200 profile they read -26% and -25%: it prices the optimizer step as a fused kernel, as GPU
+    frameworks run it (0.004 ms for the ResNet), where the runtime's torch.optim Adam took 1.26-1.48 ms of
+    host-bound launches; the first session's hooks hid that."""
+    g = _graph(name, run)
     request = PlanRequest(devices=1, batch_size=g.batch_size, microbatches=1, stages=1, dtype="fp32", recompute="off")
-    best = search(g, load_profile("h200"), request).best
-    measured = _measured(name)["iteration_s"]
+    best = search(g, CALIBRATED, request).best
+    measured = _measured(name, run)["iteration_s"]
     assert abs(best.predicted.iteration_s - measured) / measured < 0.20
     roof = search(g, load_profile("h200"), PlanRequest(devices=1, batch_size=g.batch_size, microbatches=1, stages=1,
                                                         dtype="fp32", recompute="off", times="roofline")).best
     assert roof.predicted.iteration_s < 0.5 * measured
+
+
+@pytest.mark.parametrize("name", ["resnet", "unet"])
+def test_a_cuda_trace_without_its_hooks_sums_to_the_models_own_passes(name):
+    """The second H200 session's traces (measure._unhooked_backward took 28.5 and 25.9 µs a hook out) against the
+    model's own forward and backward on the same machine minutes apart, one event pair around each pass and no
+    hooks (gpu_step_breakdown.py; independent of the tracer). The first session's traces, hooks in, summed the
+    U-Net's backward to 3.76 and 6.62 ms in two traces against 3.18 and 2.38 ms in its runs."""
+    g = _graph(name, "h200b")
+    eager = json.loads((DATA / "passes-h200b.json").read_text())["models"][name]
+    assert eager["batch"] == g.batch_size and g.source["backward_hook_us"] > 5
+    assert sum(l.bwd_s for l in g.layers) == pytest.approx(eager["eager_bwd_s"], rel=0.15)
+    assert sum(l.fwd_s for l in g.layers) == pytest.approx(eager["eager_fwd_s"], rel=0.20)
 
 
 def _fake_gpu(monkeypatch, name: str | None):
