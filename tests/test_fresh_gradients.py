@@ -110,7 +110,7 @@ def test_a_graph_file_keeps_the_adds_within_the_backward(graph):
         Graph.from_dict(doc)
 
 
-def test_a_cuda_traces_gradient_adds_lose_their_marks_cost(monkeypatch):
+def test_a_cuda_traces_gradient_adds_lose_their_marks_cost():
     """costmodels.accumulate.accumulate_times with plain=True (a CUDA trace) on a clock that reads 1 ms a mark: each
     marked add spans 1 ms (2 layers: 2 adds and 1), the unmarked run of all 3 also 1 ms, so 2 ms of excess
     over 3 adds comes out, 2/3 ms an add, floored at each layer's share 1/3 of what it measured: 2/3 and 1/3 ms.
