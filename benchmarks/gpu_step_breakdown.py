@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from pipeplan.hardware_profiles.calibrate_cuda import warm_on_side_stream
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from gpu_bench import EXAMPLES  # noqa: E402
@@ -78,13 +80,7 @@ def timed(step, sync: bool) -> float:
 
 
 def graph_time_s(step) -> float | None:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    warm_on_side_stream(step)
     try:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):

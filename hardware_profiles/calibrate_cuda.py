@@ -65,6 +65,19 @@ def _torch() -> Any:
     return torch
 
 
+def warm_on_side_stream(fn: Callable[[], object], calls: int = 3) -> None:
+    """`calls` warm-up calls of `fn` on a side stream, then a synchronize: what CUDA graph capture requires first
+    (its allocations and lazy initialisation must not happen inside the capture)."""
+    torch = _torch()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(calls):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+
+
 def time_per_call_s(fn: Callable[[], object], calls: int) -> float:
     """Median GPU seconds per `fn()` over REPLAYS replays of a CUDA graph of `calls` back-to-back calls.
 
@@ -72,13 +85,7 @@ def time_per_call_s(fn: Callable[[], object], calls: int) -> float:
     captured (that then includes launch gaps if the host is slower than the GPU).
     """
     torch = _torch()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up on a side stream, as graph capture requires
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
+    warm_on_side_stream(fn)
     try:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
