@@ -9,7 +9,7 @@ parameter tensors one eager op at a time, plus the profile's measured host time
 per tensor (`optimizer_us_per_tensor`, hardware_profiles/optimizer_overhead.py).
 
 Bytes per parameter, by implementation (fp32 state):
-- torch.optim's defaults, what `pipeplan run` steps with (a local profile): on a CPU the per-tensor
+- torch.optim's defaults, what `pipeplan run` steps with on a CPU (a local profile): the per-tensor
   loop `_single_tensor_adam` (foreach kernels only on CUDA-like devices), the same passes as
   torch/optim/adam.py `_multi_tensor_adam`: lerp_(m, g) 12, mul_(v) 8, addcmul_(v, g, g) 12,
   sqrt(v) 8, div_ 8, add_(eps) 8, addcdiv_(p, m, denom) 16 = 72; AdamW's decoupled decay adds
@@ -22,7 +22,7 @@ Bytes per parameter, by implementation (fp32 state):
   4.1 ns for 72 bytes at the 17.5 GB/s calibrate measured (SGD 0.41-0.46 ns against 0.69); examples/mlp.py's
   step (5.12M parameters) took 17.8 ms, 22.2 predicted by bytes, 17.9 by the measured rate.
 - fused kernels, what GPU frameworks step with (apex / DeepSpeed FusedAdam, Megatron's optimizer,
-  torch `fused=True`): one pass reading p, g, m, v and writing p, m, v: 28 (Adam, AdamW); SGD 12;
+  torchtitan's default, torch `fused=True`) and `pipeplan run` on CUDA (pipeplan/optimizers.py): one pass reading p, g, m, v and writing p, m, v: 28 (Adam, AdamW); SGD 12;
   momentum 20 (read p, g, buf; write p, buf).
 Mixed precision adds writing the half-precision copy of the weights from the fp32 master (2 bytes).
 """
@@ -47,12 +47,13 @@ def optimizer_step_s(param_bytes_fp32: float, *, optimizer: str, mixed_precision
     """Seconds for one optimizer step over `param_bytes_fp32` bytes of fp32 parameters in `tensors` parameter
     tensors on one device of `profile`.
 
-    A local profile steps with torch.optim's defaults (the runtime's), any other with fused kernels. Where the
+    A local profile steps with torch.optim's defaults (the runtime's on a CPU), any other with fused kernels (the
+    runtime's on CUDA). Where the
     profile measured the optimizer's time per parameter and per tensor, those price it (none in the catalogue:
     fused kernels take every tensor in one launch); else the bytes its kernels move at the memory bandwidth.
     On a CPU (a local profile) the host does the passes, so the per-tensor time adds to them; on a GPU the host
     issues the next tensor's kernels while the GPU runs the last ones, so the step is the longer of the two.
-    Measured on an H200 (benchmarks/RESULTS.md, GPU): torch.optim.Adam took 3.12 ms over GPT-2's 124M
+    Measured on an H200 (benchmarks/RESULTS.md, GPU) with torch's default foreach kernels: torch.optim.Adam took 3.12 ms over GPT-2's 124M
     parameters in 148 tensors, where 2.85 ms is their passes and 2.26 ms their 15.3 µs a tensor (sum 5.1), and
     1.26 ms over the 32x32 ResNet's 2.8M in 62 (passes 0.06 ms, host 0.95). What is left, ~0.24 ms, is a step's
     fixed part (`optimizer_us_per_step`, measured on CUDA: Adam over one tensor took 252 µs).

@@ -360,8 +360,9 @@ def build_profile(*, name: str, device: str, stamp: str, sheet: HardwareProfile 
         "the conv3x3 curve at their FLOPs (calibrate_cuda.channel_factors)",
         f"dispatch_us_by_kind: {stamp}, host time per op of each kind on tiny tensors, forward and backward, the "
         "slope between 1 and 32 ops (hardware_profiles/calibrate_dispatch.py)",
-        f"optimizer_us_per_tensor / optimizer_ns_per_param / optimizer_us_per_step: {stamp}, torch.optim's default "
-        "(foreach) step on the GPU (hardware_profiles/optimizer_overhead.py), synchronized",
+        f"optimizer_us_per_tensor / optimizer_ns_per_param / optimizer_us_per_step: {stamp}, the step `pipeplan "
+        "run` takes on the GPU, torch.optim's fused kernels (pipeplan/optimizers.py; hardware_profiles/"
+        "optimizer_overhead.py), synchronized",
         f"memory_bandwidth_gbps / efficiency.memory: {stamp}, {COPY_BYTES // GIB} GiB device-to-device copy "
         f"{copy_bw / 1e9:.0f} GB/s (read + written) against the datasheet's {datasheet_bw / 1e9:.0f} GB/s",
         f"memory_gib: {stamp}, torch.cuda.get_device_properties total_memory; usable = total - 1 GiB "

@@ -41,9 +41,10 @@ GPU_LARGE_NUMEL: Final[int] = 1 << 23
 def per_tensor_s(device: str = "cpu") -> dict[str, float]:
     """Median seconds per parameter tensor of one step of each optimizer, on the calling thread.
 
-    On CUDA torch.optim takes its foreach kernels and still spends host time per tensor (Adam on the H200: 252,
-    501 and 1229 µs over 1, 16 and 64 tiny tensors: 15 µs a tensor beyond a fixed ~0.24 ms, which `per_step_s`
-    measures; the ~1 µs a tensor it adds to this figure, spread over TENSORS, is left in)."""
+    On CUDA the runtime steps with torch's fused kernels (pipeplan/optimizers.py), whose host time per tensor
+    this measures as it comes. torch's default there, its foreach kernels, spent host time per tensor (Adam on the
+    H200: 252, 501 and 1229 µs over 1, 16 and 64 tiny tensors: 15 µs a tensor beyond a fixed ~0.24 ms, which
+    `per_step_s` measures; the ~1 µs a tensor it adds to this figure, spread over TENSORS, is left in)."""
     return {name: step_s(name, TENSORS, NUMEL, STEPS, WARMUP, device) / TENSORS for name in OPTIMIZERS}
 
 

@@ -2,7 +2,8 @@
 
 All skip without a GPU (CI has none); they ran on the lent H100 (2026-11-24) and H200 (2026-11-27; the analyze
 test, written then, read +38% against its first bound of 25%, now 50%: benchmarks/RESULTS.md, GPU section), and
-all six passed on a second H200 the same day (GPU section (f)), the last one new then.
+all six passed on a second H200 the same day (GPU section (f)), the last one new then. The fused optimizer's
+test (last, four cases) was written on 2026-11-28 without a GPU and has not run on one.
 Each checks a value computed another way: the CUDA-event layer times against the step timed
 with one pair of events around it, the calibrated curve against a GEMM timed here,
 the run's loss against a single-process reference step on the same GPU, and analyze's prediction against
@@ -199,3 +200,28 @@ def test_a_cuda_traces_backward_is_the_models_own_backward_without_the_tracers_h
             times.append(a.elapsed_time(b) / 1e3)
     eager = sorted(times)[len(times) // 2]
     assert 0.75 * eager < traced < 1.33 * eager, (traced, eager, g["source"].get("backward_hook_us"))
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "adamw"])
+def test_the_runtimes_optimizer_on_cuda_is_fused_and_steps_like_torchs_foreach(name):
+    """On CUDA the runtime steps with torch's fused kernels (pipeplan/optimizers.py), what the catalogue prices; its
+    update must be torch's foreach one (the CUDA default, built here independently) to float32 rounding."""
+    from pipeplan.optimizers import DEFAULT_LR, make_optimizer
+
+    torch.manual_seed(0)
+    a = torch.nn.Linear(64, 32).cuda()
+    b = torch.nn.Linear(64, 32).cuda()
+    b.load_state_dict(a.state_dict())
+    opt = make_optimizer(name, a.parameters(), DEFAULT_LR[name])
+    assert opt.defaults["fused"] is True
+    kw = {"momentum": 0.9} if name == "momentum" else {}
+    cls = {"sgd": torch.optim.SGD, "momentum": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    ref = cls[name](b.parameters(), lr=DEFAULT_LR[name], foreach=True, **kw)
+    x = torch.randn(16, 64, device="cuda")
+    for model, o in ((a, opt), (b, ref)):
+        for _ in range(3):
+            o.zero_grad()
+            model(x).square().sum().backward()
+            o.step()
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)

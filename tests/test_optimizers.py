@@ -1,0 +1,55 @@
+"""pipeplan/optimizers.py: which kernels the runtime's optimizer steps with, and that it takes any iterable.
+
+On CUDA the runtime steps with torch's fused kernels, what the catalogue's GPU profiles price (28 bytes a
+parameter for Adam); elsewhere with torch's defaults, what a CPU calibration times. The CUDA side runs in
+tests/test_gpu_cuda.py (skipped without a GPU)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pipeplan.errors import UserError
+from pipeplan.optimizers import DEFAULT_LR, fused_for, make_optimizer
+
+
+def _stand_in(device_type: str, floating: bool = True) -> SimpleNamespace:
+    """What `fused_for` reads of a tensor, for devices this machine has not got."""
+    return SimpleNamespace(device=SimpleNamespace(type=device_type), is_floating_point=lambda: floating)
+
+
+def test_fused_only_where_every_parameter_is_a_floating_point_tensor_on_cuda():
+    assert fused_for([_stand_in("cuda"), _stand_in("cuda")])
+    assert not fused_for([_stand_in("cuda"), _stand_in("cpu")])
+    assert not fused_for([_stand_in("cuda", floating=False)])
+    assert not fused_for([])
+    assert not fused_for([torch.zeros(2), torch.zeros(2, device="meta")])
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_LR))
+def test_on_a_cpu_the_step_is_torchs_default_and_takes_a_generator(name):
+    """A generator of parameters (model.parameters()) must reach the optimizer whole: the kernel choice reads the
+    parameters first, which would exhaust it. The step must equal torch's default optimizer's (built here from the
+    same hyperparameters, independently of make_optimizer)."""
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    opt = make_optimizer(name, a.parameters(), DEFAULT_LR[name])
+    assert not opt.defaults.get("fused")
+    assert sum(len(g["params"]) for g in opt.param_groups) == 2
+    ref = {"sgd": lambda p: torch.optim.SGD(p, lr=0.01), "momentum": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
+           "adam": lambda p: torch.optim.Adam(p, lr=1e-3), "adamw": lambda p: torch.optim.AdamW(p, lr=1e-3)}[name](
+        b.parameters())
+    x = torch.randn(5, 4)
+    for model, o in ((a, opt), (b, ref)):
+        for _ in range(2):
+            o.zero_grad()
+            model(x).square().sum().backward()
+            o.step()
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa, pb)
+
+
+def test_an_unknown_name_is_a_user_error():
+    with pytest.raises(UserError, match="unknown optimizer"):
+        make_optimizer("lamb", [torch.nn.Parameter(torch.zeros(1))], 0.1)
