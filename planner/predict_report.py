@@ -104,8 +104,9 @@ def _prediction(graph: Graph, profile: HardwareProfile, request: PlanRequest, me
 
 
 def _notes(graph: Graph, profile: HardwareProfile, request: PlanRequest, problem: Problem,
-           assignment: Sequence[int], memory: Sequence[MemoryBreakdown], mb: int) -> list[str]:
-    """Memory overflows, tied parameters' copies, and whether local stage times are the device's own."""
+           assignment: Sequence[int], memory: Sequence[MemoryBreakdown], mb: int, devices: int) -> list[str]:
+    """Memory overflows, tied parameters' copies, whether local stage times are the device's own, and a local plan
+    that needs more devices than this machine has."""
     cap = int(profile.usable_memory_bytes)
     notes = []
     for p, m in enumerate(memory):
@@ -119,7 +120,22 @@ def _notes(graph: Graph, profile: HardwareProfile, request: PlanRequest, problem
     local_note = local_times_note(graph, profile, dtype=request.training_dtype, times=request.times, samples=mb)
     if local_note:
         notes.append(local_note)
+    if profile.local and devices > profile.devices_per_node:
+        notes.append(local_machines_note(profile, devices))
     return notes
+
+
+def local_machines_note(profile: HardwareProfile, devices: int) -> str:
+    """A local profile's device is one of this machine's cores (`devices_per_node` of them): a plan for more devices
+    spans several such machines, and run on this one its processes would take turns on its cores, which no
+    prediction prices (`pipeplan run` warns too: runtime/launch.shared_cores_warning)."""
+    machines = -(-devices // profile.devices_per_node)
+    per = profile.devices_per_node
+    return (f"{devices} devices of the local profile {profile.name} are {machines} machines like this one, which "
+            f"holds {per} (its devices_per_node), linked as its inter_node link prices ({profile.inter_node.kind}, "
+            f"measured on this machine alone); run on this one machine, the {devices} processes would take turns "
+            f"on its cores, which no prediction prices: run with --nnodes {machines}, or plan for --gpus {per} or "
+            f"fewer")
 
 
 def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assignment: Sequence[int], config: Config,
@@ -145,7 +161,7 @@ def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assi
         optimizer=request.optimizer,
         dtype=request.training_dtype,
         solver=dict(solver or {}),
-        notes=_notes(graph, profile, request, problem, assignment, x.memory, mb),
+        notes=_notes(graph, profile, request, problem, assignment, x.memory, mb, devices),
         data_parallel=dp,
         times=request.times,
         sharding=config.sharding,

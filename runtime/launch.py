@@ -116,12 +116,7 @@ def check_plan(plan, opts: LaunchOptions) -> int:
         if opts.nproc_per_node is None:
             raise UserError(f"the plan uses {n} devices, which do not divide evenly over {opts.nnodes} nodes",
                             "pass --nproc-per-node, or re-plan for a device count that divides")
-    try:
-        import torch
-
-        cuda = torch.cuda.device_count()
-    except Exception:  # pragma: no cover - torch always imports here
-        cuda = 0
+    cuda = _cuda_devices()
     if cuda and per_node > cuda:
         raise UserError(f"the plan needs {per_node} GPUs on this node but {cuda} are visible",
                         "re-plan for fewer devices or run on more nodes")
@@ -241,6 +236,9 @@ def launch(plan_path: str, opts: LaunchOptions, *, notify: Callable[[str], None]
     per_node = check_plan(plan, opts)
     resumed = check_resume(plan, opts)
     check_outputs(opts)
+    shared = shared_cores_warning(per_node, _cuda_devices(), _usable_cores())
+    if shared and notify is not None:
+        notify(shared)
     if resumed is not None and notify is not None:
         for line in resumed["skipped"]:
             notify(f"warning: {line}")
@@ -261,6 +259,35 @@ def launch(plan_path: str, opts: LaunchOptions, *, notify: Callable[[str], None]
         _keep_log(run_dir, opts)
         if not opts.keep_run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def shared_cores_warning(per_node: int, cuda_devices: int, cores: int) -> str | None:
+    """A warning where this node's CPU ranks outnumber its cores, else None. Each rank is one process of one thread
+    (OMP_NUM_THREADS=1) that a local profile prices as a core of its own; more of them than cores take turns, so
+    the run measures the machine's sharing, not the plan (planner/predict_report.local_machines_note). A warning,
+    not a refusal: a run to check training, not timing, is still worth doing. On GPUs `check_plan` counts them."""
+    if cuda_devices or per_node <= cores:
+        return None
+    return (f"warning: {per_node} processes of one thread on this machine's {cores} cores take turns on them, so "
+            f"steps take longer than predicted (the plan prices a core a device); run on "
+            f"{-(-per_node // cores)} machines (--nnodes), or re-plan for {cores} devices or fewer")
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:  # pragma: no cover - torch always imports here
+        return 0
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (a container's or taskset's limit), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
 
 
 def _keep_log(run_dir: Path, opts: LaunchOptions) -> None:

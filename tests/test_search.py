@@ -432,6 +432,33 @@ def test_local_plan_notes_when_its_times_are_not_a_devices_own():
     assert scaled.stages[0].predicted.fwd_s == pytest.approx((1e-3 + 5e-3) * 2)
 
 
+def test_a_local_plan_for_more_devices_than_this_machine_holds_says_it_spans_machines():
+    """A local profile's devices are this machine's cores (devices_per_node of them): a plan for more is a plan for
+    several such machines, and on this one alone its processes would share cores, which nothing prices. The note
+    appears exactly when the devices outnumber devices_per_node, whether pipelines or replicas make them up."""
+    import dataclasses
+
+    local = dataclasses.replace(profile(per_node=2), name="local", local=True)
+    g = gpt_like(blocks=2, hidden=64, seq=16, vocab=100, batch=4)
+    g.source["threads"] = 1
+
+    def machine_notes(plan):
+        return [n for n in plan.notes if "machines like this one" in n]
+
+    assert machine_notes(evaluate(g, local, [0, 0, 1, 1], schedule="1f1b", microbatches=4, batch_size=16)) == []
+    assert machine_notes(evaluate(g, local, [0, 0, 0, 0], schedule="1f1b", microbatches=4, batch_size=32,
+                                  data_parallel=2)) == []
+    four = evaluate(g, local, [0, 0, 1, 1], schedule="1f1b", microbatches=4, batch_size=32, data_parallel=2)
+    assert four.devices == 4
+    (note,) = machine_notes(four)
+    assert "are 2 machines like this one, which holds 2" in note and "--nnodes 2" in note
+    three = evaluate(g, local, [0, 1, 2, 2], schedule="1f1b", microbatches=4, batch_size=16)
+    assert "are 2 machines" in machine_notes(three)[0]  # 3 devices, 2 a machine: rounded up
+    gpus = dataclasses.replace(profile(per_node=2))  # a catalogue GPU profile: nodes are real, nothing to say
+    assert machine_notes(evaluate(g, gpus, [0, 0, 1, 1], schedule="1f1b", microbatches=4, batch_size=32,
+                                  data_parallel=2)) == []
+
+
 def test_ilp_refinement_on_a_dag():
     """solver="ilp" re-partitions the best configuration; the result is still a consistent, feasible plan."""
     pytest.importorskip("pulp")
