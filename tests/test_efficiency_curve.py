@@ -133,17 +133,39 @@ def test_cuda_names_map_to_catalogue_profiles(name, expected):
 
 
 def test_nccl_measurements_become_the_links_the_cost_model_prices():
-    """calibrate_nccl's fit, fed times made from a known link: t = lat + n / bw one way, ring all-reduce of two."""
+    """calibrate_nccl's fit, fed times made from a known link: t = lat + n / bw one way, and each collective's
+    two-rank ring time (collectives.RING_FACTORS: all-reduce n/bw + 2 lat, reduce-scatter and all-gather
+    n/(2 bw) + lat)."""
     from pipeplan.hardware_profiles.calibrate_nccl import links_from_measurements
 
     lat, bw = 8e-6, 350e9
     one_way = {n: lat + n / bw for n in (4, 2**20, 2**28)}
-    ar_lat, ar_bw = 12e-6, 180e9
-    reduce = {n: n / ar_bw + 2 * ar_lat for n in (2**16, 2**28)}  # collectives.RING_FACTORS["allreduce"] = (1, 2)
-    links = links_from_measurements(one_way, reduce, "NVIDIA H100 80GB HBM3", 8, "test")
+    made = {"allreduce": (12e-6, 180e9, 1.0, 2.0), "reduce_scatter": (9e-6, 200e9, 0.5, 1.0),
+            "all_gather": (7e-6, 220e9, 0.5, 1.0)}
+    times = {op: {n: k_bw * n / b + k_lat * t for n in (2**16, 2**20, 2**28)}
+             for op, (t, b, k_bw, k_lat) in made.items()}
+    links = links_from_measurements(one_way, times, "NVIDIA H100 80GB HBM3", 8, "test")
     intra = links["intra_node"]
     assert intra.kind == "nvlink" and intra.latency_s == pytest.approx(lat + 4 / bw)
     assert intra.bandwidth_bytes_per_s == pytest.approx(2**28 / (2**28 / bw - 4 / bw))
-    ar = links["collectives"]["allreduce"]
-    assert ar.bandwidth_bytes_per_s == pytest.approx(ar_bw) and ar.latency_s == pytest.approx(ar_lat)
+    for op, (t, b, _, _) in made.items():
+        got = links["collectives"][op]
+        assert got.kind == "nccl " + op.replace("_", "-")
+        assert got.bandwidth_bytes_per_s == pytest.approx(b) and got.latency_s == pytest.approx(t)
     assert links["inter_node"] == load_profile("h100-sxm").inter_node and links["devices_per_node"] == 8
+
+
+def test_the_nccl_calibration_runs_its_two_ranks_end_to_end_over_gloo():
+    """The processes, messages and collectives `profiles calibrate --device cuda` runs between GPUs 0 and 1, run
+    here over gloo on the CPU (no machine of this project's has had two GPUs): every size of every measurement
+    comes back from the spawned ranks, a 1 MiB message takes longer than a 4-byte one, and every fitted link has
+    a positive bandwidth."""
+    from pipeplan.hardware_profiles.calibrate_nccl import links_from_measurements, measure_links
+
+    one_way, times = measure_links("gloo", p2p_sizes=(4, 2**20), collective_sizes=(2**16, 2**20), timeout_s=120)
+    assert set(one_way) == {4, 2**20} and one_way[2**20] > one_way[4] > 0
+    assert set(times) == {"allreduce", "reduce_scatter", "all_gather"}
+    assert all(set(by_size) == {2**16, 2**20} and min(by_size.values()) > 0 for by_size in times.values())
+    links = links_from_measurements(one_way, times, "a CPU", 2, "test")
+    assert links["intra_node"].kind == "pcie" and links["intra_node"].bandwidth_bytes_per_s > 0
+    assert all(link.bandwidth_bytes_per_s > 0 and link.latency_s >= 0 for link in links["collectives"].values())
