@@ -166,9 +166,11 @@ pipeline8); the one-GPU pipeline rows read 1.04 and 1.00 only because two errors
    tokens a sequence the model predicts 0.57; the lengths the binned run saw are not published, but LDDL
    publishes what binning did to this recipe's phase 2 (its README's "Sequence Binning Performance": 32 Selene
    nodes, 2565 s with one 512-token bin, 1483 s with bins of 64: 1.73x), so these two rows are the 512-token
-   prediction x 1.73 (cases.yaml `binned_speedup`): 0.99 and 1.00. That factor is another source's measurement
-   of the same recipe end to end on 256 GPUs, not a mechanism of pipeplan's; the rows are right only as far
-   as it carries to 1 and 8 GPUs.
+   prediction x 1.73 (cases.yaml `binned_speedup`): 0.99 and 1.00 on A100s. That factor is another source's
+   measurement of the same recipe end to end on 256 GPUs, not a mechanism of pipeplan's; the rows are right
+   only as far as it carries to 1 and 8 GPUs. A check that it carries: the DGX-1 V100 table (the same 21.11
+   container and scripts) has 512-token rows too, added with it: 1.14 and 1.17, beside its 128-token rows'
+   1.18 and 1.21, so per token the published 512/128 ratio (1.34) and the predicted one (1.29) agree there.
 
 Still missing (the rows above 1.15 or below 0.85):
 - *Small ResNets on Pascal.* ResNet-18 and -34 read 1.25-1.40, ResNet-50 1.13, the deeper ones 0.99-1.03.
@@ -203,10 +205,9 @@ Still missing (the rows above 1.15 or below 0.85):
   is H100-wide (mpt-1b 1.15, mpt-7b 1.16 on 8 GPUs), which points at the H100 profile's GEMM and attention
   efficiencies (from MAMF and FlashAttention-3's paper, not from these runs). Needs H100 training measured with
   the frameworks' kernels.
-- *BERT at 128 tokens* (1.12-1.21, see 13) loses time pipeplan does not see. It is not the encoder's ops as
-  traced: DLE fuses bias + GELU and the like with TorchScript/NVFuser, which would make it faster still. The
-  V100 table's runs may predate LDDL and the dense MLM head (its container is not named beside it); with the
-  head on every token they would read 1.19-1.22 (the SDPA trace before 13). Needs DLE's own per-iteration times.
+- *BERT on V100s* (1.14-1.21 at both lengths, see 13; A100s 0.99-1.13) loses time pipeplan does not see. It
+  is not the encoder's ops as traced: DLE fuses bias + GELU and the like with TorchScript/NVFuser, which
+  would make it faster still. Needs DLE's own per-iteration times on a V100.
 - *ResNet-50 on 8 GPUs* loses 14-20% against 1 GPU in the published mixed-precision runs (1.26 on A100) while
   its all-reduce is under 1% of the iteration, and 3-4% in the TF32/FP32 runs: most likely the input pipeline
   (DALI decoding at 16.6k img/s), which pipeplan does not model.

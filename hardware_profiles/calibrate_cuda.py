@@ -23,7 +23,7 @@ What is measured, and how each number is defined (every one is written with its 
 - peak_tflops: the datasheet's (the catalogue profile matching the device name); the
   best measured GEMM rate per dtype is recorded beside it under `calibration`. Without
   a matching catalogue profile, the measured best is the peak.
-- Links: NCCL send/recv ping-pong and all-reduce between GPUs 0 and 1 when two or more
+- Links: NCCL send/recv ping-pong, all-reduce, reduce-scatter and all-gather between GPUs 0 and 1 when two or more
   are visible (calibrate_nccl.py). With one GPU nothing can be measured (NCCL refuses two
   ranks on one GPU), so the links are the catalogue profile's, with that written beside them.
 """
