@@ -20,6 +20,7 @@ from pipeplan._io import check_destination
 from pipeplan.choices import (
     DTYPE_CHOICES,
     MIXED_PRECISIONS,
+    OPTIMIZER_KERNELS,
     OPTIMIZERS,
     RECOMPUTE_CHOICES,
     SHARDING_CHOICES,
@@ -70,13 +71,14 @@ def planning_options(*, with_profile: bool = True, with_cluster: bool = False) -
     def decorate(f):
         @functools.wraps(f)
         def wrapper(*args, gpus, batch_size, microbatches, schedule, stages, solver, dtype, optimizer, recompute,
-                    times, sharding, mixed_precision, **kw):
+                    times, sharding, mixed_precision, optimizer_kernels, **kw):
             if with_cluster:
                 gpus = _cluster_or_devices(kw, gpus)
             request = PlanRequest(devices=gpus, batch_size=batch_size, microbatches=microbatches,
                                   schedule=schedule.lower(), stages=stages, solver=solver.lower(),
                                   dtype=dtype.lower(), optimizer=optimizer.lower(), recompute=recompute.lower(),
-                                  times=times.lower(), sharding=sharding.lower(), mixed_precision=mixed_precision.lower())
+                                  times=times.lower(), sharding=sharding.lower(), mixed_precision=mixed_precision.lower(),
+                                  optimizer_kernels=optimizer_kernels.lower())
             return f(*args, request=request, **kw)
 
         decorators = [
@@ -90,6 +92,10 @@ def planning_options(*, with_profile: bool = True, with_cluster: bool = False) -
             click.option("--dtype", type=_choice(DTYPE_CHOICES), default="auto", show_default=True,
                          help="Training precision; auto = fp32 on a local profile, else bf16 mixed precision (fp16 where there is no bf16)."),
             click.option("--optimizer", type=_choice(OPTIMIZERS), default="adam", show_default=True, help="Optimizer (sets its state memory)."),
+            click.option("--optimizer-kernels", type=_choice(OPTIMIZER_KERNELS), default="auto", show_default=True,
+                         help="How the framework steps the optimizer: fused (one pass: torchtitan, Megatron, DeepSpeed) "
+                              "or foreach (torch.optim's default passes: torch without fused=True, Composer); auto = "
+                              "how `pipeplan run` steps on the profile's device (CPU: torch's defaults; GPU: fused)."),
             click.option("--recompute", type=_choice(RECOMPUTE_CHOICES), default="auto", show_default=True, help="Activation recomputation."),
             click.option("--sharding", type=_choice(SHARDING_CHOICES), default="auto", show_default=True,
                          help="Sharded data parallelism over each stage's replicas: auto = the fastest ZeRO level that "

@@ -84,6 +84,7 @@ def plan_header(plan, profile=None) -> Text:
     text.append(
         f": {plan.schedule}, {shape}, {plan.microbatches} microbatch{'es' if plan.microbatches != 1 else ''} of "
         f"{plan.microbatch_size} (batch {plan.batch_size}), {plan.dtype}{_recipe(plan)}, {plan.optimizer}"
+        f"{'' if plan.optimizer_kernels == 'auto' else f' ({plan.optimizer_kernels} kernels)'}"
         f"{', recomputation' if plan.recompute else ''}{_sharding(plan)}"
     )
     solver = plan.solver or {}

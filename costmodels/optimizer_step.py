@@ -43,12 +43,15 @@ FP32_BYTES: Final[int] = 4
 
 
 def optimizer_step_s(param_bytes_fp32: float, *, optimizer: str, mixed_precision: bool,
-                     profile: HardwareProfile, tensors: int = 0) -> float:
+                     profile: HardwareProfile, tensors: int = 0, kernels: str = "auto") -> float:
     """Seconds for one optimizer step over `param_bytes_fp32` bytes of fp32 parameters in `tensors` parameter
-    tensors on one device of `profile`.
+    tensors on one device of `profile`, stepped with `kernels` (pipeplan.choices.OptimizerKernels).
 
-    A local profile steps with torch.optim's defaults (the runtime's on a CPU), any other with fused kernels (the
-    runtime's on CUDA). Where the
+    "auto": a local profile steps with torch.optim's defaults (the runtime's on a CPU), any other with fused kernels
+    (the runtime's on CUDA); "fused" and "foreach" say how the framework steps whatever the profile, priced by
+    the bytes their passes move (a profile's measurements are of the runtime's own step, so "auto" alone takes
+    them). Composer's DecoupledAdamW, which LLM Foundry trains with, is a Python loop of torch ops per tensor
+    (composer/optim/decoupled_weight_decay.py: mul_, add_, mul_, addcmul_, sqrt, /, add_, addcdiv_): "foreach". Where the
     profile measured the optimizer's time per parameter and per tensor, those price it (none in the catalogue:
     fused kernels take every tensor in one launch); else the bytes its kernels move at the memory bandwidth.
     On a CPU (a local profile) the host does the passes, so the per-tensor time adds to them; on a GPU the host
@@ -58,15 +61,17 @@ def optimizer_step_s(param_bytes_fp32: float, *, optimizer: str, mixed_precision
     1.26 ms over the 32x32 ResNet's 2.8M in 62 (passes 0.06 ms, host 0.95). What is left, ~0.24 ms, is a step's
     fixed part (`optimizer_us_per_step`, measured on CUDA: Adam over one tensor took 252 µs).
     """
-    table = FOREACH_BYTES_PER_PARAM if profile.local else FUSED_BYTES_PER_PARAM
+    foreach = kernels == "foreach" or (kernels == "auto" and profile.local)
+    table = FOREACH_BYTES_PER_PARAM if foreach else FUSED_BYTES_PER_PARAM
     if optimizer not in table:
         raise ValueError(f"unknown optimizer {optimizer!r}")
+    own = kernels == "auto"  # what calibrate timed: the runtime's step
     params = param_bytes_fp32 / FP32_BYTES
     half_copy_s = params * (HALF_COPY_BYTES_PER_PARAM if mixed_precision else 0) / profile.mem_bw_bytes_per_s
-    measured = profile.optimizer_param_s.get(optimizer)
+    measured = profile.optimizer_param_s.get(optimizer) if own else None
     update_s = params * measured if measured is not None else params * table[optimizer] / profile.mem_bw_bytes_per_s
-    host_s = tensors * profile.optimizer_tensor_s.get(optimizer, 0.0)
-    fixed_s = profile.optimizer_step_s.get(optimizer, 0.0) if params > 0 else 0.0
+    host_s = tensors * profile.optimizer_tensor_s.get(optimizer, 0.0) if own else 0.0
+    fixed_s = profile.optimizer_step_s.get(optimizer, 0.0) if params > 0 and own else 0.0
     if profile.local:
         return update_s + half_copy_s + host_s + fixed_s
     return max(update_s + half_copy_s, host_s) + fixed_s

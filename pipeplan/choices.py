@@ -12,7 +12,7 @@ from typing import Final, Literal, get_args
 
 __all__ = [
     "Dtype", "DTYPES", "DtypeRequest", "DTYPE_CHOICES",
-    "Optimizer", "OPTIMIZERS",
+    "Optimizer", "OPTIMIZERS", "OptimizerKernels", "OPTIMIZER_KERNELS",
     "Recompute", "RECOMPUTE_CHOICES",
     "Solver", "SOLVERS",
     "Times", "TIMES",
@@ -33,6 +33,13 @@ DTYPE_CHOICES: Final[tuple[DtypeRequest, ...]] = get_args(DtypeRequest)
 Optimizer = Literal["sgd", "momentum", "adam", "adamw"]
 """Sets the optimizer-state memory (ZeRO §3.1): none, one fp32 buffer, two fp32 buffers (Adam, AdamW)."""
 OPTIMIZERS: Final[tuple[Optimizer, ...]] = get_args(Optimizer)
+
+OptimizerKernels = Literal["auto", "fused", "foreach"]
+"""How the framework steps its optimizer (costmodels/optimizer_step.py): fused kernels, one pass over the state
+(torchtitan's default, Megatron, DeepSpeed, `pipeplan run` on CUDA); torch.optim's default passes, one op at a time
+or foreach (torch on CUDA without fused=True, Composer's DecoupledAdamW); "auto": the runtime's on the profile's
+device (a local CPU profile: torch's defaults; any other: fused)."""
+OPTIMIZER_KERNELS: Final[tuple[OptimizerKernels, ...]] = get_args(OptimizerKernels)
 
 Recompute = Literal["auto", "on", "off"]
 """Activation recomputation: searched ("auto"), always, or never."""

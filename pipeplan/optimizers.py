@@ -31,13 +31,21 @@ def fused_for(params: list[Any]) -> bool:
     return bool(params) and all(p.device.type == "cuda" and p.is_floating_point() for p in params)
 
 
-def make_optimizer(name: str, params: Any, lr: float) -> Any:
-    """The torch.optim optimizer a plan's name stands for, over a list or iterable of parameter tensors: fused
-    kernels on CUDA (`fused_for`), torch's defaults otherwise."""
+def make_optimizer(name: str, params: Any, lr: float, kernels: str = "auto") -> Any:
+    """The torch.optim optimizer a plan's name stands for, over a list or iterable of parameter tensors, stepping
+    with the plan's `kernels` (pipeplan.choices.OptimizerKernels): "auto" fused on CUDA (`fused_for`) and torch's
+    defaults elsewhere; "fused" fused kernels (torch has them for a CPU too); "foreach" torch's foreach kernels on
+    CUDA and its defaults on a CPU (the same passes, one tensor at a time)."""
     import torch
 
     params = list(params)
-    kw: dict[str, Any] = {"fused": True} if fused_for(params) else {}
+    kw: dict[str, Any] = {}
+    if kernels == "fused" or (kernels == "auto" and fused_for(params)):
+        kw = {"fused": True}
+    elif kernels == "foreach" and fused_for(params):
+        kw = {"foreach": True}
+    elif kernels not in ("auto", "foreach"):
+        raise UserError(f"unknown optimizer kernels {kernels!r}", "use auto, fused or foreach")
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, **kw)
     if name == "momentum":

@@ -15,12 +15,14 @@ from pipeplan._io import atomic_write_json, check_format, read_json
 from pipeplan.choices import (
     DTYPES,
     MIXED_PRECISIONS,
+    OPTIMIZER_KERNELS,
     OPTIMIZERS,
     SHARDINGS,
     TIMES,
     Dtype,
     MixedPrecision,
     Optimizer,
+    OptimizerKernels,
     Sharding,
     Times,
 )
@@ -110,6 +112,7 @@ class Plan:
     chunks: int = 1  # model chunks per device (interleaved schedule)
     recompute: bool = False
     optimizer: Optimizer = "adam"
+    optimizer_kernels: OptimizerKernels = "auto"  # how its step runs (pipeplan.choices; `run` steps that way)
     dtype: Dtype = "fp32"
     solver: dict[str, Any] = field(default_factory=dict)  # name, status, objective, bound, gap, time_s
     alternatives: list[dict[str, Any]] = field(default_factory=list)  # runners-up (summaries)
@@ -128,6 +131,7 @@ class Plan:
     def __post_init__(self) -> None:
         facts(self.schedule)  # an unknown schedule is a user error
         for value, allowed, what in ((self.dtype, DTYPES, "dtype"), (self.optimizer, OPTIMIZERS, "optimizer"),
+                                     (self.optimizer_kernels, OPTIMIZER_KERNELS, "optimizer_kernels"),
                                      (self.times, TIMES, "times"), (self.sharding, SHARDINGS, "sharding"),
                                      (self.mixed_precision, MIXED_PRECISIONS, "mixed_precision")):
             if value not in allowed:

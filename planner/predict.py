@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeplan.choices import DtypeRequest, Layout, MixedPrecision, Optimizer, Sharding, Times
+from pipeplan.choices import DtypeRequest, Layout, MixedPrecision, Optimizer, OptimizerKernels, Sharding, Times
 from pipeplan.costmodels.graph import Graph
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.profile import HardwareProfile
@@ -205,7 +205,7 @@ def evaluate(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], 
              recompute: bool = False, layout: Layout = "stage-major", dtype: DtypeRequest = "fp32",
              optimizer: Optimizer = "adam", times: Times = "model", sharding: Sharding = "none",
              mixed_precision: MixedPrecision = "deepspeed", problem: Problem | None = None,
-             solver: dict[str, Any] | None = None) -> Plan:
+             solver: dict[str, Any] | None = None, optimizer_kernels: OptimizerKernels = "auto") -> Plan:
     """`predict` with its configuration and request spelled as keywords: a one-off prediction of a split.
 
     `data_parallel` replicates the whole pipeline (synchronous schedules);
@@ -215,5 +215,6 @@ def evaluate(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], 
                     data_parallel=data_parallel, stage_replicas=tuple(stage_replicas), chunks=chunks,
                     recompute=recompute, layout=layout, sharding=sharding)
     request = PlanRequest(devices=sum(config.replica_counts()), batch_size=batch_size, dtype=dtype,
-                          optimizer=optimizer, times=times, mixed_precision=mixed_precision)
+                          optimizer=optimizer, times=times, mixed_precision=mixed_precision,
+                          optimizer_kernels=optimizer_kernels)
     return predict(graph, profile, assignment, config, request, problem=problem, solver=solver).plan

@@ -519,7 +519,7 @@ def _optimizer_times(profile: HardwareProfile, config: Config, request: PlanRequ
     sharded = config.sharding != "none"
     scales = config.microbatches > 1 and not facts(config.schedule).updates_each_microbatch
     return [slow * (optimizer_step_s(params[s] / (reps[s] if sharded else 1), optimizer=request.optimizer,
-                                     mixed_precision=mixed, profile=profile,
+                                     mixed_precision=mixed, profile=profile, kernels=request.optimizer_kernels,
                                      tensors=min(1, tensors[s]) if sharded else tensors[s])
                     + (grad_scale_s(grads[s], profile=profile, tensors=tensors[s]) if scales else 0.0))
             for s in range(len(params))]

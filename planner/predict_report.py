@@ -159,6 +159,7 @@ def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assi
         chunks=config.chunks,
         recompute=bool(config.recompute),
         optimizer=request.optimizer,
+        optimizer_kernels=request.optimizer_kernels,
         dtype=request.training_dtype,
         solver=dict(solver or {}),
         notes=_notes(graph, profile, request, problem, assignment, x.memory, mb, devices),

@@ -41,7 +41,8 @@ def config_of(plan: Plan) -> Config:
 def request_of(plan: Plan) -> PlanRequest:
     """The request settings a plan was predicted under (batch, dtype, optimizer, times, sharding)."""
     return PlanRequest(devices=max(1, plan.devices), batch_size=plan.batch_size, dtype=plan.dtype,
-                       optimizer=plan.optimizer, times=plan.times, sharding=plan.sharding,
+                       optimizer=plan.optimizer, optimizer_kernels=plan.optimizer_kernels, times=plan.times,
+                       sharding=plan.sharding,
                        mixed_precision=plan.mixed_precision)
 
 

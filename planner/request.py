@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pipeplan.choices import (
     DTYPE_CHOICES,
     MIXED_PRECISIONS,
+    OPTIMIZER_KERNELS,
     OPTIMIZERS,
     RECOMPUTE_CHOICES,
     SHARDING_CHOICES,
@@ -25,6 +26,7 @@ from pipeplan.choices import (
     DtypeRequest,
     MixedPrecision,
     Optimizer,
+    OptimizerKernels,
     Recompute,
     ShardingRequest,
     Solver,
@@ -72,6 +74,8 @@ class PlanRequest:
     """Training precision; "auto" is resolved per profile by `for_profile`."""
     optimizer: Optimizer = "adam"
     """Sets the optimizer-state bytes per parameter."""
+    optimizer_kernels: OptimizerKernels = "auto"
+    """How the framework steps the optimizer, which sets the bytes its step moves (pipeplan.choices)."""
     mixed_precision: MixedPrecision = "deepspeed"
     """bf16/fp16 gradients in 16 bits (DeepSpeed: 16 B/parameter with Adam) or fp32 (Megatron-LM: 18, fp16 20)."""
     sharding: ShardingRequest = "auto"
@@ -95,6 +99,7 @@ class PlanRequest:
     def _check_choices(self) -> None:
         for value, allowed, what in ((self.schedule, SEARCH_SCHEDULE_CHOICES, "schedule"),
                                      (self.solver, SOLVERS, "solver"), (self.optimizer, OPTIMIZERS, "optimizer"),
+                                     (self.optimizer_kernels, OPTIMIZER_KERNELS, "optimizer kernels"),
                                      (self.dtype, DTYPE_CHOICES, "dtype"), (self.times, TIMES, "times"),
                                      (self.sharding, SHARDING_CHOICES, "sharding"),
                                      (self.mixed_precision, MIXED_PRECISIONS, "mixed-precision recipe")):

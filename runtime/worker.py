@@ -448,10 +448,11 @@ def tied_groups(ranks: dict[int, list[int]], dp: int, shared: dict[str, list[int
 
 
 def optimizer_factory(opts: Options, plan) -> Callable[[list], torch.optim.Optimizer]:
-    """--optimizer, else the plan's (what its memory prediction assumed), else adam; at --lr or its default."""
+    """--optimizer, else the plan's (what its memory prediction assumed), else adam; at --lr or its default; stepping
+    as the plan says its framework does (`plan.optimizer_kernels`, what its prediction priced)."""
     opt_name = opts.optimizer or plan.optimizer or "adam"
     lr = opts.lr if opts.lr is not None else DEFAULT_LR.get(opt_name, 1e-3)
-    return lambda params: make_optimizer(opt_name, params, lr)
+    return lambda params: make_optimizer(opt_name, params, lr, plan.optimizer_kernels)
 
 
 def unsharded_params(s: int, module: torch.nn.Module, sharded: dict[int, ShardedParams]) -> list:

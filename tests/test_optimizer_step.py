@@ -28,6 +28,49 @@ def test_bytes_per_parameter_follow_the_kernels():
         optimizer_step_s(4, optimizer="lamb", mixed_precision=False, profile=h100)
 
 
+def test_the_frameworks_kernels_override_the_profiles_default_and_its_measurements():
+    """`kernels` says how the framework steps (pipeplan.choices.OptimizerKernels): "foreach" prices torch's passes
+    (AdamW 80 B a parameter, what Composer's DecoupledAdamW loop moves too) on a GPU profile, "fused" 28 B on a
+    local one; a profile's measured rates are of the runtime's own step, so only "auto" takes them."""
+    h100 = load_profile("h100-sxm")
+    n, bw = 1_000_000, h100.mem_bw_bytes_per_s
+    assert optimizer_step_s(4 * n, optimizer="adamw", mixed_precision=False, profile=h100, kernels="foreach") == \
+        pytest.approx(80 * n / bw)
+    assert optimizer_step_s(4 * n, optimizer="adamw", mixed_precision=False, profile=h100, kernels="fused") == \
+        pytest.approx(28 * n / bw)
+    measured = dataclasses.replace(h100, local=True, optimizer_param_s={"adam": 3e-9}, optimizer_tensor_s={"adam": 5e-5},
+                                   optimizer_step_s={"adam": 1e-4})
+    assert optimizer_step_s(4 * n, optimizer="adam", mixed_precision=False, profile=measured, tensors=10) == \
+        pytest.approx(n * 3e-9 + 10 * 5e-5 + 1e-4)
+    assert optimizer_step_s(4 * n, optimizer="adam", mixed_precision=False, profile=measured, tensors=10,
+                            kernels="fused") == pytest.approx(28 * n / bw)
+    assert optimizer_step_s(4 * n, optimizer="adam", mixed_precision=False, profile=measured, tensors=10,
+                            kernels="foreach") == pytest.approx(72 * n / bw)
+
+
+def test_a_plan_keeps_its_frameworks_kernels_and_prices_them_after_the_last_backward(tmp_path):
+    """Data parallelism on one stage: the optimizer runs after everything, so a plan stepping with foreach kernels
+    is longer than the fused one by exactly the two steps' difference (one replica's ZeRO-free update of every
+    parameter). The plan file keeps the setting, and a re-prediction from it (what `show` draws) agrees."""
+    from pipeplan.planner.plan import load_plan
+    from pipeplan.planner.predict import evaluate
+    from pipeplan.planner.replay import request_of, simulate_plan
+    from search_fixtures import gpt_like
+
+    h100 = load_profile("h100-sxm")
+    g = gpt_like(blocks=2, hidden=64, seq=16, vocab=100, batch=4)
+    plans = {k: evaluate(g, h100, [0] * len(g.layers), schedule="1f1b", microbatches=1, batch_size=8,
+                         data_parallel=2, optimizer="adamw", optimizer_kernels=k) for k in ("fused", "foreach")}
+    params = sum(layer.param_bytes for layer in g.layers) / 4
+    assert plans["foreach"].predicted.iteration_s - plans["fused"].predicted.iteration_s == \
+        pytest.approx((80 - 28) * params / h100.mem_bw_bytes_per_s)
+    path = tmp_path / "plan.json"
+    plans["foreach"].save(path)
+    loaded = load_plan(path)
+    assert loaded.optimizer_kernels == "foreach" and request_of(loaded).optimizer_kernels == "foreach"
+    assert simulate_plan(loaded, g, h100).iteration_s == pytest.approx(plans["foreach"].predicted.iteration_s)
+
+
 def test_on_a_gpu_the_hosts_per_tensor_time_overlaps_the_passes_and_on_a_cpu_it_adds():
     """The H200's calibration (hardware_profiles/measured/nvidia-h200-calibrated.yaml: 15.3 µs a tensor, 0.023 ns
     a parameter for Adam) against torch.optim.Adam's step measured there (benchmarks/RESULTS.md, GPU): GPT-2,

@@ -53,3 +53,35 @@ def test_on_a_cpu_the_step_is_torchs_default_and_takes_a_generator(name):
 def test_an_unknown_name_is_a_user_error():
     with pytest.raises(UserError, match="unknown optimizer"):
         make_optimizer("lamb", [torch.nn.Parameter(torch.zeros(1))], 0.1)
+
+
+def test_the_plans_kernels_choose_the_step_on_a_cpu():
+    """"fused" takes torch's fused kernels, which it has for a CPU too, and updates as the default loop does (to
+    float rounding); "foreach" on a CPU is torch's default (the same passes one tensor at a time); anything else
+    is refused."""
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+    b.load_state_dict(a.state_dict())
+    fused = make_optimizer("adamw", a.parameters(), 1e-2, "fused")
+    plain = make_optimizer("adamw", b.parameters(), 1e-2, "foreach")
+    assert fused.defaults["fused"] is True and not plain.defaults.get("fused") and not plain.defaults.get("foreach")
+    x = torch.randn(6, 8)
+    for model, o in ((a, fused), (b, plain)):
+        for _ in range(3):
+            o.zero_grad()
+            model(x).square().sum().backward()
+            o.step()
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
+    with pytest.raises(UserError, match="optimizer kernels"):
+        make_optimizer("adam", [torch.nn.Parameter(torch.zeros(1))], 0.1, "apex")
+
+
+def test_the_runtime_steps_as_its_plan_says():
+    """runtime/worker.optimizer_factory builds each stage's optimizer with the plan's optimizer_kernels."""
+    from pipeplan.runtime.worker import optimizer_factory
+
+    plan = SimpleNamespace(optimizer="sgd", optimizer_kernels="fused")
+    opts = SimpleNamespace(optimizer=None, lr=None)  # no --optimizer, no --lr: the plan's
+    opt = optimizer_factory(opts, plan)([torch.nn.Parameter(torch.zeros(2))])
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["fused"] is True
