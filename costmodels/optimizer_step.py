@@ -22,8 +22,8 @@ Bytes per parameter, by implementation (fp32 state):
   4.1 ns for 72 bytes at the 17.5 GB/s calibrate measured (SGD 0.41-0.46 ns against 0.69); examples/mlp.py's
   step (5.12M parameters) took 17.8 ms, 22.2 predicted by bytes, 17.9 by the measured rate.
 - fused kernels, what GPU frameworks step with (apex / DeepSpeed FusedAdam, Megatron's optimizer,
-  torchtitan's default, torch `fused=True`) and `pipeplan run` on CUDA (pipeplan/optimizers.py): one pass reading p, g, m, v and writing p, m, v: 28 (Adam, AdamW); SGD 12;
-  momentum 20 (read p, g, buf; write p, buf).
+  torchtitan's default, torch `fused=True`) and `pipeplan run` on CUDA (pipeplan/optimizers.py): one pass
+  reading p, g, m, v and writing p, m, v: 28 (Adam, AdamW); SGD 12; momentum 20 (read p, g, buf; write p, buf).
 Mixed precision adds writing the half-precision copy of the weights from the fp32 master (2 bytes).
 """
 
@@ -47,19 +47,20 @@ def optimizer_step_s(param_bytes_fp32: float, *, optimizer: str, mixed_precision
     """Seconds for one optimizer step over `param_bytes_fp32` bytes of fp32 parameters in `tensors` parameter
     tensors on one device of `profile`, stepped with `kernels` (pipeplan.choices.OptimizerKernels).
 
-    "auto": a local profile steps with torch.optim's defaults (the runtime's on a CPU), any other with fused kernels
-    (the runtime's on CUDA); "fused" and "foreach" say how the framework steps whatever the profile, priced by
-    the bytes their passes move (a profile's measurements are of the runtime's own step, so "auto" alone takes
-    them). Composer's DecoupledAdamW, which LLM Foundry trains with, is a Python loop of torch ops per tensor
-    (composer/optim/decoupled_weight_decay.py: mul_, add_, mul_, addcmul_, sqrt, /, add_, addcdiv_): "foreach". Where the
-    profile measured the optimizer's time per parameter and per tensor, those price it (none in the catalogue:
-    fused kernels take every tensor in one launch); else the bytes its kernels move at the memory bandwidth.
-    On a CPU (a local profile) the host does the passes, so the per-tensor time adds to them; on a GPU the host
-    issues the next tensor's kernels while the GPU runs the last ones, so the step is the longer of the two.
-    Measured on an H200 (benchmarks/RESULTS.md, GPU) with torch's default foreach kernels: torch.optim.Adam took 3.12 ms over GPT-2's 124M
-    parameters in 148 tensors, where 2.85 ms is their passes and 2.26 ms their 15.3 µs a tensor (sum 5.1), and
-    1.26 ms over the 32x32 ResNet's 2.8M in 62 (passes 0.06 ms, host 0.95). What is left, ~0.24 ms, is a step's
-    fixed part (`optimizer_us_per_step`, measured on CUDA: Adam over one tensor took 252 µs).
+    "auto": a local profile steps with torch.optim's defaults (the runtime's on a CPU), any other with fused
+    kernels (the runtime's on CUDA); "fused" and "foreach" say how the framework steps whatever the profile,
+    priced by the bytes their passes move (a profile's measurements are of the runtime's own step, so "auto" alone
+    takes them). Composer's DecoupledAdamW, which LLM Foundry trains with, is a Python loop of torch ops per
+    tensor (composer/optim/decoupled_weight_decay.py: mul_, add_, mul_, addcmul_, sqrt, /, add_, addcdiv_):
+    "foreach". Where the profile measured the optimizer's time per parameter and per tensor, those price it
+    (none in the catalogue: fused kernels take every tensor in one launch); else the bytes its kernels move at
+    the memory bandwidth. On a CPU (a local profile) the host does the passes, so the per-tensor time adds to
+    them; on a GPU the host issues the next tensor's kernels while the GPU runs the last ones, so the step is
+    the longer of the two. Measured on an H200 (benchmarks/RESULTS.md, GPU) with torch's default foreach
+    kernels: torch.optim.Adam took 3.12 ms over GPT-2's 124M parameters in 148 tensors, where 2.85 ms is their
+    passes and 2.26 ms their 15.3 µs a tensor (sum 5.1), and 1.26 ms over the 32x32 ResNet's 2.8M in 62 (passes
+    0.06 ms, host 0.95). What is left, ~0.24 ms, is a step's fixed part (`optimizer_us_per_step`, measured on
+    CUDA: Adam over one tensor took 252 µs).
     """
     foreach = kernels == "foreach" or (kernels == "auto" and profile.local)
     table = FOREACH_BYTES_PER_PARAM if foreach else FUSED_BYTES_PER_PARAM
