@@ -95,3 +95,13 @@ def load_dumped(folder: Path) -> dict[str, torch.Tensor]:
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeplan", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout, cwd=str(REPO))
+
+
+def train_alike(pairs, x: torch.Tensor, steps: int) -> None:
+    """Each (model, optimizer) of `pairs` trains `steps` steps on sum(model(x)^2): optimizers held against each
+    other from the same starting weights."""
+    for model, opt in pairs:
+        for _ in range(steps):
+            opt.zero_grad()
+            model(x).square().sum().backward()
+            opt.step()

@@ -22,6 +22,7 @@ import torch
 
 from pipeplan.hardware_profiles.curve import interpolate
 from pipeplan.hardware_profiles.loader import read_profile_file
+from runtime_helpers import train_alike
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
@@ -218,10 +219,6 @@ def test_the_runtimes_optimizer_on_cuda_is_fused_and_steps_like_torchs_foreach(n
     cls = {"sgd": torch.optim.SGD, "momentum": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
     ref = cls[name](b.parameters(), lr=DEFAULT_LR[name], foreach=True, **kw)
     x = torch.randn(16, 64, device="cuda")
-    for model, o in ((a, opt), (b, ref)):
-        for _ in range(3):
-            o.zero_grad()
-            model(x).square().sum().backward()
-            o.step()
+    train_alike(((a, opt), (b, ref)), x, 3)
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)

@@ -11,6 +11,7 @@ import torch
 
 from pipeplan.errors import UserError
 from pipeplan.optimizers import DEFAULT_LR, fused_for, make_optimizer
+from runtime_helpers import train_alike
 
 
 def _stand_in(device_type: str, floating: bool = True) -> SimpleNamespace:
@@ -41,11 +42,7 @@ def test_on_a_cpu_the_step_is_torchs_default_and_takes_a_generator(name):
            "adam": lambda p: torch.optim.Adam(p, lr=1e-3), "adamw": lambda p: torch.optim.AdamW(p, lr=1e-3)}[name](
         b.parameters())
     x = torch.randn(5, 4)
-    for model, o in ((a, opt), (b, ref)):
-        for _ in range(2):
-            o.zero_grad()
-            model(x).square().sum().backward()
-            o.step()
+    train_alike(((a, opt), (b, ref)), x, 2)
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb)
 
@@ -66,11 +63,7 @@ def test_the_plans_kernels_choose_the_step_on_a_cpu():
     plain = make_optimizer("adamw", b.parameters(), 1e-2, "foreach")
     assert fused.defaults["fused"] is True and not plain.defaults.get("fused") and not plain.defaults.get("foreach")
     x = torch.randn(6, 8)
-    for model, o in ((a, fused), (b, plain)):
-        for _ in range(3):
-            o.zero_grad()
-            model(x).square().sum().backward()
-            o.step()
+    train_alike(((a, fused), (b, plain)), x, 3)
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
     with pytest.raises(UserError, match="optimizer kernels"):
