@@ -191,6 +191,8 @@ class Plan:
                 predicted=Prediction(**{k: v for k, v in doc["predicted"].items() if k in pred}),
                 **rest,
             )
+        except UserError as e:  # a value the dataclass refuses (an unknown dtype, ...): say which file has it
+            raise UserError(f"{path}: {e.message}", e.hint) from None
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"{path}: malformed plan file ({type(e).__name__}: {e})", "re-create it with `pipeplan analyze -o`") from None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -111,6 +112,18 @@ def test_from_dict_ignores_unknown_keys(searched):
     doc["future_field"] = 1
     doc["stages"][0]["predicted"]["future"] = 2
     assert Plan.from_dict(doc) == res.best
+
+
+@pytest.mark.parametrize("key, value", [("dtype", "fp8"), ("optimizer", "lion"), ("optimizer_kernels", "apex")])
+def test_a_value_the_plan_refuses_is_named_with_its_file(tmp_path, searched, key, value):
+    """`pipeplan run`/`show` of an edited plan: the one-line error names the file as well as the value."""
+    _, res = searched
+    doc = res.best.to_dict()
+    doc[key] = value
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UserError, match=f"^{re.escape(str(path))}: unknown {key} '{value}'"):
+        load_plan(path)
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
