@@ -100,17 +100,11 @@ def graph_time_s(step) -> float | None:
 
 
 def adam_step_s(net) -> float:
+    from pipeplan.hardware_profiles.optimizer_overhead import timed_steps_s
     from pipeplan.optimizers import DEFAULT_LR, make_optimizer
 
     opt = make_optimizer("adam", [p for p in net.parameters() if p.grad is not None], DEFAULT_LR["adam"])
-    times = []
-    for _ in range(STEPS):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        opt.step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[3:])
+    return timed_steps_s(opt, STEPS - 3, 3, "cuda")
 
 
 def op_table(step, path: Path, steps: int = 3) -> dict:

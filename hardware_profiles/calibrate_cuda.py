@@ -16,8 +16,8 @@ What is measured, and how each number is defined (every one is written with its 
 - dispatch_us_by_kind: the same by op kind and pass (calibrate_dispatch.py).
 - channel_factors: 3x3 convolutions of 16-256 channels (`measure_conv_sweep`, kept as
   `calibration.conv3x3_sweep`), each channel count's efficiency over the conv3x3 curve's.
-- optimizer_us_per_tensor / optimizer_ns_per_param: torch.optim's step on the GPU
-  (optimizer_overhead.py); `calibration.adam_step_us_by_tensors`: Adam over 1, 16, 64 tensors.
+- optimizer_us_per_tensor / optimizer_ns_per_param / optimizer_us_per_step: the runtime's step on the GPU,
+  torch.optim's fused kernels (pipeplan/optimizers.py; optimizer_overhead.py); `calibration.adam_step_us_by_tensors`: Adam over 1, 16, 64 tensors.
 - memory bandwidth: a 1 GiB device-to-device copy, bytes read + written over time;
   `efficiency.memory` = measured / datasheet.
 - peak_tflops: the datasheet's (the catalogue profile matching the device name); the

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Final
+from typing import Any, Final
 
 from pipeplan.choices import OPTIMIZERS
 from pipeplan.optimizers import DEFAULT_LR, make_optimizer
@@ -79,17 +79,24 @@ def per_param_s(tensor_s: dict[str, float], device: str = "cpu") -> dict[str, fl
 
 def step_s(name: str, tensors: int, numel: int, steps: int, warmup: int, device: str = "cpu") -> float:
     """Median seconds of one step of optimizer `name` (as the runtime builds it) over `tensors` x `numel` floats
-    on `device` (CUDA: synchronized before and after, so the kernels' time counts as the runtime waits for it)."""
+    on `device` (`timed_steps_s`)."""
+    import torch
+
+    params = [torch.nn.Parameter(torch.zeros(numel, device=device)) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.ones(numel, device=device)
+    return timed_steps_s(make_optimizer(name, params, DEFAULT_LR[name]), steps, warmup, device)
+
+
+def timed_steps_s(opt: Any, steps: int, warmup: int, device: str = "cpu") -> float:
+    """Median seconds of `opt.step()` over `steps` steps after `warmup` untimed ones (CUDA: synchronized before and
+    after each, so the kernels' time counts as the runtime waits for it)."""
     import torch
 
     def sync() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    params = [torch.nn.Parameter(torch.zeros(numel, device=device)) for _ in range(tensors)]
-    for p in params:
-        p.grad = torch.ones(numel, device=device)
-    opt = make_optimizer(name, params, DEFAULT_LR[name])
     times = []
     for i in range(steps + warmup):
         sync()
