@@ -314,8 +314,8 @@ def test_the_meters_op_log_leaves_out_the_updates_between_ops_and_the_gradients(
 
 def test_cpu_ranks_beyond_the_cores_are_warned_about_and_gpu_ranks_are_not():
     """Each CPU rank is one thread that a local profile prices as a core of its own: more ranks than cores take turns.
-    Measured here (2 cores): examples/mlp.py planned for 4 devices (1 stage x 4 replicas) ran at 325 ms a step
-    against 18.4 predicted. A warning names how many machines would hold them; GPU ranks have their own check."""
+    Measured here (2 cores): examples/mlp.py planned for 4 devices (1 stage x 4 replicas) ran at 125 ms a step
+    against 17.4 predicted (benchmarks/RESULTS.md, "More devices than cores"). A warning names how many machines would hold them; GPU ranks have their own check."""
     assert shared_cores_warning(2, 0, 2) is None
     assert shared_cores_warning(1, 0, 2) is None
     w = shared_cores_warning(4, 0, 2)
