@@ -24,7 +24,7 @@ from pipeplan.hardware_profiles.gpu_catalog import catalog_name
 from pipeplan.hardware_profiles.loader import parse_profile, profile_to_dict, read_profile_file, save_profile
 
 ROOT = Path(__file__).resolve().parents[1]
-MEASURED = ROOT / "hardware_profiles" / "measured" / "h100-80gb-hbm3-calibrated.yaml"
+MEASURED = ROOT / "hardware_profiles" / "measured" / "nvidia-h100-80gb-hbm3-calibrated.yaml"
 CURVE = ((1e6, 0.02), (1e9, 0.4), (1e12, 0.8))
 
 
