@@ -79,7 +79,10 @@ checked against another.
    a tensor (composer/optim/decoupled_weight_decay.py): 80 bytes a parameter, not a fused kernel's 28; their
    rows say so (`optimizer_kernels: foreach`, the plan's `--optimizer-kernels`): mpt-13b/h100x8 1.31 -> 1.26,
    mpt-7b/h100x8 1.16 -> 1.15, the rest within 0.01. Their gradient clipping by norm (~12 bytes a parameter
-   more) is not priced.
+   more) is not priced. Since, the step streams at the bandwidth the profile's memory-bound layers get (its
+   memory efficiency, 0.80 unless it says; compute.streaming_bandwidth_bytes_per_s), not the datasheet's: on
+   an H100 torch's fused Adam moved GPT-2's 28 bytes a parameter at 60% of it (RESULTS, GPU (g)).
+   mpt-13b/h100x8 1.26 -> 1.24, the rest within 0.01.
 6. *Channels-first convolutions on tensor cores.* cuDNN's tensor-core convolutions work in NHWC; a model left
    in PyTorch's default NCHW pays a transpose of every convolution's input and output there and back (MosaicML
    Composer's "Channels Last" card). `trace` now records which convolutions are channels-first (the part's
@@ -205,9 +208,9 @@ Still missing (the rows above 1.15 or below 0.85):
   at 16 GB/s on every link (copies hidden, as torchgpipe runs them); a server whose 8 GPUs hang off two CPU
   sockets would move them slower, and pipeplan prices a skip on every cut it crosses where torchgpipe's portals
   copy it straight to the stage that pops it. Needs this U-Net's per-layer CUDA times (`trace --device cuda`).
-- *H100 at small microbatches* (mpt-13b/h100x8, mb 2: 1.26, the worst of its source; the other H100 rows
+- *H100 at small microbatches* (mpt-13b/h100x8, mb 2: 1.24, the worst of its source; the other H100 rows
   1.00-1.15). The overlap slowdown above is a published average, not this run's; the H100 rows' remaining gap
-  is H100-wide (mpt-1b 1.15, mpt-7b 1.16 on 8 GPUs), which points at the H100 profile's GEMM and attention
+  is H100-wide (mpt-1b 1.15, mpt-7b 1.14 on 8 GPUs), which points at the H100 profile's GEMM and attention
   efficiencies (from MAMF and FlashAttention-3's paper, not from these runs). Needs H100 training measured with
   the frameworks' kernels.
 - *BERT on V100s* (1.14-1.21 at both lengths, see 13; A100s 0.99-1.13) loses time pipeplan does not see. It

@@ -116,6 +116,19 @@ def efficiency_for(profile: HardwareProfile, kind: str, dtype: str | None = None
     return float(compute), float(memory)
 
 
+def streaming_bandwidth_bytes_per_s(profile: HardwareProfile, dtype: str | None = None) -> float:
+    """Bytes a second a streaming pass (an optimizer step, a weight copy, a pass over the gradients) achieves on a
+    profile: its bandwidth times its memory efficiency, the rule every memory-bound layer is priced by
+    (`efficiency_for`).
+
+    Why not the datasheet's bandwidth: no kernel streams at it. On the H100 (benchmarks/RESULTS.md, GPU (g)) torch's
+    fused Adam moved GPT-2's 28 bytes a parameter at 2.0 TB/s and calibrate's copy ran at 2.43, against 3.35 on
+    the datasheet (60% and 73%); the H200 copied at 58% of its 4.8. The catalogue priced the optimizer step at
+    the datasheet's figure, 41% under the measured step, while the layers beside it took the 0.80 default.
+    """
+    return profile.mem_bw_bytes_per_s * efficiency_for(profile, "elementwise", dtype)[1]
+
+
 def efficiency_curve_for(profile: HardwareProfile, kind: str, dtype: str | None) -> Curve | None:
     """The profile's efficiency curve for a part kind in a dtype (same lookup order as `efficiency_for`), or None."""
     curves = getattr(profile, "efficiency_curve", None) or {}

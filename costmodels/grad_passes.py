@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from pipeplan.costmodels.compute import streaming_bandwidth_bytes_per_s
 from pipeplan.costmodels.optimizer_step import FOREACH_BYTES_PER_PARAM
 from pipeplan.costmodels.part_costs import kernel_overheads_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
@@ -40,7 +41,7 @@ def gradient_pass_s(grad_bytes: float, *, profile: HardwareProfile, tensors: int
     (8 bytes a parameter in fp32, 4 in 16 bits)."""
     measured = profile.optimizer_param_s.get("sgd")  # seconds per parameter of a step moving 12 bytes of it
     per_byte = (measured / FOREACH_BYTES_PER_PARAM["sgd"] if measured is not None
-                else 1.0 / profile.mem_bw_bytes_per_s)
+                else 1.0 / streaming_bandwidth_bytes_per_s(profile))
     kernel_s, dispatch_s = kernel_overheads_s(profile)
     per_tensor = profile.optimizer_tensor_s.get("sgd", 0.0) + kernel_s
     return passes * max(2 * grad_bytes * per_byte + tensors * per_tensor, tensors * dispatch_s)

@@ -4,9 +4,10 @@ The update runs once per iteration after the gradients are reduced (every
 microbatch for PipeDream, which updates after each backward), so it adds to the
 iteration rather than hiding behind compute. Adam does ~10 FLOPs per parameter
 against 28-80 bytes moved: memory-bound on every device in the catalogue, so the
-time is bytes / memory bandwidth; on a CPU, where torch.optim loops over the
-parameter tensors one eager op at a time, plus the profile's measured host time
-per tensor (`optimizer_us_per_tensor`, hardware_profiles/optimizer_overhead.py).
+time is bytes / the bandwidth a streaming pass achieves (the profile's memory
+efficiency times its bandwidth, compute.streaming_bandwidth_bytes_per_s); on a
+CPU, where torch.optim loops over the parameter tensors one eager op at a time,
+plus the profile's measured host time per tensor (`optimizer_us_per_tensor`, hardware_profiles/optimizer_overhead.py).
 
 Bytes per parameter, by implementation (fp32 state):
 - torch.optim's defaults, what `pipeplan run` steps with on a CPU (a local profile): the per-tensor
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from pipeplan.costmodels.compute import streaming_bandwidth_bytes_per_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
 
 __all__ = ["FOREACH_BYTES_PER_PARAM", "FUSED_BYTES_PER_PARAM", "HALF_COPY_BYTES_PER_PARAM", "optimizer_step_s",
@@ -54,7 +56,7 @@ def optimizer_step_s(param_bytes_fp32: float, *, optimizer: str, mixed_precision
     tensor (composer/optim/decoupled_weight_decay.py: mul_, add_, mul_, addcmul_, sqrt, /, add_, addcdiv_):
     "foreach". Where the profile measured the optimizer's time per parameter and per tensor, those price it
     (none in the catalogue: fused kernels take every tensor in one launch); else the bytes its kernels move at
-    the memory bandwidth. On a CPU (a local profile) the host does the passes, so the per-tensor time adds to
+    the streaming bandwidth. On a CPU (a local profile) the host does the passes, so the per-tensor time adds to
     them; on a GPU the host issues the next tensor's kernels while the GPU runs the last ones, so the step is
     the longer of the two. Measured on an H200 (benchmarks/RESULTS.md, GPU) with torch's default foreach
     kernels: torch.optim.Adam took 3.12 ms over GPT-2's 124M parameters in 148 tensors, where 2.85 ms is their
@@ -68,9 +70,10 @@ def optimizer_step_s(param_bytes_fp32: float, *, optimizer: str, mixed_precision
         raise ValueError(f"unknown optimizer {optimizer!r}")
     own = kernels == "auto"  # what calibrate timed: the runtime's step
     params = param_bytes_fp32 / FP32_BYTES
-    half_copy_s = params * (HALF_COPY_BYTES_PER_PARAM if mixed_precision else 0) / profile.mem_bw_bytes_per_s
+    bandwidth = streaming_bandwidth_bytes_per_s(profile)
+    half_copy_s = params * (HALF_COPY_BYTES_PER_PARAM if mixed_precision else 0) / bandwidth
     measured = profile.optimizer_param_s.get(optimizer) if own else None
-    update_s = params * measured if measured is not None else params * table[optimizer] / profile.mem_bw_bytes_per_s
+    update_s = params * measured if measured is not None else params * table[optimizer] / bandwidth
     host_s = tensors * profile.optimizer_tensor_s.get(optimizer, 0.0) if own else 0.0
     fixed_s = profile.optimizer_step_s.get(optimizer, 0.0) if params > 0 and own else 0.0
     if profile.local:
@@ -83,4 +86,4 @@ def stash_copy_s(param_bytes: float, *, profile: HardwareProfile) -> float:
     §3.3; PipeDream-2BW's shadow copy, ICML'21 §3.1): one clone of every parameter, which reads and writes
     each byte once (runtime/pipedream.keep_version, `p.detach().clone()`). PipeDream makes a version per
     update, so every microbatch; 2BW once per window. Memory-bound, like the optimizer step beside it."""
-    return 2.0 * param_bytes / profile.mem_bw_bytes_per_s
+    return 2.0 * param_bytes / streaming_bandwidth_bytes_per_s(profile)

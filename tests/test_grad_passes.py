@@ -17,12 +17,13 @@ from pipeplan.hardware_profiles import load_profile
 
 
 def test_a_pass_reads_and_writes_each_gradient_once():
-    """8 bytes per fp32 parameter at the memory bandwidth and a kernel per tensor, no less than the host's dispatch
+    """8 bytes per fp32 parameter at the bandwidth streaming kernels reach and a kernel per tensor, no less than the host's dispatch
     per tensor (one eager op each); a calibrated profile takes its plain SGD step (one in-place op, 12 bytes a
     parameter) scaled to 8 bytes, and its per-tensor time. The data-parallel sync makes three such passes."""
     a100 = load_profile("a100-80gb-sxm")
     n, t = 10_000_000, 4
-    assert grad_scale_s(4 * n, profile=a100, tensors=t) == pytest.approx(8 * n / a100.mem_bw_bytes_per_s + t * 3e-6)
+    streaming = 0.80 * a100.mem_bw_bytes_per_s  # what its memory-bound layers get: compute's default efficiency
+    assert grad_scale_s(4 * n, profile=a100, tensors=t) == pytest.approx(8 * n / streaming + t * 3e-6)
     assert grad_scale_s(4 * 1000, profile=a100, tensors=100) == pytest.approx(100 * 8e-6)  # host-bound
     local = dataclasses.replace(a100, local=True, optimizer_param_s={"sgd": 0.6e-9}, optimizer_tensor_s={"sgd": 2e-6})
     assert grad_scale_s(4 * n, profile=local, tensors=t) == pytest.approx(n * 0.4e-9 + t * 2e-6)

@@ -55,11 +55,17 @@ def assignment_of(plan, graph):
 
 def _adam_step_s(layers, prof, microbatches):
     """One device's Adam step over `layers` of uniform_graph's 4096-byte layers (costmodels/optimizer_step.py):
-    a fused 28 bytes per fp32 parameter through the profile's memory bandwidth (72 on a local profile); with more
+    a fused 28 bytes per fp32 parameter at the bandwidth a streaming pass gets (72 on a local profile); with more
     than one microbatch after dividing the gradients by M, 8 bytes a parameter more (these profiles measured no
     per-tensor time)."""
     scale = 8 if microbatches > 1 else 0
-    return layers * 4096 / 4 * ((72 if prof.local else 28) + scale) / prof.mem_bw_bytes_per_s
+    return layers * 4096 / 4 * ((72 if prof.local else 28) + scale) / _streaming(prof)
+
+
+def _streaming(prof):
+    """The bandwidth a streaming pass gets: what the profile's memory-bound layers get (its memory efficiency, else
+    1 on a local profile, whose bandwidth is measured, and 0.80 on another)."""
+    return prof.mem_bw_bytes_per_s * prof.efficiency.get("memory", 1.0 if prof.local else 0.80)
 
 
 def test_evaluate_uniform_matches_closed_form():
@@ -175,7 +181,7 @@ def test_data_parallel_adds_allreduce():
                                  dtype="fp32").grad_bytes
         # the all-reduce, and the runtime's three passes over the fp32 gradients around it (read + write each:
         # costmodels/grad_passes.dp_flatten_s; this profile measured no per-tensor time)
-        flatten = 3 * 2 * grad / prof.mem_bw_bytes_per_s
+        flatten = 3 * 2 * grad / _streaming(prof)
         assert st.predicted.allreduce_s == pytest.approx(allreduce_time_s(grad, 2, group_link(prof, st.devices))
                                                          + flatten)
         assert st.predicted.allreduce_s > 0
