@@ -200,17 +200,18 @@ def published_layers(out: Path, profiles: dict[str, object], top: int, log: Path
     return md
 
 
-def analyze_rows(examples, out: Path, profile: str, log: Path) -> list[str]:
+def analyze_rows(examples, out: Path, profile: str, log: Path, dtype: str | None = "fp32") -> list[str]:
     """Defaults only on this GPU's catalogue profile: `pipeplan analyze MODEL --gpus 1 --dtype fp32` (which re-times
-    its chosen plan on the GPU, cli/device_like.py) then `pipeplan run` of that plan."""
-    rows = ["| model | batch | plan (schedule, microbatches, microbatch size) | measured iteration ms | predicted ms | "
-            "measured peak GB | predicted peak GB |", "|---|---|---|---|---|---|---|"]
+    its chosen plan on the GPU, cli/device_like.py) then `pipeplan run` of that plan. `dtype` None: no --dtype at
+    all, the profile's default (bf16 on a GPU: the plan is timed and run under autocast, pipeplan/precision.py)."""
+    rows = ["| model | batch | plan (dtype, schedule, microbatches, microbatch size) | measured iteration ms | "
+            "predicted ms | measured peak GB | predicted peak GB |", "|---|---|---|---|---|---|---|"]
     for label, model, batch, env, _ in examples:
-        stem = Path(model).stem
+        stem = Path(model).stem + ("" if dtype == "fp32" else f"-{dtype or 'default'}")
         try:
             plan_path = out / f"{stem}.analyze.plan.json"
-            sh(["pipeplan", "analyze", model, "--profile", profile, "--gpus", "1", "-b", str(batch), "--dtype", "fp32",
-                "-o", str(plan_path), "--json"], env, log)
+            sh(["pipeplan", "analyze", model, "--profile", profile, "--gpus", "1", "-b", str(batch),
+                *(["--dtype", dtype] if dtype else []), "-o", str(plan_path), "--json"], env, log)
             res = json.loads(sh(["pipeplan", "run", str(plan_path), "--steps", "12", "--warmup", "2", "--json"], env, log))
         except RuntimeError as e:
             rows.append(f"| {label} | {batch} | failed: {str(e)[:200]} | | | | |")
@@ -220,7 +221,8 @@ def analyze_rows(examples, out: Path, profile: str, log: Path) -> list[str]:
         meas, pred = res["measured"]["iteration_s"], plan["predicted"]["iteration_s"]
         meas_peak = max(st["device_peak_bytes"] for st in res["measured"]["stages"])
         pred_peak = plan["predicted"]["peak_memory_bytes"]
-        rows.append(f"| {label} | {batch} | {plan['schedule']}, {plan['microbatches']}, {plan['microbatch_size']} | "
+        rows.append(f"| {label} | {batch} | {plan['dtype']}, {plan['schedule']}, {plan['microbatches']}, "
+                    f"{plan['microbatch_size']} | "
                     f"{meas * 1e3:.2f} | {pred * 1e3:.2f} ({pct(pred, meas)}) | {meas_peak / 1e9:.2f} | "
                     f"{pred_peak / 1e9:.2f} ({pct(pred_peak, meas_peak)}) |")
     return rows
@@ -254,6 +256,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=8, help="slowest layers shown per model")
     ap.add_argument("--published", action="store_true",
                     help="also trace the published table's CNNs (torchgpipe's U-Net and ResNet-101) per layer on the GPU")
+    ap.add_argument("--defaults", action="store_true",
+                    help="only `analyze` with no --dtype (bf16 on a GPU profile) and `pipeplan run` of its plan")
     ap.add_argument("--replan", action="store_true",
                     help="no GPU: section (b) again from DIR's calibrated profile, graphs and runs, planned by this code")
     a = ap.parse_args()
@@ -273,6 +277,15 @@ def main() -> None:
     from pipeplan.hardware_profiles.gpu_catalog import catalog_match
     from pipeplan.hardware_profiles.loader import read_profile_file
 
+    if a.defaults:
+        sheet = catalog_match(torch.cuda.get_device_name(0))
+        assert sheet is not None, f"no catalogue profile for {torch.cuda.get_device_name(0)}"
+        md = [f"`python benchmarks/gpu_bench.py --out DIR --defaults` on {datetime.date.today().isoformat()}: "
+              f"{machine()}.", "", f"`pipeplan analyze MODEL --profile {sheet.name} --gpus 1 -b B`, then `pipeplan run`:",
+              ""] + analyze_rows(examples, a.out, sheet.name, log, dtype=None)
+        _write(a.out, md)
+        print("\n".join(md))
+        return
     t0 = time.perf_counter()
     cal_path = a.out / "calibrated.yaml"
     slug = "".join(c if c.isalnum() else "-" for c in torch.cuda.get_device_name(0).lower()).strip("-")

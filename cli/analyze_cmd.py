@@ -43,13 +43,13 @@ def run_analysis(
     chrome_trace: str | None,
     split: str | None = None,
     split_from: str | None = None,
-    retrace: Callable[[Callable, int, str], Any] | None = None,
+    retrace: Callable[[Callable, int, str, str], Any] | None = None,
     cluster: Any = None,
 ) -> None:
     """Shared by `analyze` and `plan`: `load(phases, profile)` returns the graph (tracing if it must).
 
     With `split`/`split_from`, the user's split is predicted beside the best plan (planner/frameworks/judge.py).
-    `retrace(phases, batch, device)` traces the model again (a model file, not a saved graph): on a local profile,
+    `retrace(phases, batch, device, dtype)` traces the model again (a model file, not a saved graph): on a local profile,
     or the profile of the GPU this machine has, the chosen configuration is re-timed like a device before the
     report (cli/device_like.py)."""
     from pipeplan.cli.progress import progress_display
@@ -73,7 +73,7 @@ def run_analysis(
         if retrace is not None:
             from pipeplan.cli.device_like import measure_split_like_device, retime_like_device
 
-            graph, result = retime_like_device(graph, profile, request, result, lambda b, d: retrace(phases, b, d),
+            graph, result = retime_like_device(graph, profile, request, result, lambda b, d, t: retrace(phases, b, d, t),
                                                progress=phases("re-plan on device-like times: "))
             result = measure_split_like_device(graph, profile, request, result)
         judged = judge(graph, profile, request, result.best, user_split)
@@ -185,10 +185,10 @@ def analyze(model, profile, request, cluster, entry, trace_batch_size, depth, re
         return load_input_graph(model, entry=entry, trace_batch_size=trace_batch_size, depth=depth, repeats=repeats,
                                 seq_len=seq_len, progress=phases("trace: "), time_layers=timed)
 
-    def retrace(phases, batch, device):
+    def retrace(phases, batch, device, dtype):
         return load_input_graph(model, entry=entry, trace_batch_size=batch, depth=depth, repeats=repeats,
                                 seq_len=seq_len, progress=phases("re-time like a device: "), time_layers=True,
-                                device=device)
+                                device=device, dtype=dtype)
 
     run_analysis(load, profile_name=profile, request=request, output=output, as_json=as_json, plot=plot, chrome_trace=chrome_trace,
                  split=split, split_from=split_from, retrace=retrace if is_model_file(model) else None, cluster=cluster)

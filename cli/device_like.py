@@ -29,12 +29,13 @@ from dataclasses import replace
 from typing import Any
 
 
-def retime_like_device(graph: Any, profile: Any, request: Any, result: Any, retrace: Callable[[int, str], Any],
-                       progress: Callable | None = None) -> tuple[Any, Any]:
+def retime_like_device(graph: Any, profile: Any, request: Any, result: Any,
+                       retrace: Callable[[int, str, str], Any], progress: Callable | None = None) -> tuple[Any, Any]:
     """(graph, search result) to report: the given ones, or re-traced like a device and searched again.
 
-    `retrace(batch, device)` traces the model at `batch` samples with layer times on "cpu" or "cuda" (the
-    caller's loader); `request` is already resolved for the profile.
+    `retrace(batch, device, dtype)` traces the model at `batch` samples with layer times on "cpu" or "cuda" in
+    `dtype` (the caller's loader; on a GPU the plan's, as `pipeplan run` trains it: pipeplan/precision.py);
+    `request` is already resolved for the profile.
     """
     from pipeplan.cli.workflow import run_search
     from pipeplan.costmodels.compute import device_threads, local_times_note
@@ -46,14 +47,14 @@ def retime_like_device(graph: Any, profile: Any, request: Any, result: Any, retr
     if gpu is not None:
         if not gpu:
             return graph, result
-        timed = retrace(best.microbatch_size, "cuda")
+        timed = retrace(best.microbatch_size, "cuda", request.training_dtype)
     else:
         note = local_times_note(graph, profile, dtype=request.training_dtype, times=request.times,
                                 samples=best.microbatch_size)
         if note is None or not profile.local:
             return graph, result
         with DeviceLikeThreads(device_threads(profile)):
-            timed = retrace(best.microbatch_size, "cpu")
+            timed = retrace(best.microbatch_size, "cpu", "fp32")
     narrowed = replace(request, microbatches=best.microbatches)
     if facts(best.schedule).replicates_whole_pipeline:  # PipeDream's replicas are per stage
         narrowed = replace(narrowed, data_parallel=best.data_parallel)
@@ -62,18 +63,20 @@ def retime_like_device(graph: Any, profile: Any, request: Any, result: Any, retr
 
 def gpu_retime_wanted(graph: Any, profile: Any, request: Any, microbatch_size: int) -> bool | None:
     """None where the profile is not the visible GPU (or no GPU is visible, or the plan would not take measured
-    times: --times other than model, a dtype other than fp32); else whether the graph still needs timing on it
-    (False: it is already a CUDA trace at the microbatch size)."""
-    if request.times != "model" or request.training_dtype != "fp32" or profile.local:
+    times: --times other than model, a dtype the runtime does not train in, fp16); else whether the graph still
+    needs timing on it (False: it is already a CUDA trace at the microbatch size in the plan's dtype)."""
+    from pipeplan.choices import TIMED_DTYPES
+
+    if request.times != "model" or request.training_dtype not in TIMED_DTYPES or profile.local:
         return None
     import torch
 
-    from pipeplan.costmodels.compute import profile_is_gpu
+    from pipeplan.costmodels.compute import profile_is_gpu, traced_dtype
 
     if not torch.cuda.is_available() or not profile_is_gpu(profile, torch.cuda.get_device_name(0)):
         return None
     return not (graph.source.get("device") == "cuda" and graph.batch_size == microbatch_size
-                and graph.source.get("timed") is not False)
+                and graph.source.get("timed") is not False and traced_dtype(graph) == request.training_dtype)
 
 
 def measure_split_like_device(graph: Any, profile: Any, request: Any, result: Any) -> Any:

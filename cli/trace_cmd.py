@@ -42,9 +42,12 @@ from pipeplan.errors import UserError
                    "profiles, whose roofline needs FLOPs and bytes only.")
 @click.option("--no-fvcore-check", is_flag=True, help="Skip the fvcore FLOP cross-check.")
 @device_option
+@click.option("--dtype", type=click.Choice(["fp32", "tf32", "bf16"]), default="fp32", show_default=True,
+              help="Precision the layers are timed in, as `pipeplan run` trains a plan of it (bf16: torch.autocast); "
+                   "a plan takes the times in that dtype only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the graph document to stdout instead of the summary.")
 @click.option("--debug", is_flag=True, hidden=True)
-def trace(model_file, batch_size, output, entry, depth, repeats, seq_len, no_times, no_fvcore_check, device,
+def trace(model_file, batch_size, output, entry, depth, repeats, seq_len, no_times, no_fvcore_check, device, dtype,
           as_json, debug):
     """Trace MODEL_FILE (defines build_model and example_inputs, or is a Hugging Face config.json) into a measured layer graph."""
     from pipeplan.costmodels.trace import resolve_device
@@ -54,12 +57,15 @@ def trace(model_file, batch_size, output, entry, depth, repeats, seq_len, no_tim
     device = resolve_device(device) if not no_times else "cpu"  # --device cuda without a GPU: exit 2 before tracing
     if no_times and repeats is not None:
         raise UserError("--repeats counts timed steps, but --no-times times nothing", "drop one of them")
+    if no_times and dtype != "fp32":
+        raise UserError(f"--dtype {dtype} is the precision layers are timed in, but --no-times times nothing",
+                        "drop one of them; a plan's --dtype sets the roofline's precision")
     # With --json, stdout carries the document only: whatever the user's code prints goes to stderr.
     quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
     with quiet, progress_display(enabled=True) as phases:
         graph = run_trace(model_file, batch_size, entry=entry, depth=depth, repeats=repeats,
                           progress=phases("trace: "), fvcore_check=not no_fvcore_check, seq_len=seq_len,
-                          time_layers=not no_times, device=device)
+                          time_layers=not no_times, device=device, dtype=dtype)
     graph.save(output)
     if as_json:
         click.echo(json.dumps(graph.to_dict(), indent=1))

@@ -51,13 +51,14 @@ def load_input_graph(
     progress: Callable | None = None,
     time_layers: bool = True,
     device: str = "cpu",
+    dtype: str = "fp32",
 ):
     """A model.py or a Hugging Face config.json is traced (once, at a small batch); a graph.json or
     PipeDream graph.txt is loaded. A .json that is neither a graph nor a config goes to the config
     reader, whose error says what a config needs.
 
     time_layers=False (see `layer_times_wanted`) traces without weights and without timing; `device` is where
-    layers are timed ("cpu", or "cuda" where analyze re-times a plan on this machine's GPU)."""
+    layers are timed ("cpu", or "cuda" where analyze re-times a plan on this machine's GPU), `dtype` in what."""
     if not Path(path).exists():
         raise UserError(f"{path}: no such file", "pass a model.py, a graph.json from `pipeplan trace`, or a PipeDream graph.txt")
     if Path(path).is_dir():
@@ -77,6 +78,7 @@ def load_input_graph(
             seq_len=seq_len,
             time_layers=time_layers,
             device=device,
+            dtype=dtype,
         )
     used = [flag for flag, value in (("--entry", entry), ("--trace-batch-size", trace_batch_size), ("--depth", depth), ("--repeats", repeats), ("--seq-len", seq_len)) if value is not None]
     if used:

@@ -14,7 +14,7 @@ judgements between published figures and are labelled so.
 
 from __future__ import annotations
 
-from pipeplan.choices import DTYPES
+from pipeplan.choices import DTYPES, TIMED_DTYPES
 from pipeplan.costmodels.graph import LAYER_KINDS, Graph, Layer
 from pipeplan.costmodels.memory import activation_bytes_scale
 from pipeplan.errors import UserError
@@ -239,15 +239,21 @@ def measured_times_wanted(profile: HardwareProfile, *, times: str, dtype: str) -
     return times == "measured" or (times == "model" and profile.local and dtype in MEASURED_DTYPES)
 
 
+def traced_dtype(graph: Graph) -> str:
+    """The precision the graph's layers were timed in (`pipeplan trace --dtype`; fp32 where it does not say)."""
+    return str(graph.source.get("dtype", "fp32"))
+
+
 def _timed_here(graph: Graph, profile: HardwareProfile, dtype: str) -> bool:
-    """fp32 timings taken on the device the profile describes: this machine's CPU for a local profile, or the GPU
-    the profile is (`timed_on_profile_gpu`) for a CUDA trace. Measured times could apply."""
-    if dtype not in MEASURED_DTYPES or not any(l.fwd_s > 0 for l in graph.layers):
+    """Timings in the plan's dtype taken on the device the profile describes: this machine's CPU for a local
+    profile, or the GPU the profile is (`timed_on_profile_gpu`) for a CUDA trace. Measured times could apply."""
+    if not any(l.fwd_s > 0 for l in graph.layers):
         return False
-    device = graph.source.get("device")
-    if device == "cuda":  # fp32 only: on a GPU tf32 matmuls run on other units than the trace's fp32 ones
-        return dtype == "fp32" and timed_on_profile_gpu(graph, profile)
-    return profile.local and device == "cpu"
+    device, traced = graph.source.get("device"), traced_dtype(graph)
+    if device == "cuda":  # the trace's dtype only: on a GPU tf32 and bf16 matmuls run on other units than fp32's
+        return dtype == traced and timed_on_profile_gpu(graph, profile)
+    same = dtype == traced or (traced == "fp32" and dtype in MEASURED_DTYPES)  # a CPU has no tf32 units
+    return same and profile.local and device == "cpu"
 
 
 def timed_on_profile_gpu(graph: Graph, profile: HardwareProfile) -> bool:
@@ -309,12 +315,15 @@ def local_times_note(graph: Graph, profile: HardwareProfile, *, dtype: str, time
     cores falls back to the roofline (here 1.5-2x optimistic on skinny matmuls);
     one at another batch is scaled linearly, and a CPU's time per sample is not
     constant in the batch (5x between 1 and 32 rows on examples/mlp.py here).
-    A GPU's measured times are used in fp32 only, and scale as a CPU's: a host-bound layer takes as long at half
+    A GPU's measured times are used in the dtype they were timed in only, and scale as a CPU's: a host-bound layer takes as long at half
     the batch, so the note says when they were scaled.
     """
-    if times == "model" and dtype != "fp32" and graph.source.get("device") == "cuda" and _timed_here(graph, profile, "fp32"):
+    traced = traced_dtype(graph)
+    if (times == "model" and dtype != traced and graph.source.get("device") == "cuda"
+            and _timed_here(graph, profile, traced)):
         return (f"{LOCAL_TIMES_NOTE_PREFIX} the roofline's in {dtype}: the trace timed {graph.source.get('device_name')} "
-                f"in fp32; plan with --dtype fp32 to use its measured times")
+                f"in {traced}; plan with --dtype {traced} to use its measured times, or trace with --dtype {dtype}"
+                f"{'' if dtype in TIMED_DTYPES else ' (fp16 plans train in fp32: pipeplan/precision.py)'}")
     if times != "model" or not _timed_here(graph, profile, dtype):
         return None
     if graph.source.get("device") == "cuda":

@@ -40,6 +40,7 @@ from pipeplan.costmodels.transient import InFlight, transient_bytes
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.allocator import keep_freed_memory
 from pipeplan.hardware_profiles.profile import HardwareProfile
+from pipeplan.precision import TIMED_DTYPES, training_precision
 
 Progress = Callable[[str, int, int], None]
 
@@ -126,7 +127,7 @@ def export_structure(spec: ModelSpec, batch_size: int, *, depth: int | None = No
 def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth: int | None = None,
           repeats: int | None = None, progress: Progress | None = None, fvcore_check: bool = True,
           seq_len: int | None = None, repeated_blocks: bool = True, time_layers: bool = True,
-          device: str = "cpu") -> Graph:
+          device: str = "cpu", dtype: str = "fp32") -> Graph:
     """The full measured graph: structure, FLOPs, saved bytes, times; fvcore cross-check notes.
 
     `device` ("cpu", "cuda" or "auto", see `resolve_device`) is where the layers are exported,
@@ -142,6 +143,10 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
     `repeated_blocks=False` traces every block even when a ModuleList holds identical ones.
 
     `seq_len` is the sequence length of a Hugging Face config.json model (costmodels/hf_config.py).
+
+    `dtype` is the precision the layers are timed in, as `pipeplan run` trains a plan of it (pipeplan/precision.py:
+    bf16 under torch.autocast, tf32 with tensor-core matmuls); a graph timed in another than fp32 says so in
+    source["dtype"], and a plan takes its times only in that dtype (compute.uses_measured_times).
     """
     from pipeplan.costmodels import fvcheck
 
@@ -152,6 +157,9 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
     _check_batch(batch_size)
     if repeats is not None and repeats < 1:
         raise UserError(f"--repeats {repeats}: must be 1 or more", "omit --repeats for an automatic count")
+    if dtype not in TIMED_DTYPES:
+        raise UserError(f"--dtype {dtype}: layers are timed in {', '.join(TIMED_DTYPES)}",
+                        "time in one of those (fp16 plans train in fp32: pipeplan/precision.py)")
     timing_device = torch.device(resolve_device(device)) if time_layers else torch.device("cpu")
     report("loading model file", 0, 1)
     spec = load_model_file(model_file, entry, seq_len=seq_len)
@@ -164,7 +172,8 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
         # Identical blocks (decoder layers) are traced a few times and cloned: costmodels/blocks.py, docs/tracing.md.
         measured = blocks.measure_once_per_block(
             model, lambda m: _measure(spec, m, batch_size, at_depth, repeats, report, fake_mode=mode,
-                                      time_layers=time_layers, device=timing_device), enabled=repeated_blocks)
+                                      time_layers=time_layers, device=timing_device, dtype=dtype),
+            enabled=repeated_blocks)
         if coarse:
             measured.graph.notes.append(coarse[1])
         return measured
@@ -206,7 +215,7 @@ def _weight_free_failed_too(e: OutOfMemory, failure: str | None) -> OutOfMemory:
 
 def _measure(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth: int | None, repeats: int | None,
              report: Progress, *, fake_mode: FakeTensorMode | None = None, time_layers: bool = True,
-             device: torch.device | None = None) -> blocks.Measured:
+             device: torch.device | None = None, dtype: str = "fp32") -> blocks.Measured:
     """Export, count and time `model` as it is (all its blocks, or the few blocks.shortened leaves).
 
     `fake_mode`: the model is export.weight_free_model's, so the inputs are made fake tensors of it.
@@ -218,7 +227,8 @@ def _measure(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth: in
     if fake_mode is not None:
         inputs, target = fake_leaves(fake_mode, inputs), fake_leaves(fake_mode, target)
     if device is None or device.type == "cpu":
-        return _measure_on(spec, model, batch_size, depth, repeats, report, inputs, target, fake_mode, time_layers)
+        return _measure_on(spec, model, batch_size, depth, repeats, report, inputs, target, fake_mode, time_layers,
+                           dtype=dtype)
 
     def to_device(t: Any) -> Any:
         return t.to(device) if isinstance(t, torch.Tensor) else t
@@ -226,7 +236,7 @@ def _measure(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth: in
     try:
         return _measure_on(spec, model.to(device), batch_size, depth, repeats, report,
                            pytree.tree_map(to_device, inputs), pytree.tree_map(to_device, target), fake_mode,
-                           time_layers, device=device)
+                           time_layers, device=device, dtype=dtype)
     finally:
         model.to("cpu")
         torch.cuda.empty_cache()
@@ -234,7 +244,7 @@ def _measure(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth: in
 
 def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth: int | None, repeats: int | None,
                 report: Progress, inputs: Any, target: Any, fake_mode: FakeTensorMode | None, time_layers: bool,
-                device: torch.device | None = None) -> blocks.Measured:
+                device: torch.device | None = None, dtype: str = "fp32") -> blocks.Measured:
     """`_measure` once the model and inputs are where they are measured."""
     from pipeplan.costmodels import measure
 
@@ -269,13 +279,16 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
     timing: measure.Timing | None = None
     if time_layers:
         keep_freed_memory()  # as the runtime's ranks run: see hardware_profiles/allocator.py
-        with out_of_memory_as_user_error(spec.path, "timing the layers"):
+        with (out_of_memory_as_user_error(spec.path, "timing the layers"),
+              training_precision(dtype, device or torch.device("cpu"))):
             timing = measure.time_pass(ep, model, spec, inputs, target, layer_of, n, repeats=repeats,
                                        progress=report, owned_params=_owned_params(model, graph.layers))
         fwd_s, bwd_s, graph.source["repeats"] = timing.fwd_s, timing.bwd_s, timing.repeats
         bwd_weight_s = timing.bwd_weight_s
         if timing.hook_overhead_s:
             graph.source["backward_hook_us"] = round(timing.hook_overhead_s * 1e6, 3)
+        if dtype != "fp32":
+            graph.source["dtype"] = dtype
     nodes = {node.name: node for node in ep.graph.nodes}
     params = param_input_names(ep)
     loss_read = {i: 0 for i in range(n)}

@@ -231,14 +231,16 @@ def launch(plan_path: str, opts: LaunchOptions, *, notify: Callable[[str], None]
     opts.log keeps the output.
     """
     from pipeplan.planner.plan import load_plan
+    from pipeplan.precision import precision_note  # imports torch: not at the CLI's start
 
     plan = load_plan(plan_path)
     per_node = check_plan(plan, opts)
     resumed = check_resume(plan, opts)
     check_outputs(opts)
     shared = shared_cores_warning(per_node, _cuda_devices(), _usable_cores())
-    if shared and notify is not None:
-        notify(shared)
+    for warning in (shared, precision_note(plan.dtype)):
+        if warning and notify is not None:
+            notify(warning)
     if resumed is not None and notify is not None:
         for line in resumed["skipped"]:
             notify(f"warning: {line}")

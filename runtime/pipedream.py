@@ -55,6 +55,7 @@ import torch
 import torch.distributed as dist
 
 from pipeplan.errors import UserError
+from pipeplan.precision import training_precision
 from pipeplan.runtime.measure import SavedTensorMeter, StageStats, StepClock, state_keys, weight_storages
 from pipeplan.runtime.pipedream_comm import (
     GradRecv,
@@ -382,7 +383,7 @@ def train_async(opts, st: AsyncStage, rs, groups: Groups, mean: bool, after_step
         m = i * r + st.j
         measured = m // m_per_step >= opts.warmup
         meter.enabled = not measured or m < m_per_step
-        with meter.op([st.module]):
+        with meter.op([st.module]), training_precision(rs.plan.dtype, rs.device):  # the plan's precision
             timed_op(st, kind, m, meter, stats, clock.origin if measured else None)
         if kind == "B":
             update(st, groups, mean)

@@ -35,6 +35,7 @@ from pipeplan._io import atomic_write_bytes, atomic_write_json
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.local_device import become_local_device
 from pipeplan.optimizers import DEFAULT_LR, make_optimizer
+from pipeplan.precision import training_precision
 from pipeplan.runtime import checkpoint as ckpt
 from pipeplan.runtime.measure import (
     SavedTensorMeter,
@@ -585,7 +586,9 @@ def train_step(st: RunState, inputs: tuple, target: Any, *, measured: bool, firs
         kwargs["losses"] = mb_losses
     # return_outputs=False: the losses come through `losses`; merging the last stage's outputs
     # would only concatenate (and keep alive) every microbatch's logits
-    with st.meter.step(st.modules.values()) if st.meter is not None else contextlib.nullcontext():
+    # in the plan's precision (pipeplan/precision.py: bf16 under autocast), forwards, loss and backwards alike
+    with (st.meter.step(st.modules.values()) if st.meter is not None else contextlib.nullcontext(),
+          training_precision(st.plan.dtype, st.device)):
         st.schedule.step(*args, return_outputs=False, **kwargs)
     sum_shared_grads(st.shared, st.modules, st.my_ranks, st.tied_groups)
     if st.dp > 1:

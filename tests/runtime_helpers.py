@@ -21,7 +21,7 @@ SEED = 1234  # pipeplan.runtime.worker.SEED (kept literal so a change there is n
 
 def hand_plan(model_file: str, *, stages: int, devices: int, schedule: str, microbatches: int, batch_size: int,
               optimizer: str = "sgd", cuts: list[int] | None = None, entry: str = "build_model",
-              data_parallel: int = 1, sharding: str = "none") -> Plan:
+              data_parallel: int = 1, sharding: str = "none", dtype: str = "fp32") -> Plan:
     """A plan with layers split evenly (or at `cuts`) and stage i on pipeline device i mod devices (the V
     schedules: device i, then 2 * devices - 1 - i; pipeplan.schedules.stage_device).
 
@@ -44,18 +44,20 @@ def hand_plan(model_file: str, *, stages: int, devices: int, schedule: str, micr
                "depth": None, "trace_batch_size": batch_size // (microbatches * d), "layers": n},
         profile="local", schedule=schedule, microbatches=microbatches, batch_size=batch_size,
         stages=plan_stages, predicted=Prediction(), devices=devices * d, chunks=stages // devices, optimizer=optimizer,
-        data_parallel=d, sharding=sharding,
+        data_parallel=d, sharding=sharding, dtype=dtype,
     )
 
 
 def reference_steps(model_file: str, batch_size: int, steps: int, *, microbatches: int = 1, optimizer: str = "sgd",
-                    lr: float = 0.01, entry: str = "build_model"):
+                    lr: float = 0.01, entry: str = "build_model", autocast: torch.dtype | None = None):
     """Single-process training: (losses, final state dict, alias groups of parameter names).
 
     With microbatches > 1 the batch is cut the way the pipeline cuts it and the
     gradients are accumulated (mean loss: each microbatch weighted 1/M, like the
     schedules' scale_grads; no loss_fn: summed). That is what a pipeline computes,
-    also for BatchNorm, whose statistics are per microbatch.
+    also for BatchNorm, whose statistics are per microbatch. `autocast`: forwards and backwards under
+    torch.autocast on the CPU in that dtype (the model's weights stay fp32), written out here, not taken from
+    pipeplan/precision.py, which the runtime uses.
     """
     from pipeplan.runtime.worker import make_optimizer
 
@@ -72,8 +74,9 @@ def reference_steps(model_file: str, batch_size: int, steps: int, *, microbatche
         opt.zero_grad()
         total = 0.0
         for xi, yi in zip(xs, ys, strict=True):
-            loss = spec.loss(model(*xi), yi if mean_loss else None)
-            (loss / microbatches if mean_loss else loss).backward()
+            with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+                loss = spec.loss(model(*xi), yi if mean_loss else None)
+                (loss / microbatches if mean_loss else loss).backward()
             total += float(loss.detach())
         opt.step()
         losses.append(total / microbatches if mean_loss else total)

@@ -125,25 +125,33 @@ def test_analyze_re_times_the_chosen_plan_on_the_visible_gpu(monkeypatch):
     first = search(untimed, h200, request)
     calls = []
 
-    def retrace(batch, device):
-        calls.append((batch, device))
+    def retrace(batch, device, dtype):
+        calls.append((batch, device, dtype))
         return timed
 
     _fake_gpu(monkeypatch, "NVIDIA H200")
     graph, result = retime_like_device(untimed, h200, request, first, retrace)
-    assert calls == [(256, "cuda")] and graph is timed
+    assert calls == [(256, "cuda", "fp32")] and graph is timed
     compute_s = sum(l.fwd_s + l.bwd_s for l in timed.layers)  # less the fresh-gradient saving of one microbatch
     assert result.best.predicted.iteration_s == pytest.approx(compute_s, rel=0.1)
     assert result.best.predicted.iteration_s > 3 * first.best.predicted.iteration_s
     # already a CUDA trace at the microbatch size: nothing to redo
     assert gpu_retime_wanted(timed, h200, request, 256) is False
-    # another GPU, no GPU, a bf16 plan or another --times: not this path
+    # a bf16 plan (the default on a GPU profile) is re-timed in bf16, as `pipeplan run` trains it: an fp32 trace
+    # at the microbatch size does not do for it
+    bf16 = dataclasses.replace(request, dtype="bf16").for_profile(h200)
+    assert gpu_retime_wanted(timed, h200, bf16, 256) is True
+    assert gpu_retime_wanted(dataclasses.replace(timed, source={**timed.source, "dtype": "bf16"}), h200, bf16, 256) is False
+    calls.clear()
+    retime_like_device(untimed, h200, bf16, search(untimed, h200, bf16), retrace)
+    assert calls == [(256, "cuda", "bf16")]
+    # another GPU, no GPU, an fp16 plan (trained in fp32: pipeplan/precision.py) or another --times: not this path
     _fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3")
     assert gpu_retime_wanted(untimed, h200, request, 256) is None
     _fake_gpu(monkeypatch, None)
     assert gpu_retime_wanted(untimed, h200, request, 256) is None
     _fake_gpu(monkeypatch, "NVIDIA H200")
-    assert gpu_retime_wanted(untimed, h200, dataclasses.replace(request, dtype="bf16").for_profile(h200), 256) is None
+    assert gpu_retime_wanted(untimed, h200, dataclasses.replace(request, dtype="fp16").for_profile(h200), 256) is None
     assert gpu_retime_wanted(untimed, h200, dataclasses.replace(request, times="roofline"), 256) is None
 
 
