@@ -292,8 +292,8 @@ def _timed_on_device_threads(graph: Graph, profile: HardwareProfile) -> bool:
 def uses_measured_times(graph: Graph, profile: HardwareProfile, dtype: str) -> bool:
     """Whether times="model" should take the graph's own measurements on this profile.
 
-    Yes when the graph was timed in fp32 on the device the profile describes (`_timed_here`: a bf16 request
-    goes through the roofline with the calibrated bf16 peak) and the graph actually has timings (imported or
+    Yes when the graph was timed in the plan's dtype on the device the profile describes (`_timed_here`: a bf16
+    request on an fp32 trace goes through the roofline with the bf16 peak) and the graph actually has timings (imported or
     hand-made graphs may not). A local "device" is one core running `calibration["threads_per_device"]`
     threads; when the graph records how many threads timed it (source["threads"]) and that differs, its times
     are not one device's times, so the roofline is used instead. On a GPU, as on a CPU, another microbatch
