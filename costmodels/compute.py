@@ -116,16 +116,20 @@ def efficiency_for(profile: HardwareProfile, kind: str, dtype: str | None = None
     return float(compute), float(memory)
 
 
-def streaming_bandwidth_bytes_per_s(profile: HardwareProfile, dtype: str | None = None) -> float:
+def streaming_bandwidth_bytes_per_s(profile: HardwareProfile, dtype: str | None = None, *, copy: bool = False) -> float:
     """Bytes a second a streaming pass (an optimizer step, a weight copy, a pass over the gradients) achieves on a
     profile: its bandwidth times its memory efficiency, the rule every memory-bound layer is priced by
-    (`efficiency_for`).
+    (`efficiency_for`). A plain `copy` on a local profile takes its bandwidth whole: that is the copy rate
+    calibrate measured there, and its memory efficiency is elementwise ops' share of it (hardware_profiles/
+    calibrate.py); a GPU calibration stores its copy rate as that efficiency, so there the two agree.
 
     Why not the datasheet's bandwidth: no kernel streams at it. On the H100 (benchmarks/RESULTS.md, GPU (g)) torch's
     fused Adam moved GPT-2's 28 bytes a parameter at 2.0 TB/s and calibrate's copy ran at 2.43, against 3.35 on
     the datasheet (60% and 73%); the H200 copied at 58% of its 4.8. The catalogue priced the optimizer step at
     the datasheet's figure, 41% under the measured step, while the layers beside it took the 0.80 default.
     """
+    if copy and profile.local:
+        return profile.mem_bw_bytes_per_s
     return profile.mem_bw_bytes_per_s * efficiency_for(profile, "elementwise", dtype)[1]
 
 

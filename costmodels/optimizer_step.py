@@ -86,4 +86,4 @@ def stash_copy_s(param_bytes: float, *, profile: HardwareProfile) -> float:
     §3.3; PipeDream-2BW's shadow copy, ICML'21 §3.1): one clone of every parameter, which reads and writes
     each byte once (runtime/pipedream.keep_version, `p.detach().clone()`). PipeDream makes a version per
     update, so every microbatch; 2BW once per window. Memory-bound, like the optimizer step beside it."""
-    return 2.0 * param_bytes / streaming_bandwidth_bytes_per_s(profile)
+    return 2.0 * param_bytes / streaming_bandwidth_bytes_per_s(profile, copy=True)

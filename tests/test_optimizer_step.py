@@ -43,6 +43,11 @@ def test_a_step_streams_at_the_profiles_memory_efficiency_like_its_layers():
         pytest.approx(28 * n / (0.5 * h100.mem_bw_bytes_per_s))
     assert stash_copy_s(4 * n, profile=half) == pytest.approx(8 * n / (0.5 * h100.mem_bw_bytes_per_s))
     assert stash_copy_s(4 * n, profile=h100) == pytest.approx(8 * n / (0.8 * h100.mem_bw_bytes_per_s))
+    # a local profile's bandwidth is the copy rate calibrate measured: a copy takes it whole, an update does not
+    local = dataclasses.replace(half, local=True)
+    assert stash_copy_s(4 * n, profile=local) == pytest.approx(8 * n / h100.mem_bw_bytes_per_s)
+    assert optimizer_step_s(4 * n, optimizer="sgd", mixed_precision=False, profile=local) == \
+        pytest.approx(12 * n / (0.5 * h100.mem_bw_bytes_per_s))
     big = 8 * 10**9  # gradient bytes in one tensor: the per-tensor kernel time is lost in the rounding
     assert grad_scale_s(big, profile=half, tensors=1) / grad_scale_s(big, profile=h100, tensors=1) == pytest.approx(0.8 / 0.5, rel=1e-3)
 
