@@ -77,15 +77,22 @@ def group_link(profile: HardwareProfile, ranks: Iterable[int]) -> Link:
     return profile.intra_node if len(nodes) == 1 else profile.inter_node
 
 
-def collective_link(profile: HardwareProfile, ranks: Iterable[int], op: str) -> Link:
+def collective_link(profile: HardwareProfile, ranks: Iterable[int], op: str, nbytes: float | None = None) -> Link:
     """The link `op` ("allreduce", "reduce_scatter", "all_gather") over `ranks` is priced with: the profile's
-    measured collective within a node where it has one (a local profile: gloo's collectives on the CPU),
-    else `group_link`."""
+    measured collective within a node where it has one (a local profile: gloo's collectives on the CPU), read
+    at `nbytes` (the whole tensor) off the sizes calibrate timed where they bracket it
+    (hardware_profiles/collectives.link_at_size), else `group_link`."""
+    from pipeplan.hardware_profiles.collectives import link_at_size
+
     ranks = list(ranks)
     link = group_link(profile, ranks)
-    if op in profile.collectives and link is profile.intra_node:
+    if op not in profile.collectives or link is not profile.intra_node:
+        return link
+    measured = ((getattr(profile, "calibration", None) or {}).get("collectives_us") or {}).get(op) or {}
+    if nbytes is None or not measured:
         return profile.collectives[op]
-    return link
+    by_size_s = {int(k): float(v) * 1e-6 for k, v in measured.items()}
+    return link_at_size(profile.collectives[op], op, by_size_s, nbytes)
 
 
 def send_time_between_s(nbytes: float, profile: HardwareProfile, src_rank: int, dst_rank: int) -> float:

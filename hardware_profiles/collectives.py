@@ -25,6 +25,7 @@ in relative terms (weights 1/t^2), so no one size decides it.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -96,3 +97,34 @@ def links_from_times(times: dict[str, dict[int, float]]) -> dict[str, Link]:
         latency = max(intercept / k_lat, 0.0)
         links[op] = Link(kind="gloo " + op.replace("_", "-"), bandwidth_bytes_per_s=k_bw / slope, latency_s=latency)
     return links
+
+
+def time_at_size_s(by_size_s: dict[int, float], nbytes: float) -> float | None:
+    """The two-rank time at `nbytes` read off the measured sizes: log-log linear between the two around it, None
+    outside the measured range (where the fitted line, `links_from_times`, prices it)."""
+    sizes = sorted(by_size_s)
+    if len(sizes) < 2 or not sizes[0] <= nbytes <= sizes[-1]:
+        return None
+    for lo, hi in zip(sizes, sizes[1:], strict=False):
+        if nbytes <= hi:
+            w = math.log(nbytes / lo) / math.log(hi / lo)
+            return math.exp((1 - w) * math.log(by_size_s[lo]) + w * math.log(by_size_s[hi]))
+    return None  # pragma: no cover - the range check above returns before
+
+
+def link_at_size(link: Link, op: str, by_size_s: dict[int, float], nbytes: float) -> Link:
+    """The link a collective of `nbytes` is priced with: `link` (the fitted line) keeping its latency, its bandwidth
+    set so the two-rank ring time at `nbytes` is the measured curve's there (`time_at_size_s`).
+
+    Why: gloo's time per byte is not one number. Measured on this machine's two cores (one profile): an all-reduce
+    took 200 µs at 16 KiB, 1498 at 256 KiB, 4399 at 4 MiB and 12610 at 16 MiB, and the line fitted through them
+    priced 256 KiB at 434 µs; examples/gpt.py's 550 KB of gradients all-reduced in 2.1-2.4 ms in `pipeplan run`
+    against 0.6 on the line (benchmarks/RESULTS.md, "Defaults only"). Larger groups keep the ring formulas with this
+    bandwidth. Outside the measured sizes, or where the curve is under the line's latency, the line as it is.
+    """
+    t = time_at_size_s(by_size_s, nbytes)
+    k_bw, k_lat = RING_FACTORS[op]
+    if t is None or t <= k_lat * link.latency_s or nbytes <= 0:
+        return link
+    return Link(kind=link.kind, bandwidth_bytes_per_s=k_bw * nbytes / (t - k_lat * link.latency_s),
+                latency_s=link.latency_s)

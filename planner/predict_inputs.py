@@ -269,10 +269,13 @@ def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, 
             continue
         full = model_state_bytes(own_params[s], optimizer=request.optimizer, dtype=request.training_dtype,
                                  mixed_precision=request.mixed_precision)
-        rs = half_ring_time_s(full.grad_bytes, reps[s], collective_link(profile, ranks[s], "reduce_scatter"))
-        ag = half_ring_time_s(full.weights_bytes, reps[s], collective_link(profile, ranks[s], "all_gather"))
+        rs = half_ring_time_s(full.grad_bytes, reps[s],
+                              collective_link(profile, ranks[s], "reduce_scatter", full.grad_bytes))
+        ag = half_ring_time_s(full.weights_bytes, reps[s],
+                              collective_link(profile, ranks[s], "all_gather", full.weights_bytes))
         if config.sharding == "none":
-            step_end[s] = allreduce_time_s(full.grad_bytes, reps[s], collective_link(profile, ranks[s], "allreduce"))
+            step_end[s] = allreduce_time_s(full.grad_bytes, reps[s],
+                                           collective_link(profile, ranks[s], "allreduce", full.grad_bytes))
         elif config.sharding == "zero1":
             step_end[s] = rs + ag
         elif config.sharding == "zero2":
@@ -283,7 +286,7 @@ def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, 
         group = sorted({r for s in used for r in ranks[s]})
         grad = model_state_bytes(nbytes, optimizer=request.optimizer, dtype=request.training_dtype,
                                  mixed_precision=request.mixed_precision).grad_bytes
-        step_end[used[0]] += allreduce_time_s(grad, len(group), collective_link(profile, group, "allreduce"))
+        step_end[used[0]] += allreduce_time_s(grad, len(group), collective_link(profile, group, "allreduce", grad))
     return _Sync(step_end, fwd, bwd)
 
 

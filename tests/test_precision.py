@@ -61,3 +61,33 @@ def test_an_fp16_plan_says_it_trains_in_fp32(tmp_path):
     r = run_cli("run", str(tmp_path / "plan.json"), "--steps", "1", "--warmup", "0", timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "warning: this plan is fp16; pipeplan run trains it in fp32" in r.stderr + r.stdout
+
+
+def test_a_cuda_trace_is_taken_in_the_dtype_it_was_timed_in_only():
+    """An H200 trace of the 32x32 ResNet (tests/data/gpu), as if timed with `trace --dtype bf16`: a bf16 plan on the
+    h200 profile takes its times (the step is the layers' sum, less the fresh-gradient saving), an fp32 plan does
+    not (the roofline, several times shorter here, with a note saying how to get times in fp32)."""
+    import dataclasses
+    from pathlib import Path
+
+    from pipeplan.costmodels import compute
+    from pipeplan.costmodels.graph import load_graph
+    from pipeplan.hardware_profiles.loader import load_profile
+
+    fp32 = load_graph(Path(__file__).parent / "data" / "gpu" / "resnet-h200.graph.json")
+    bf16 = dataclasses.replace(fp32, source={**fp32.source, "dtype": "bf16"})
+    h200 = load_profile("h200")
+    assert compute.traced_dtype(fp32) == "fp32" and compute.traced_dtype(bf16) == "bf16"
+    assert compute.uses_measured_times(bf16, h200, "bf16") and not compute.uses_measured_times(bf16, h200, "fp32")
+    assert compute.uses_measured_times(fp32, h200, "fp32") and not compute.uses_measured_times(fp32, h200, "bf16")
+    assert not compute.uses_measured_times(bf16, h200, "tf32")
+    note = compute.local_times_note(bf16, h200, dtype="fp32", times="model", samples=bf16.batch_size) or ""
+    assert "the trace timed NVIDIA H200 in bf16; plan with --dtype bf16" in note and "trace with --dtype fp32" in note
+    fp16 = compute.local_times_note(bf16, h200, dtype="fp16", times="model", samples=bf16.batch_size) or ""
+    assert "fp16 plans train in fp32" in fp16
+
+
+def test_trace_refuses_a_dtype_it_would_not_time(tmp_path):
+    r = run_cli("trace", str(MODEL), "-b", "2", "--no-times", "--dtype", "bf16", "-o", str(tmp_path / "g.json"))
+    assert r.returncode == 2 and "--no-times times nothing" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "g.json").exists()
