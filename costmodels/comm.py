@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pipeplan.hardware_profiles.collectives import link_at_size
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 
 
@@ -82,8 +83,6 @@ def collective_link(profile: HardwareProfile, ranks: Iterable[int], op: str, nby
     measured collective within a node where it has one (a local profile: gloo's collectives on the CPU), read
     at `nbytes` (the whole tensor) off the sizes calibrate timed where they bracket it
     (hardware_profiles/collectives.link_at_size), else `group_link`."""
-    from pipeplan.hardware_profiles.collectives import link_at_size
-
     ranks = list(ranks)
     link = group_link(profile, ranks)
     if op not in profile.collectives or link is not profile.intra_node:

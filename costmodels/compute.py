@@ -116,7 +116,7 @@ def efficiency_for(profile: HardwareProfile, kind: str, dtype: str | None = None
     return float(compute), float(memory)
 
 
-def streaming_bandwidth_bytes_per_s(profile: HardwareProfile, dtype: str | None = None, *, copy: bool = False) -> float:
+def streaming_bandwidth_bytes_per_s(profile: HardwareProfile, *, copy: bool = False) -> float:
     """Bytes a second a streaming pass (an optimizer step, a weight copy, a pass over the gradients) achieves on a
     profile: its bandwidth times its memory efficiency, the rule every memory-bound layer is priced by
     (`efficiency_for`). A plain `copy` on a local profile takes its bandwidth whole: that is the copy rate
@@ -130,7 +130,7 @@ def streaming_bandwidth_bytes_per_s(profile: HardwareProfile, dtype: str | None 
     """
     if copy and profile.local:
         return profile.mem_bw_bytes_per_s
-    return profile.mem_bw_bytes_per_s * efficiency_for(profile, "elementwise", dtype)[1]
+    return profile.mem_bw_bytes_per_s * efficiency_for(profile, "elementwise")[1]
 
 
 def efficiency_curve_for(profile: HardwareProfile, kind: str, dtype: str | None) -> Curve | None:

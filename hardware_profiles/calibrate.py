@@ -350,6 +350,7 @@ def memory_total_bytes() -> int:
 
 
 def core_count() -> int:
+    """The cores this process may run on (a container's or taskset's limit), else the machine's."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:

@@ -230,6 +230,7 @@ def launch(plan_path: str, opts: LaunchOptions, *, notify: Callable[[str], None]
     carries the failing rank's own error line instead of pointing into it, and
     opts.log keeps the output.
     """
+    from pipeplan.hardware_profiles.calibrate import core_count
     from pipeplan.planner.plan import load_plan
     from pipeplan.precision import precision_note  # imports torch: not at the CLI's start
 
@@ -237,7 +238,7 @@ def launch(plan_path: str, opts: LaunchOptions, *, notify: Callable[[str], None]
     per_node = check_plan(plan, opts)
     resumed = check_resume(plan, opts)
     check_outputs(opts)
-    shared = shared_cores_warning(per_node, _cuda_devices(), _usable_cores())
+    shared = shared_cores_warning(per_node, _cuda_devices(), core_count())
     for warning in (shared, precision_note(plan.dtype)):
         if warning and notify is not None:
             notify(warning)
@@ -282,14 +283,6 @@ def _cuda_devices() -> int:
         return int(torch.cuda.device_count())
     except Exception:  # pragma: no cover - torch always imports here
         return 0
-
-
-def _usable_cores() -> int:
-    """The cores this process may run on (a container's or taskset's limit), else the machine's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not on Linux
-        return os.cpu_count() or 1
 
 
 def _keep_log(run_dir: Path, opts: LaunchOptions) -> None:
