@@ -8,11 +8,13 @@ time and no collective's time includes.
   Measured on examples/mlp.py's 2-stage 1F1B at M = 2: 0.46 ms for stage 0's 3.7M parameters, 1.6% of the step.
 * Flattening for the data-parallel all-reduce (`dp_flatten_s`). runtime/worker.average_replica_grads concatenates
   a stage's gradients into one buffer, all-reduces it, divides it by the replica count (a batch-mean loss) and
-  clones each parameter's slice back out: three passes that read and write every gradient, and an op a tensor.
-  `profiles calibrate` times the all-reduce alone (hardware_profiles/collectives.py). Measured here (one core,
-  8 Linear(1024, 1024), 8.4M parameters in 16 tensors): 5.4-5.7 ms against 4.0 predicted. The concatenation
-  and the clones write new buffers, dearer than the in-place pass the SGD step times; the division by M
-  (in place) took 0.88-0.93 ms against 1.0 predicted (tests/test_grad_passes.py).
+  makes each parameter's gradient a view of its slice: two passes that read and write every gradient (the
+  concatenation, the division), and an op a tensor. `profiles calibrate` times the all-reduce alone
+  (hardware_profiles/collectives.py). Measured here (one core, 8 Linear(1024, 1024), 8.4M parameters in 16
+  tensors, tests/test_grad_passes.py): the concatenation 2.4 ms, the division 1.4, against 3.6-4.3 predicted for
+  the two. The sync used to clone each slice back out as well, a third pass into new memory that took 3.3-4.1 ms
+  (5.4-8 ms for the three against 4.0-6.5 predicted: the test's 2x bound failed once in a few CI runs); a view
+  costs nothing and the step drops it with the buffer (`zero_grad(set_to_none=True)`).
 
 Both are priced the same way, by the bytes of the gradients in their dtype. A calibrated profile measured its
 plain SGD step (`p.add_(g)`: one in-place op a tensor, reading 8 and writing 4 bytes a parameter,
@@ -33,7 +35,7 @@ from pipeplan.hardware_profiles.profile import HardwareProfile
 
 __all__ = ["DP_FLATTEN_PASSES", "dp_flatten_s", "grad_scale_s", "gradient_pass_s"]
 
-DP_FLATTEN_PASSES: Final[int] = 3  # torch.cat in, the division, each slice's clone out
+DP_FLATTEN_PASSES: Final[int] = 2  # torch.cat in, the division (the slices go back out as views)
 
 
 def gradient_pass_s(grad_bytes: float, *, profile: HardwareProfile, tensors: int, passes: int = 1) -> float:
@@ -53,6 +55,6 @@ def grad_scale_s(grad_bytes: float, *, profile: HardwareProfile, tensors: int) -
 
 
 def dp_flatten_s(grad_bytes: float, *, profile: HardwareProfile, tensors: int) -> float:
-    """Seconds the data-parallel sync spends copying a stage's gradients into one buffer and back, dividing on the
-    way (runtime/worker.average_replica_grads), beside the all-reduce itself."""
+    """Seconds the data-parallel sync spends copying a stage's gradients into one buffer and dividing it
+    (runtime/worker.average_replica_grads), beside the all-reduce itself."""
     return gradient_pass_s(grad_bytes, profile=profile, tensors=tensors, passes=DP_FLATTEN_PASSES)
