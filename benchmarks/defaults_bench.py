@@ -78,6 +78,11 @@ CASES = [
     ("gpt", "examples/gpt.py", ["--schedule", "gpipe"], True, 30),
     ("gpt", "examples/gpt.py", ["--schedule", "1f1b"], True, 30),
     ("gpt", "examples/gpt.py", ["--schedule", "interleaved"], True, 30),
+    # 16-bit plans train under autocast (pipeplan/precision.py; fp16 with loss scaling, runtime/loss_scale.py), and
+    # analyze times them in their dtype (cli/device_like.py)
+    ("gpt", "examples/gpt.py", ["--dtype", "bf16"], True, 30),
+    ("gpt", "examples/gpt.py", ["--dtype", "fp16"], True, 30),
+    ("mlp", "examples/mlp.py", ["--dtype", "fp16"], True, 40),
     ("resnet", "examples/resnet.py", [], True, 20),
     ("unet", "examples/unet.py", [], True, 20),
     ("unet (tests/)", "tests/runtime_model_unet.py", [], False, 30),
@@ -130,7 +135,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2, help="repeat everything; the table shows medians over rounds")
     ap.add_argument("--write-results", action="store_true", help="rewrite this benchmark's section of RESULTS.md")
+    ap.add_argument("--only", default=None, help="only the cases whose label and flags contain this (e.g. 'dtype')")
     args = ap.parse_args(argv)
+    if args.only is not None and args.write_results:
+        ap.error("--write-results writes the whole table: run it without --only")
+    cases = [c for c in CASES if args.only is None or args.only in f"{c[0]} {' '.join(c[2])}"]
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from runtime_bench import machine, parallel_capacity
 
@@ -144,7 +153,7 @@ def main(argv=None) -> int:
             print(f"round {rnd}: pipeplan profiles calibrate -o local.yaml ...", flush=True)
             pipeplan("profiles", "calibrate", "-o", str(profile))
             rows = []
-            for case in CASES:
+            for case in cases:
                 rows.append(run_case(case, profile, tmp))
                 r = rows[-1]
                 print(f"  {case[0]} {' '.join(case[2]) or '(no flags)'}: {r['plan']}, {r['steps']} steps: measured "
@@ -152,7 +161,7 @@ def main(argv=None) -> int:
                       flush=True)
             rounds.append(rows)
             capacities.append(parallel_capacity())
-    table = summarize(rounds)
+    table = summarize(rounds, cases)
     print("\n".join(table))
     print(f"parallel capacity before / after each round: {', '.join(f'{c:.2f}' for c in capacities)}")
     if args.write_results:
@@ -162,12 +171,12 @@ def main(argv=None) -> int:
     return 0
 
 
-def summarize(rounds: list[list[dict]]) -> list[str]:
+def summarize(rounds: list[list[dict]], cases: list[tuple]) -> list[str]:
     """The table: per case the plan analyze chose (round 1), medians over rounds, every round's error."""
     lines = ["| model | flags | plan analyze chose | steps | predicted ms/iter | measured ms/iter | error | "
              "errors by round | target |", "|---|---|---|---|---|---|---|---|---|"]
     errors = {True: [], False: []}
-    for i, (label, _, flags, in_examples, _) in enumerate(CASES):
+    for i, (label, _, flags, in_examples, _) in enumerate(cases):
         runs = [r[i] for r in rounds]
         err = statistics.median(x["error"] for x in runs)
         target = 0.10 if in_examples else 0.15
@@ -181,6 +190,8 @@ def summarize(rounds: list[list[dict]]) -> list[str]:
                      f"{target:.0%} |")
     for key, name in ((True, "examples"), (False, "models outside examples/")):
         xs = errors[key]
+        if not xs:
+            continue
         lines.append(f"\n{name}: median |error| {statistics.median(xs):.1%}, worst {max(xs):.1%}, "
                      f"{sum(x <= (0.10 if key else 0.15) for x in xs)} of {len(xs)} within target.")
     return lines

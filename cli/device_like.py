@@ -10,7 +10,9 @@ device's own (`costmodels.compute.local_times_note`), the model is traced again
 at the plan's microbatch size on one core with the device's threads, and the
 search runs again on those times over the configurations that keep that
 microbatch size (the plan's replica and microbatch counts fixed), which the new
-times describe exactly. A zero-bubble plan's split backward is then timed on its
+times describe exactly. A bf16 or fp16 plan is timed in its own dtype, under autocast as
+`pipeplan run` trains it (pipeplan/precision.py): priced at the roofline's 16-bit peak,
+examples/gpt.py's fp16 plan read 275% under its run here, timed in fp16 6-14% under. A zero-bubble plan's split backward is then timed on its
 own stages (`measure_split_like_device`, runtime/split_cost.py).
 
 On a machine whose visible GPU is the profile's (its calibration, or the catalogue
@@ -38,7 +40,7 @@ def retime_like_device(graph: Any, profile: Any, request: Any, result: Any,
     `request` is already resolved for the profile.
     """
     from pipeplan.cli.workflow import run_search
-    from pipeplan.costmodels.compute import device_threads, local_times_note
+    from pipeplan.costmodels.compute import device_threads, local_times_note, uses_measured_times
     from pipeplan.hardware_profiles.local_device import DeviceLikeThreads
     from pipeplan.schedules import facts
 
@@ -49,21 +51,33 @@ def retime_like_device(graph: Any, profile: Any, request: Any, result: Any,
             return graph, result
         timed = retrace(best.microbatch_size, "cuda", request.training_dtype)
     else:
+        dtype = local_timing_dtype(request.training_dtype, best.schedule)
         note = local_times_note(graph, profile, dtype=request.training_dtype, times=request.times,
                                 samples=best.microbatch_size)
-        if note is None or not profile.local:
+        untimed = dtype != "fp32" and request.times == "model" and not uses_measured_times(graph, profile, dtype)
+        if (note is None and not untimed) or not profile.local:
             return graph, result
         with DeviceLikeThreads(device_threads(profile)):
-            timed = retrace(best.microbatch_size, "cpu", "fp32")
+            timed = retrace(best.microbatch_size, "cpu", dtype)
     narrowed = replace(request, microbatches=best.microbatches)
     if facts(best.schedule).replicates_whole_pipeline:  # PipeDream's replicas are per stage
         narrowed = replace(narrowed, data_parallel=best.data_parallel)
     return timed, run_search(timed, profile, narrowed, progress=progress)
 
 
+def local_timing_dtype(dtype: str, schedule: str) -> str:
+    """The dtype a local plan's layers are timed in: a bf16 or fp16 plan's own where `pipeplan run` trains it so
+    (under autocast: pipeplan/precision.py; on this Xeon fp16 autocast ran examples/gpt.py's layers 3-4x slower
+    than the fp32 roofline priced them), else fp32 (fp32 and tf32 plans: a CPU has no tf32 units)."""
+    from pipeplan.precision import AUTOCAST_DTYPES, trained_dtype
+
+    trained = trained_dtype(dtype, schedule)
+    return trained if trained in AUTOCAST_DTYPES and trained == dtype else "fp32"
+
+
 def gpu_retime_wanted(graph: Any, profile: Any, request: Any, microbatch_size: int) -> bool | None:
     """None where the profile is not the visible GPU (or no GPU is visible, or the plan would not take measured
-    times: --times other than model, a dtype the runtime does not train in, fp16); else whether the graph still
+    times: --times other than model, a dtype the runtime does not train in); else whether the graph still
     needs timing on it (False: it is already a CUDA trace at the microbatch size in the plan's dtype)."""
     from pipeplan.choices import TIMED_DTYPES
 

@@ -29,6 +29,9 @@ from pipeplan.choices import OPTIMIZERS
 @click.option("--resume", is_flag=True, help="Continue from the last complete checkpoint in --checkpoint-dir.")
 @click.option("--vertical-sync", is_flag=True,
               help="Asynchronous PipeDream plans: every stage uses the weight version the input stage used.")
+@click.option("--initial-loss-scale", type=float, default=None,
+              help="fp16 plans: the loss scale of the first step, adjusted as training goes (default 65536, "
+                   "torch.amp.GradScaler's); a power of 2 keeps the scaling exact.")
 @click.option("--log", "log_file", type=click.Path(dir_okay=False), default=None,
               help="Keep torchrun's and every rank's output in this file (also when the run fails).")
 @click.option("--dump-params", type=click.Path(file_okay=False), default=None, hidden=True,
@@ -36,8 +39,8 @@ from pipeplan.choices import OPTIMIZERS
 @click.option("--worker-script", type=click.Path(dir_okay=False, exists=True), default=None, hidden=True,
               help="Python script torchrun starts instead of pipeplan.runtime.worker (tests: fault injection).")
 def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr, master_port, nproc_per_node,
-        as_json, chrome_trace, checkpoint_dir, checkpoint_every, resume, vertical_sync, log_file, dump_params,
-        worker_script):
+        as_json, chrome_trace, checkpoint_dir, checkpoint_every, resume, vertical_sync, initial_loss_scale, log_file,
+        dump_params, worker_script):
     """Train PLAN_FILE's pipeline on torch.distributed (one process per device) and report measured vs predicted."""
     from rich.console import Console
 
@@ -52,6 +55,9 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
     warmup = _warmup(steps, warmup)
     if lr is not None and not (math.isfinite(lr) and lr > 0):
         raise click.BadParameter(f"{lr} is not a positive finite learning rate", param_hint="'--lr'")
+    if initial_loss_scale is not None and not (math.isfinite(initial_loss_scale) and initial_loss_scale > 0):
+        raise click.BadParameter(f"{initial_loss_scale} is not a positive finite loss scale",
+                                 param_hint="'--initial-loss-scale'")
     plan = load_plan(plan_file)
     if chrome_trace:
         check_destination(chrome_trace, "--chrome-trace")
@@ -61,7 +67,7 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
                          master_addr=master_addr, master_port=master_port, nproc_per_node=nproc_per_node,
                          checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                          dump_params=dump_params, worker_script=worker_script, log=log_file, keep_run_dir=debug,
-                         vertical_sync=vertical_sync)
+                         vertical_sync=vertical_sync, initial_loss_scale=initial_loss_scale)
     err = Console(stderr=True)
 
     def notify(line: str) -> None:  # shown before training starts (the checkpoint resumed from)

@@ -42,8 +42,9 @@ from pipeplan.errors import UserError
                    "profiles, whose roofline needs FLOPs and bytes only.")
 @click.option("--no-fvcore-check", is_flag=True, help="Skip the fvcore FLOP cross-check.")
 @device_option
-@click.option("--dtype", type=click.Choice(["fp32", "tf32", "bf16"]), default="fp32", show_default=True,
-              help="Precision the layers are timed in, as `pipeplan run` trains a plan of it (bf16: torch.autocast); "
+@click.option("--dtype", type=click.Choice(["fp32", "tf32", "bf16", "fp16"]), default="fp32", show_default=True,
+              help="Precision the layers are timed in, as `pipeplan run` trains a plan of it (bf16, fp16: "
+                   "torch.autocast); "
                    "a plan takes the times in that dtype only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the graph document to stdout instead of the summary.")
 @click.option("--debug", is_flag=True, hidden=True)

@@ -14,7 +14,7 @@ judgements between published figures and are labelled so.
 
 from __future__ import annotations
 
-from pipeplan.choices import DTYPES, TIMED_DTYPES
+from pipeplan.choices import DTYPES
 from pipeplan.costmodels.graph import LAYER_KINDS, Graph, Layer
 from pipeplan.costmodels.memory import activation_bytes_scale
 from pipeplan.errors import UserError
@@ -326,8 +326,7 @@ def local_times_note(graph: Graph, profile: HardwareProfile, *, dtype: str, time
     if (times == "model" and dtype != traced and graph.source.get("device") == "cuda"
             and _timed_here(graph, profile, traced)):
         return (f"{LOCAL_TIMES_NOTE_PREFIX} the roofline's in {dtype}: the trace timed {graph.source.get('device_name')} "
-                f"in {traced}; plan with --dtype {traced} to use its measured times, or trace with --dtype {dtype}"
-                f"{'' if dtype in TIMED_DTYPES else ' (fp16 plans train in fp32: pipeplan/precision.py)'}")
+                f"in {traced}; plan with --dtype {traced} to use its measured times, or trace with --dtype {dtype}")
     if times != "model" or not _timed_here(graph, profile, dtype):
         return None
     if graph.source.get("device") == "cuda":

@@ -16,7 +16,12 @@ time and no collective's time includes.
   (5.4-8 ms for the three against 4.0-6.5 predicted: the test's 2x bound failed once in a few CI runs); a view
   costs nothing and the step drops it with the buffer (`zero_grad(set_to_none=True)`).
 
-Both are priced the same way, by the bytes of the gradients in their dtype. A calibrated profile measured its
+* Unscaling an fp16 step (`unscale_s`). runtime/loss_scale.py divides every gradient by the loss scale and checks
+  it for an inf or a NaN in one fused pass (torch's `_amp_foreach_non_finite_check_and_unscale_`), then every rank
+  all-reduces one flag. The loss was weighted by 1/M (and 1/replicas) before the backward, so such a step makes
+  neither the division by M nor the sync's division: the unscaling replaces them.
+
+All are priced the same way, by the bytes of the gradients in their dtype. A calibrated profile measured its
 plain SGD step (`p.add_(g)`: one in-place op a tensor, reading 8 and writing 4 bytes a parameter,
 hardware_profiles/optimizer_overhead.py), so a pass over fp32 gradients (8 bytes a parameter) costs 8/12 of its
 time per parameter, and its time per tensor; a GPU profile the bytes at its memory
@@ -33,7 +38,7 @@ from pipeplan.costmodels.optimizer_step import FOREACH_BYTES_PER_PARAM
 from pipeplan.costmodels.part_costs import kernel_overheads_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
 
-__all__ = ["DP_FLATTEN_PASSES", "dp_flatten_s", "grad_scale_s", "gradient_pass_s"]
+__all__ = ["DP_FLATTEN_PASSES", "dp_flatten_s", "grad_scale_s", "gradient_pass_s", "unscale_s"]
 
 DP_FLATTEN_PASSES: Final[int] = 2  # torch.cat in, the division (the slices go back out as views)
 
@@ -54,7 +59,14 @@ def grad_scale_s(grad_bytes: float, *, profile: HardwareProfile, tensors: int) -
     return gradient_pass_s(grad_bytes, profile=profile, tensors=tensors)
 
 
-def dp_flatten_s(grad_bytes: float, *, profile: HardwareProfile, tensors: int) -> float:
+def dp_flatten_s(grad_bytes: float, *, profile: HardwareProfile, tensors: int, divides: bool = True) -> float:
     """Seconds the data-parallel sync spends copying a stage's gradients into one buffer and dividing it
-    (runtime/worker.average_replica_grads), beside the all-reduce itself."""
-    return gradient_pass_s(grad_bytes, profile=profile, tensors=tensors, passes=DP_FLATTEN_PASSES)
+    (runtime/worker.average_replica_grads), beside the all-reduce itself; without the division where the loss was
+    weighted before the backward (fp16)."""
+    return gradient_pass_s(grad_bytes, profile=profile, tensors=tensors,
+                           passes=DP_FLATTEN_PASSES if divides else DP_FLATTEN_PASSES - 1)
+
+
+def unscale_s(grad_bytes: float, *, profile: HardwareProfile, tensors: int) -> float:
+    """Seconds to divide a stage's gradients by the loss scale and check them (fp16; the flag's all-reduce apart)."""
+    return gradient_pass_s(grad_bytes, profile=profile, tensors=tensors)

@@ -145,7 +145,7 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
     `seq_len` is the sequence length of a Hugging Face config.json model (costmodels/hf_config.py).
 
     `dtype` is the precision the layers are timed in, as `pipeplan run` trains a plan of it (pipeplan/precision.py:
-    bf16 under torch.autocast, tf32 with tensor-core matmuls); a graph timed in another than fp32 says so in
+    bf16 and fp16 under torch.autocast, tf32 with tensor-core matmuls); a graph timed in another than fp32 says so in
     source["dtype"], and a plan takes its times only in that dtype (compute.uses_measured_times).
     """
     from pipeplan.costmodels import fvcheck
@@ -159,7 +159,7 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
         raise UserError(f"--repeats {repeats}: must be 1 or more", "omit --repeats for an automatic count")
     if dtype not in TIMED_DTYPES:
         raise UserError(f"--dtype {dtype}: layers are timed in {', '.join(TIMED_DTYPES)}",
-                        "time in one of those (fp16 plans train in fp32: pipeplan/precision.py)")
+                        "time in one of those")
     timing_device = torch.device(resolve_device(device)) if time_layers else torch.device("cpu")
     report("loading model file", 0, 1)
     spec = load_model_file(model_file, entry, seq_len=seq_len)

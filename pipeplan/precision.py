@@ -5,42 +5,55 @@ trained a bf16 plan in fp32 measured another step than the one predicted. bf16 r
 Megatron's mixed precision does: fp32 weights, gradients and optimizer state, the forward's ops in bf16 where
 torch.autocast casts them (matmuls, convolutions; the backward follows the forward's dtypes). tf32 is fp32 with
 its matmuls on tensor cores (`torch.set_float32_matmul_precision("high")`), fp32 torch's default ("highest").
-fp16 needs loss scaling, which the runtime does not do yet: an fp16 plan trains in fp32 and `pipeplan run` says
-so (`precision_note`). The tracer times layers in these same contexts (`pipeplan trace --dtype`), so a trace's
-times are those of the step the runtime takes. Like pipeplan/optimizers.py this module sits below every layer.
+fp16 runs under torch.autocast too, with dynamic loss scaling (runtime/loss_scale.py), on the schedules that
+flush: asynchronous PipeDream's stages update at different times and could not agree on which steps to skip, so
+their fp16 plans train in fp32 and `pipeplan run` says so (`precision_note`). The tracer times layers in these same
+contexts (`pipeplan trace --dtype`), so a trace's times are those of the step the runtime takes. Like pipeplan/optimizers.py this module sits below every layer (torch is imported where a context needs it).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Final
-
-import torch
+from typing import TYPE_CHECKING, Final
 
 from pipeplan.choices import TIMED_DTYPES
+from pipeplan.schedules import facts
 
-__all__ = ["AUTOCAST_DTYPES", "TIMED_DTYPES", "precision_note", "trained_dtype", "training_precision"]
+if TYPE_CHECKING:
+    import torch
 
-AUTOCAST_DTYPES: Final[dict[str, torch.dtype]] = {"bf16": torch.bfloat16}
+__all__ = ["AUTOCAST_DTYPES", "TIMED_DTYPES", "precision_note", "scales_loss", "trained_dtype", "training_precision"]
+
+AUTOCAST_DTYPES: Final[dict[str, str]] = {"bf16": "bfloat16", "fp16": "float16"}  # torch dtypes by name: the
+# planner asks `scales_loss` without importing torch
 MATMUL_PRECISION: Final[dict[str, str]] = {"fp32": "highest", "tf32": "high"}
 
 
-def trained_dtype(dtype: str) -> str:
-    """The dtype `pipeplan run` trains a plan of `dtype` in."""
+def trained_dtype(dtype: str, schedule: str | None = None) -> str:
+    """The dtype `pipeplan run` trains a plan of `dtype` under `schedule` in (None: a schedule that flushes)."""
+    if dtype == "fp16" and schedule is not None and not facts(schedule).flushes:
+        return "fp32"
     return dtype if dtype in TIMED_DTYPES else "fp32"
 
 
+def scales_loss(dtype: str, schedule: str | None = None) -> bool:
+    """Whether the run multiplies its losses by a dynamic scale (an fp16 plan it trains in fp16)."""
+    return trained_dtype(dtype, schedule) == "fp16"
+
+
 @contextlib.contextmanager
-def training_precision(dtype: str, device: torch.device) -> Iterator[None]:
-    """Forwards (and the loss) inside run as a plan of `dtype` trains: under torch.autocast for bf16, with fp32
-    matmuls on tensor cores for tf32; the process's matmul precision is restored on the way out."""
-    trained = trained_dtype(dtype)
+def training_precision(dtype: str, device: torch.device, schedule: str | None = None) -> Iterator[None]:
+    """Forwards (and the loss) inside run as a plan of `dtype` trains: under torch.autocast for bf16 and fp16, with
+    fp32 matmuls on tensor cores for tf32; the process's matmul precision is restored on the way out."""
+    import torch
+
+    trained = trained_dtype(dtype, schedule)
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(MATMUL_PRECISION.get(trained, "highest"))
     try:
         if trained in AUTOCAST_DTYPES:
-            with torch.autocast(device.type, dtype=AUTOCAST_DTYPES[trained]):
+            with torch.autocast(device.type, dtype=getattr(torch, AUTOCAST_DTYPES[trained])):
                 yield
         else:
             yield
@@ -48,10 +61,11 @@ def training_precision(dtype: str, device: torch.device) -> Iterator[None]:
         torch.set_float32_matmul_precision(before)
 
 
-def precision_note(dtype: str) -> str | None:
+def precision_note(dtype: str, schedule: str | None = None) -> str | None:
     """A warning line where `pipeplan run` will not train in the plan's dtype, else None."""
-    if trained_dtype(dtype) == dtype:
+    if trained_dtype(dtype, schedule) == dtype:
         return None
-    return (f"warning: this plan is {dtype}; pipeplan run trains it in fp32 ({dtype} needs loss scaling, which the "
-            f"runtime does not do yet), so its steps are fp32's: plan with --dtype bf16 or --dtype fp32 to compare "
-            f"them with a prediction")
+    return (f"warning: this plan is {dtype} under {schedule}; pipeplan run trains it in fp32 (the stages of "
+            f"asynchronous PipeDream update at different times and cannot agree on which steps fp16's loss scaling "
+            f"skips), so its steps are fp32's: plan with --dtype bf16 or --dtype fp32 to compare them with a "
+            f"prediction")

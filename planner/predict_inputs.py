@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_ring_time_s, p2p_time_s
-from pipeplan.costmodels.grad_passes import dp_flatten_s, grad_scale_s
+from pipeplan.costmodels.grad_passes import dp_flatten_s, grad_scale_s, unscale_s
 from pipeplan.costmodels.graph import Graph, Layer, SharedParam, weight_grad_time_share
 from pipeplan.costmodels.memory import (
     MemoryBreakdown,
@@ -32,12 +32,15 @@ from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
+from pipeplan.precision import scales_loss
 from pipeplan.schedules import device_stages, facts
 from pipeplan.v_orders import v_order
 
 __all__ = ["StageInputs", "stage_inputs", "boundary_bytes", "boundary_tensors", "contiguous", "shared_stages", "op_times",
            "collectives_overlap", "overlap_slowdown", "receives_wait"]
 
+
+FLAG_BYTES = 4  # fp16's "an inf somewhere" flag, one float all-reduced over every device (runtime/loss_scale.py)
 
 # Compute running beside a collective on the same GPU is slower than alone: Lee et al., "Characterizing
 # Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv 2507.03114, 2025), abstract:
@@ -291,12 +294,23 @@ def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, 
 
 
 def _with_flatten(profile: HardwareProfile, config: Config, step_end: Sequence[float], grads: Sequence[int],
-                  reps: Sequence[int], tensors: Sequence[int], slow: float) -> list[float]:
+                  reps: Sequence[int], tensors: Sequence[int], slow: float, *, divides: bool) -> list[float]:
     """Each stage's end-of-step sync with the runtime's copies around an unsharded all-reduce (its gradients into
-    one buffer, divided, and back: costmodels/grad_passes.dp_flatten_s), which every replica makes at once."""
-    return [t + (slow * dp_flatten_s(grads[s], profile=profile, tensors=tensors[s])
+    one buffer, divided unless fp16 weighted the loss already: costmodels/grad_passes.dp_flatten_s), which every
+    replica makes at once."""
+    return [t + (slow * dp_flatten_s(grads[s], profile=profile, tensors=tensors[s], divides=divides)
                  if reps[s] > 1 and config.sharding == "none" else 0.0)
             for s, t in enumerate(step_end)]
+
+
+def _with_unscale(profile: HardwareProfile, opt: Sequence[float], grads: Sequence[int], tensors: Sequence[int],
+                  ranks: Sequence[Sequence[int]], slow: float) -> list[float]:
+    """fp16's update: each stage's gradients unscaled and checked (costmodels/grad_passes.unscale_s; the division
+    by M it replaces is not in `opt`), and one flag all-reduced over every device before any steps
+    (runtime/loss_scale.py)."""
+    everyone = sorted({r for rs in ranks for r in rs})
+    flag_s = allreduce_time_s(FLAG_BYTES, len(everyone), collective_link(profile, everyone, "allreduce", FLAG_BYTES))
+    return [o + slow * unscale_s(grads[s], profile=profile, tensors=tensors[s]) + flag_s for s, o in enumerate(opt)]
 
 
 def _grad_bytes(param_bytes: int, request: PlanRequest) -> int:
@@ -404,8 +418,11 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     sync = _sync_times(profile, config, request, sums.own_params, reps, ranks, shared)
     tensors = _param_tensors(graph, problem.names, assignment, S)
     grads = [_grad_bytes(p, request) for p in sums.params]
-    allreduce = _with_flatten(profile, config, sync.step_end, grads, reps, tensors, slow)
+    scaled = scales_loss(request.training_dtype, config.schedule)
+    allreduce = _with_flatten(profile, config, sync.step_end, grads, reps, tensors, slow, divides=not scaled)
     opt = _optimizer_times(profile, config, request, sums.params, grads, reps, slow, tensors)
+    if scaled:
+        opt = _with_unscale(profile, opt, grads, tensors, ranks, slow)
     if not facts(config.schedule).flushes:  # each update also stashes a new weight version (optimizer_step.py)
         opt = [o + slow * stash_copy_s(sums.params[s], profile=profile) for s, o in enumerate(opt)]
     rc = config.recompute
@@ -520,7 +537,8 @@ def _optimizer_times(profile: HardwareProfile, config: Config, request: PlanRequ
     first; devices computing side by side on one machine share its memory as they share its cores (`slow`)."""
     mixed = is_mixed_precision(request.training_dtype)
     sharded = config.sharding != "none"
-    scales = config.microbatches > 1 and not facts(config.schedule).updates_each_microbatch
+    scales = (config.microbatches > 1 and not facts(config.schedule).updates_each_microbatch
+              and not scales_loss(request.training_dtype, config.schedule))  # fp16 weighted its losses instead
     return [slow * (optimizer_step_s(params[s] / (reps[s] if sharded else 1), optimizer=request.optimizer,
                                      mixed_precision=mixed, profile=profile, kernels=request.optimizer_kernels,
                                      tensors=min(1, tensors[s]) if sharded else tensors[s])

@@ -33,13 +33,17 @@ def step_dir(root: str | os.PathLike, step: int) -> Path:
 
 
 def save_shard(root: str | os.PathLike, step: int, stage: int, module: torch.nn.Module,
-               optimizer: torch.optim.Optimizer | None) -> None:
-    """One stage's parameters, buffers and optimizer state (none for a stage without trainable parameters)."""
+               optimizer: torch.optim.Optimizer | None, loss_scale: dict[str, Any] | None = None) -> None:
+    """One stage's parameters, buffers and optimizer state (none for a stage without trainable parameters), and an
+    fp16 run's loss scaler (runtime/loss_scale.py; every rank holds the same)."""
     folder = step_dir(root, step)
     folder.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     opt_state = optimizer.state_dict() if optimizer is not None else {}
-    torch.save({"step": step, "stage": stage, "model": module.state_dict(), "optimizer": opt_state}, buf)
+    doc = {"step": step, "stage": stage, "model": module.state_dict(), "optimizer": opt_state}
+    if loss_scale is not None:
+        doc["loss_scale"] = loss_scale
+    torch.save(doc, buf)
     atomic_write_bytes(folder / f"stage-{stage}.pt", buf.getvalue())
 
 
@@ -128,9 +132,10 @@ def latest(root: str | os.PathLike, *, stages: int, fingerprint: str) -> tuple[d
 
 
 def load_shard(manifest: dict[str, Any], stage: int, module: torch.nn.Module,
-               optimizer: torch.optim.Optimizer | None) -> None:
+               optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
     """Load one stage's shard, checked against the manifest first (the launcher checked the whole checkpoint,
-    but a file can change in between); a shard torch cannot read is a user error naming it, not a traceback."""
+    but a file can change in between); a shard torch cannot read is a user error naming it, not a traceback.
+    Returns the loss scaler's state where an fp16 run saved one."""
     path = Path(manifest["path"]) / f"stage-{stage}.pt"
     hint = "delete that step folder to resume from the one before"
     problem = shard_damage(manifest, stage)
@@ -141,5 +146,7 @@ def load_shard(manifest: dict[str, Any], stage: int, module: torch.nn.Module,
         module.load_state_dict(state["model"])
         if optimizer is not None:
             optimizer.load_state_dict(state["optimizer"])
+        scaled = state.get("loss_scale")
+        return dict(scaled) if isinstance(scaled, dict) else None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError) as e:
         raise UserError(f"{path}: unreadable checkpoint shard ({str(e)[:80]})", hint) from None

@@ -52,6 +52,8 @@ class LaunchOptions:
     env: dict[str, str] = field(default_factory=dict)
     vertical_sync: bool = False
     """Asynchronous PipeDream plans: every stage uses the input stage's weight version (runtime/pipedream.py)."""
+    initial_loss_scale: float | None = None
+    """fp16 plans: the first step's loss scale (None: runtime/loss_scale.DEFAULT_INITIAL_SCALE)."""
     worker_script: str | None = None
     """A script torchrun starts instead of `-m pipeplan.runtime.worker`, with the same arguments. Tests only:
     tests/runtime_fault_worker.py wraps the real worker's main with a step hook that kills a rank."""
@@ -63,6 +65,7 @@ def devices_used(plan) -> int:
 
 def check_plan(plan, opts: LaunchOptions) -> int:
     """Everything checkable before starting processes; returns processes per node."""
+    from pipeplan.precision import scales_loss, trained_dtype
     from pipeplan.runtime.worker import stage_ranks, torch_schedule_class
     from pipeplan.schedules import facts
 
@@ -76,6 +79,9 @@ def check_plan(plan, opts: LaunchOptions) -> int:
         if opts.vertical_sync:
             raise UserError(f"--vertical-sync applies to asynchronous PipeDream plans; this plan's {plan.schedule} "
                             "flushes, so every microbatch already sees one weight version", "drop --vertical-sync")
+    if opts.initial_loss_scale is not None and not scales_loss(plan.dtype, plan.schedule):
+        raise UserError(f"--initial-loss-scale applies to fp16 plans that flush; this one trains in "
+                        f"{trained_dtype(plan.dtype, plan.schedule)} without loss scaling", "drop --initial-loss-scale")
     stage_ranks(plan)  # replicas / placement checks (asynchronous plans: runtime/pipedream.check_async_plan)
     if plan.schedule == "pipedream-2bw":
         from pipeplan.runtime.pipedream import check_async_plan
@@ -203,6 +209,8 @@ def torchrun_command(plan_path: str, per_node: int, opts: LaunchOptions, run_dir
         cmd += ["--dump-params", os.path.abspath(opts.dump_params)]
     if opts.vertical_sync:
         cmd += ["--vertical-sync"]
+    if opts.initial_loss_scale is not None:
+        cmd += ["--initial-loss-scale", repr(opts.initial_loss_scale)]
     return cmd
 
 
@@ -239,7 +247,7 @@ def launch(plan_path: str, opts: LaunchOptions, *, notify: Callable[[str], None]
     resumed = check_resume(plan, opts)
     check_outputs(opts)
     shared = shared_cores_warning(per_node, _cuda_devices(), core_count())
-    for warning in (shared, precision_note(plan.dtype)):
+    for warning in (shared, precision_note(plan.dtype, plan.schedule)):
         if warning and notify is not None:
             notify(warning)
     if resumed is not None and notify is not None:

@@ -383,7 +383,7 @@ def train_async(opts, st: AsyncStage, rs, groups: Groups, mean: bool, after_step
         m = i * r + st.j
         measured = m // m_per_step >= opts.warmup
         meter.enabled = not measured or m < m_per_step
-        with meter.op([st.module]), training_precision(rs.plan.dtype, rs.device):  # the plan's precision
+        with meter.op([st.module]), training_precision(rs.plan.dtype, rs.device, rs.plan.schedule):  # the plan's
             timed_op(st, kind, m, meter, stats, clock.origin if measured else None)
         if kind == "B":
             update(st, groups, mean)

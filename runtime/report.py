@@ -65,6 +65,8 @@ def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
         },
         "predicted": predicted,
         "losses": losses,
+        # fp16: the loss scale after the last step and the steps skipped for an overflow (runtime/loss_scale.py)
+        "loss_scale": next((r["loss_scale"] for r in ranks if r.get("loss_scale")), None),
         "first_step": result.get("first_step", 0),
         "resumed": result.get("resumed"),  # {"step", "dir", "skipped"} after --resume, else None
     }

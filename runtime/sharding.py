@@ -88,10 +88,18 @@ class ShardedParams:
         for p in self.params:
             p.grad = None
 
-    def step(self, scale: float) -> None:
-        """The optimizer update of this replica's shard, then the updated parameters gathered (ZeRO-1/2)."""
+    def reduce_pending(self) -> None:
+        """ZeRO-1 reduces the step's gradients once, before its update (ZeRO-2/3 did after every backward)."""
         if self.level == "zero1":
             self.reduce_scatter_grads()
+
+    def skip(self) -> None:
+        """A step fp16's loss scaling skips (runtime/loss_scale.py): drop the gradients; the parameters stand."""
+        self.grad_shard.zero_()
+
+    def step(self, scale: float) -> None:
+        """The optimizer update of this replica's shard (`reduce_pending` first), then the updated parameters
+        gathered (ZeRO-1/2)."""
         self.master.grad = self.grad_shard * scale
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -35,8 +35,9 @@ from pipeplan._io import atomic_write_bytes, atomic_write_json
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.local_device import become_local_device
 from pipeplan.optimizers import DEFAULT_LR, make_optimizer
-from pipeplan.precision import training_precision
+from pipeplan.precision import scales_loss, training_precision
 from pipeplan.runtime import checkpoint as ckpt
+from pipeplan.runtime.loss_scale import DEFAULT_INITIAL_SCALE, LossScaler, overflow_anywhere, unscale_grads
 from pipeplan.runtime.measure import (
     SavedTensorMeter,
     StageStats,
@@ -77,6 +78,8 @@ class Options:
     """The checkpoint the launcher checked and announced (launch.check_resume); None: the newest intact one."""
     vertical_sync: bool = False
     """Asynchronous PipeDream: every stage uses the input stage's weight version (runtime/pipedream.py)."""
+    initial_loss_scale: float = DEFAULT_INITIAL_SCALE
+    """fp16 plans: the loss scale of the first step (runtime/loss_scale.py)."""
 
 
 def parse(argv: list[str]) -> Options:
@@ -95,9 +98,10 @@ def parse(argv: list[str]) -> Options:
     p.add_argument("--dump-params", default=None)
     p.add_argument("--resume-step", type=int, default=None)
     p.add_argument("--vertical-sync", action="store_true")
+    p.add_argument("--initial-loss-scale", type=float, default=DEFAULT_INITIAL_SCALE)
     a = p.parse_args(argv)
     return Options(a.plan, a.steps, a.warmup, a.lr, a.optimizer, a.run_dir, a.checkpoint_dir, a.checkpoint_every,
-                   a.resume, a.dump_params, a.resume_step, a.vertical_sync)
+                   a.resume, a.dump_params, a.resume_step, a.vertical_sync, a.initial_loss_scale)
 
 
 # ---------------------------------------------------------------- placement
@@ -267,6 +271,7 @@ class RunState:
     schedule: Any
     mean_loss: bool
     first_step: int
+    scaler: LossScaler | None = None  # an fp16 plan's dynamic loss scale (runtime/loss_scale.py)
 
     @property
     def has_first(self) -> bool:
@@ -337,18 +342,21 @@ def setup(opts: Options, plan_path: str) -> RunState:
     optimizers = make_optimizers(opts, plan, modules, sharded)
     tied = tied_groups(ranks, dp, shared)
     my_ranks = {s: ranks[s][replica] for s in ranks}  # this replica's pipeline
-    first_step = resume_step(opts, plan, modules, optimizers)
+    first_step, scaled = resume_step(opts, plan, modules, optimizers)
+    scaler = None
+    if scales_loss(plan.dtype, plan.schedule):
+        scaler = LossScaler.from_state(scaled) if scaled else LossScaler(scale=opts.initial_loss_scale)
     meter = SavedTensorMeter(weight_storages(modules.values()), state_keys(modules.values())) \
         if device.type == "cpu" else None
     clock = StepClock()
     stats = {s: StageStats(index=s) for s in mine}
     schedule, mean_loss = build_pipeline(plan, spec, gm, modules, pp_groups[replica], device, stats, clock, meter,
-                                         sharded)
+                                         sharded, scaler)
     return RunState(plan=plan, spec=spec, gm=gm, device=device, rank=rank, world=world, replica=replica, dp=dp,
                     mine=mine, modules=modules, optimizers=optimizers, sharded=sharded, shared=shared,
                     my_ranks=my_ranks,
                     tied_groups=tied, dp_groups=dp_groups, stats=stats, meter=meter, clock=clock,
-                    schedule=schedule, mean_loss=mean_loss, first_step=first_step)
+                    schedule=schedule, mean_loss=mean_loss, first_step=first_step, scaler=scaler)
 
 
 def check_launch(plan, ranks: dict[int, list[int]], world: int) -> None:
@@ -487,10 +495,11 @@ def shard_stages(opts: Options, plan, modules: dict[int, torch.nn.Module], share
 
 
 def resume_step(opts: Options, plan, modules: dict[int, torch.nn.Module],
-                optimizers: dict[int, torch.optim.Optimizer]) -> int:
-    """The step to start from: with --resume, the last complete checkpoint's (its shards loaded), else 0."""
+                optimizers: dict[int, torch.optim.Optimizer]) -> tuple[int, dict[str, Any] | None]:
+    """(the step to start from, the loss scaler's state there): with --resume, the last complete checkpoint's (its
+    shards loaded), else (0, None)."""
     if not (opts.resume and opts.checkpoint_dir):
-        return 0
+        return 0, None
     if opts.resume_step is not None:  # the one the launcher announced, so every rank loads the same step
         manifest: dict[str, Any] | None = ckpt.read_manifest(ckpt.step_dir(opts.checkpoint_dir, opts.resume_step)
                                                              / "manifest.json")
@@ -498,19 +507,21 @@ def resume_step(opts: Options, plan, modules: dict[int, torch.nn.Module],
         manifest, _ = ckpt.latest(opts.checkpoint_dir, stages=len(plan.stages), fingerprint=plan.graph["fingerprint"])
     if manifest is None:  # the launcher checked; the folder changed since
         raise UserError(f"--resume: no intact checkpoint in {opts.checkpoint_dir}", "run without --resume")
-    for s in modules:
-        ckpt.load_shard(manifest, s, modules[s], optimizers.get(s))
-    return int(manifest["step"])
+    scaled = [ckpt.load_shard(manifest, s, modules[s], optimizers.get(s)) for s in modules]
+    return int(manifest["step"]), next((state for state in scaled if state), None)
 
 
 def build_pipeline(plan, spec, gm, modules: dict[int, torch.nn.Module], group, device: torch.device,
                    stats: dict[int, StageStats], clock: StepClock, meter: SavedTensorMeter | None,
-                   sharded: dict[int, ShardedParams]) -> tuple[Any, bool]:
+                   sharded: dict[int, ShardedParams], scaler: LossScaler | None = None) -> tuple[Any, bool]:
     """(schedule, mean_loss): this rank's instrumented PipelineStages under the plan's torch schedule.
 
     mean_loss says whether the model file's loss is a batch mean (its loss_fn) or a sum
     (no loss_fn: the sum of the outputs); the microbatch gradients are averaged or summed
-    to match, so the pipelined step equals the whole-batch step.
+    to match, so the pipelined step equals the whole-batch step. With a scaler (fp16: runtime/loss_scale.py)
+    every loss is multiplied by its scale of the moment times its weight in the step (`loss_weight`), before the
+    backward, as Megatron-LM divides by the microbatch count there: fp16's backward then sees the magnitudes a
+    single process under GradScaler sees, and no pass after it divides (the unscaling does).
     """
     from torch.distributed.pipelining import PipelineStage
 
@@ -526,12 +537,20 @@ def build_pipeline(plan, spec, gm, modules: dict[int, torch.nn.Module], group, d
 
     def loss_fn(output, target):
         loss = spec.loss(unflatten_output(output, gm), target if mean_loss else None)
+        if scaler is not None:
+            loss = loss * (scaler.scale * loss_weight(plan, mean_loss))
         # zero bubble's stage_backward_input detaches the loss in place (torch _backward.py), which a view refuses
         return loss.clone() if isinstance(loss, torch.Tensor) and loss._is_view() else loss
 
     last = len(plan.stages) - 1
     timed = timed_loss(loss_fn, stats[last], clock, device) if last in stats else loss_fn
-    return build_schedule(plan, pipe_stages, timed, scale_grads=mean_loss), mean_loss
+    return build_schedule(plan, pipe_stages, timed, scale_grads=mean_loss and scaler is None), mean_loss
+
+
+def loss_weight(plan, mean_loss: bool) -> float:
+    """A microbatch loss's weight in the step's: 1/(M x replicas) for a batch mean (each replica's M microbatches
+    are an equal share of the batch), 1 for a sum."""
+    return 1.0 / (plan.microbatches * plan.data_parallel) if mean_loss else 1.0
 
 
 def train(opts: Options, st: RunState, after_step: StepHook) -> StepLog:
@@ -588,23 +607,44 @@ def train_step(st: RunState, inputs: tuple, target: Any, *, measured: bool, firs
     # would only concatenate (and keep alive) every microbatch's logits
     # in the plan's precision (pipeplan/precision.py: bf16 under autocast), forwards, loss and backwards alike
     with (st.meter.step(st.modules.values()) if st.meter is not None else contextlib.nullcontext(),
-          training_precision(st.plan.dtype, st.device)):
+          training_precision(st.plan.dtype, st.device, st.plan.schedule)):
         st.schedule.step(*args, return_outputs=False, **kwargs)
+    # what this step's losses were multiplied by: under fp16 they were already weighted, so the sync only sums
+    factor = st.scaler.scale * loss_weight(st.plan, st.mean_loss) if st.scaler is not None else 1.0
     sum_shared_grads(st.shared, st.modules, st.my_ranks, st.tied_groups)
     if st.dp > 1:
-        average_replica_grads(st.modules, st.dp_groups, st.dp, st.mean_loss, st.sharded)
-    for opt in st.optimizers.values():
-        opt.step()
-    for sp in st.sharded.values():
-        sp.step(sharded_grad_scale(sp.level, st.dp, st.plan.microbatches, st.mean_loss))
+        average_replica_grads(st.modules, st.dp_groups, st.dp, st.mean_loss and st.scaler is None, st.sharded)
+    update(st)
     if st.device.type == "cuda":
         torch.cuda.synchronize(st.device)
     elapsed = time.perf_counter() - st.clock.origin
     if measured:
         log.step_s.append(elapsed)
     if st.has_last:
-        per_mb = torch.stack([l.detach().float() for l in mb_losses])
+        per_mb = torch.stack([l.detach().float() for l in mb_losses]) / factor
         log.losses.append(float(per_mb.mean() if st.mean_loss else per_mb.sum()))
+
+
+def update(st: RunState) -> None:
+    """The optimizer steps of this rank's stages. Under fp16 the gradients are divided by the loss scale first,
+    and every rank skips the step where any found an inf or a NaN (runtime/loss_scale.py)."""
+    for sp in st.sharded.values():
+        sp.reduce_pending()
+    shard_scale = {s: sharded_grad_scale(sp.level, st.dp, st.plan.microbatches, st.mean_loss and st.scaler is None)
+                   for s, sp in st.sharded.items()}
+    if st.scaler is not None:
+        grads = [p.grad for opt in st.optimizers.values() for g in opt.param_groups for p in g["params"]
+                 if p.grad is not None] + [sp.grad_shard for sp in st.sharded.values()]
+        overflow = overflow_anywhere(unscale_grads(grads, st.scaler.scale, st.device))
+        st.scaler.update(overflow)
+        if overflow:
+            for sp in st.sharded.values():
+                sp.skip()
+            return
+    for opt in st.optimizers.values():
+        opt.step()
+    for s, sp in st.sharded.items():
+        sp.step(shard_scale[s])
 
 
 def save_checkpoint(checkpoint_dir: str, st: RunState, steps_done: int, losses: list[float]) -> None:
@@ -613,7 +653,8 @@ def save_checkpoint(checkpoint_dir: str, st: RunState, steps_done: int, losses: 
     The manifest is what makes a checkpoint complete: a rank dying before it leaves the previous one latest.
     """
     for s in st.mine if st.replica == 0 else ():
-        ckpt.save_shard(checkpoint_dir, steps_done, s, st.modules[s], st.optimizers.get(s))
+        ckpt.save_shard(checkpoint_dir, steps_done, s, st.modules[s], st.optimizers.get(s),
+                        st.scaler.state() if st.scaler is not None else None)
     all_losses = gather_losses(losses, st.has_last, st.mean_loss)
     dist.barrier()
     if st.rank == 0:
@@ -634,6 +675,7 @@ def teardown(st: RunState, log: StepLog, out_dir: Path, dump_dir: Path | None) -
         "rank": st.rank,
         "replica": st.replica,
         "loss_reduction": "mean" if st.mean_loss else "sum",
+        "loss_scale": st.scaler.state() if st.scaler is not None else None,
         "step_s": log.step_s,
         "losses": log.losses if st.has_last else None,
         "stages": [stage_record(s, st.stats[s], st.modules[s], st.optimizers.get(s), st.meter, st.device,

@@ -145,13 +145,14 @@ def test_analyze_re_times_the_chosen_plan_on_the_visible_gpu(monkeypatch):
     calls.clear()
     retime_like_device(untimed, h200, bf16, search(untimed, h200, bf16), retrace)
     assert calls == [(256, "cuda", "bf16")]
-    # another GPU, no GPU, an fp16 plan (trained in fp32: pipeplan/precision.py) or another --times: not this path
+    # an fp16 plan is re-timed in fp16 (trained so, with loss scaling: runtime/loss_scale.py); another GPU, no GPU or
+    # another --times: not this path
     _fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3")
     assert gpu_retime_wanted(untimed, h200, request, 256) is None
     _fake_gpu(monkeypatch, None)
     assert gpu_retime_wanted(untimed, h200, request, 256) is None
     _fake_gpu(monkeypatch, "NVIDIA H200")
-    assert gpu_retime_wanted(untimed, h200, dataclasses.replace(request, dtype="fp16").for_profile(h200), 256) is None
+    assert gpu_retime_wanted(untimed, h200, dataclasses.replace(request, dtype="fp16").for_profile(h200), 256) is True
     assert gpu_retime_wanted(untimed, h200, dataclasses.replace(request, times="roofline"), 256) is None
 
 

@@ -12,27 +12,33 @@ import json
 import pytest
 import torch
 
-from pipeplan.precision import precision_note, trained_dtype, training_precision
+from pipeplan.precision import precision_note, scales_loss, trained_dtype, training_precision
 from runtime_helpers import REPO, hand_plan, reference_steps, run_cli
 
 MODEL = REPO / "tests" / "runtime_model_gpt.py"  # a small GPT with tied embeddings: matmuls autocast casts
 
 
 def test_which_dtype_a_plan_trains_in_and_what_the_run_says_otherwise():
-    assert [trained_dtype(d) for d in ("fp32", "tf32", "bf16", "fp16")] == ["fp32", "tf32", "bf16", "fp32"]
-    assert precision_note("bf16") is None and precision_note("fp32") is None
-    note = precision_note("fp16") or ""
-    assert note.startswith("warning: this plan is fp16; pipeplan run trains it in fp32") and "--dtype bf16" in note
+    assert [trained_dtype(d) for d in ("fp32", "tf32", "bf16", "fp16")] == ["fp32", "tf32", "bf16", "fp16"]
+    assert [trained_dtype("fp16", s) for s in ("1f1b", "gpipe", "pipedream", "pipedream-2bw")] == \
+        ["fp16", "fp16", "fp32", "fp32"]
+    assert scales_loss("fp16", "1f1b") and not scales_loss("bf16", "1f1b") and not scales_loss("fp16", "pipedream")
+    assert precision_note("bf16") is None and precision_note("fp16", "1f1b") is None
+    note = precision_note("fp16", "pipedream") or ""
+    assert note.startswith("warning: this plan is fp16 under pipedream; pipeplan run trains it in fp32")
+    assert "--dtype bf16" in note
 
 
-def test_the_training_precision_casts_matmuls_in_bf16_only_and_restores_the_matmul_setting():
+def test_the_training_precision_casts_matmuls_in_16_bits_only_and_restores_the_matmul_setting():
     a, b = torch.randn(4, 8), torch.randn(8, 3)
     before = torch.get_float32_matmul_precision()
     with training_precision("bf16", torch.device("cpu")):
         assert (a @ b).dtype == torch.bfloat16
     with training_precision("tf32", torch.device("cpu")):
         assert torch.get_float32_matmul_precision() == "high" and (a @ b).dtype == torch.float32
-    with training_precision("fp16", torch.device("cpu")):  # trained in fp32 (no loss scaling)
+    with training_precision("fp16", torch.device("cpu")):
+        assert (a @ b).dtype == torch.float16
+    with training_precision("fp16", torch.device("cpu"), "pipedream"):  # trained in fp32 (no loss scaling)
         assert (a @ b).dtype == torch.float32
     assert torch.get_float32_matmul_precision() == before
 
@@ -55,12 +61,14 @@ def test_a_bf16_plan_runs_in_bf16_like_a_single_process_under_autocast(tmp_path)
     assert float((losses - torch.tensor(fp32)).abs().max()) > 5 * float((losses - torch.tensor(bf16)).abs().max())
 
 
-def test_an_fp16_plan_says_it_trains_in_fp32(tmp_path):
-    plan = hand_plan(str(MODEL), stages=1, devices=1, schedule="1f1b", microbatches=1, batch_size=4, dtype="fp16")
+def test_an_asynchronous_fp16_plan_says_it_trains_in_fp32(tmp_path):
+    plan = hand_plan(str(MODEL), stages=2, devices=2, schedule="pipedream", microbatches=1, batch_size=4, dtype="fp16")
     plan.save(tmp_path / "plan.json")
-    r = run_cli("run", str(tmp_path / "plan.json"), "--steps", "1", "--warmup", "0", timeout=180)
+    r = run_cli("run", str(tmp_path / "plan.json"), "--steps", "2", "--warmup", "0", timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "warning: this plan is fp16; pipeplan run trains it in fp32" in r.stderr + r.stdout
+    assert "warning: this plan is fp16 under pipedream; pipeplan run trains it in fp32" in r.stderr + r.stdout
+    r = run_cli("run", str(tmp_path / "plan.json"), "--steps", "2", "--initial-loss-scale", "1024")
+    assert r.returncode == 2 and "--initial-loss-scale applies to fp16 plans that flush" in r.stderr
 
 
 def test_a_cuda_trace_is_taken_in_the_dtype_it_was_timed_in_only():
@@ -84,7 +92,7 @@ def test_a_cuda_trace_is_taken_in_the_dtype_it_was_timed_in_only():
     note = compute.local_times_note(bf16, h200, dtype="fp32", times="model", samples=bf16.batch_size) or ""
     assert "the trace timed NVIDIA H200 in bf16; plan with --dtype bf16" in note and "trace with --dtype fp32" in note
     fp16 = compute.local_times_note(bf16, h200, dtype="fp16", times="model", samples=bf16.batch_size) or ""
-    assert "fp16 plans train in fp32" in fp16
+    assert "trace with --dtype fp16" in fp16  # fp16 plans train in fp16 too (runtime/loss_scale.py)
 
 
 def test_trace_refuses_a_dtype_it_would_not_time(tmp_path):

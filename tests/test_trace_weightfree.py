@@ -248,7 +248,8 @@ MLP = EXAMPLES / "mlp.py"
     (["--profile", "a100-80gb-sxm"], False),
     (["--profile", "a100-80gb-sxm", "--times", "measured"], True),
     (["--profile", "LOCAL"], True),
-    (["--profile", "LOCAL", "--dtype", "bf16"], False),  # measured times are fp32: bf16 prices by roofline
+    (["--profile", "LOCAL", "--dtype", "bf16"], True),  # re-timed in bf16 like a device (cli/device_like.py)
+    (["--profile", "LOCAL", "--dtype", "bf16", "--times", "roofline"], False),
 ])
 def test_analyze_times_layers_only_when_the_plan_uses_them(local_profile, extra, timed):
     extra = [str(local_profile) if a == "LOCAL" else a for a in extra]

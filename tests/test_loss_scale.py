@@ -1,0 +1,152 @@
+"""fp16 plans train in fp16 with dynamic loss scaling (runtime/loss_scale.py), held against torch's own GradScaler:
+its update rule (aten's `_amp_update_scale_`), its unscale-and-check kernel, and one process training the same
+model under CPU autocast with `torch.amp.GradScaler`, written out here (not the runtime's code)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from pipeplan.runtime.loss_scale import LossScaler, unscale_grads
+from runtime_helpers import REPO, SEED, hand_plan, run_cli
+
+MODEL = REPO / "examples" / "gpt.py"  # a batch-mean cross-entropy: fp16 overflows it from a scale of 2^24
+
+
+def test_the_scale_moves_as_torchs_grad_scaler_moves_it():
+    """A random run of clean and overflowing steps: the same scale after each as aten's in-place update."""
+    rng = random.Random(0)
+    ours = LossScaler(scale=2.0 ** 10, growth_interval=3)
+    scale, tracker = torch.full((1,), 2.0 ** 10), torch.zeros(1, dtype=torch.int32)
+    skipped = 0
+    for _ in range(200):
+        inf = rng.random() < 0.2
+        skipped += inf
+        ours.update(inf)
+        torch._amp_update_scale_(scale, tracker, torch.full((1,), float(inf)), 2.0, 0.5, 3)
+        assert ours.scale == float(scale) and ours.good_steps == int(tracker)
+    assert ours.skipped_steps == skipped > 0
+    assert LossScaler.from_state(ours.state()) == ours
+
+
+def test_unscaling_divides_in_place_and_flags_an_inf_or_a_nan_anywhere():
+    a, b = torch.tensor([2.0, 4.0]), torch.tensor([8.0], dtype=torch.float64)
+    assert float(unscale_grads([a, b], 2.0, torch.device("cpu"))) == 0.0
+    assert a.tolist() == [1.0, 2.0] and b.tolist() == [4.0]
+    assert float(unscale_grads([a, torch.tensor([float("nan")])], 2.0, torch.device("cpu"))) == 1.0
+    assert float(unscale_grads([torch.tensor([float("inf")]), b], 2.0, torch.device("cpu"))) == 1.0
+
+
+def grad_scaler_reference(batch: int, steps: int, microbatches: int, init_scale: float):
+    """(losses, final scale, skipped steps): one process, fp16 autocast, torch.amp.GradScaler, SGD lr 0.01; the
+    microbatches' gradients accumulated as the pipeline's (each loss weighted 1/M)."""
+    from pipeplan.costmodels.model_file import load_model_file
+
+    spec = load_model_file(str(MODEL), "build_model")
+    torch.manual_seed(SEED)
+    model = spec.build()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    x, y = spec.example_inputs(batch), spec.example_target(batch)
+    xs = [tuple(t.tensor_split(microbatches)[i] for t in x) for i in range(microbatches)]
+    ys = [y.tensor_split(microbatches)[i] for i in range(microbatches)]
+    losses, skipped = [], 0
+    for _ in range(steps):
+        opt.zero_grad()
+        total = 0.0
+        for xi, yi in zip(xs, ys, strict=True):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = spec.loss(model(*xi), yi)
+            scaler.scale(loss / microbatches).backward()
+            total += float(loss.detach())
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        skipped += scaler.get_scale() < before
+        losses.append(total / microbatches)
+    return losses, scaler.get_scale(), skipped
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule,stages,replicas,sharding", [("1f1b", 2, 1, "none"), ("zb-h1", 2, 1, "none"),
+                                                               ("1f1b", 1, 2, "none"), ("1f1b", 1, 2, "zero2")])
+def test_an_fp16_plan_skips_the_steps_grad_scaler_skips_and_trains_like_it(tmp_path, schedule, stages, replicas,
+                                                                          sharding):
+    """2-stage 1F1B and zero-bubble pipelines, 2 data-parallel replicas, and 2 replicas under ZeRO-2, from a scale
+    that overflows fp16 (2^24): the run skips the steps the single-process GradScaler skips, ends at its scale, and
+    its losses agree to fp16's rounding."""
+    batch, m, steps, init = 8, 4 if stages > 1 else 2, 6, 2.0 ** 24
+    plan = hand_plan(str(MODEL), stages=stages, devices=stages, schedule=schedule, microbatches=m, batch_size=batch,
+                     dtype="fp16", data_parallel=replicas, sharding=sharding)
+    plan.save(tmp_path / "plan.json")
+    r = run_cli("run", str(tmp_path / "plan.json"), "--steps", str(steps), "--warmup", "0", "--optimizer", "sgd",
+                "--lr", "0.01", "--initial-loss-scale", str(init), "--json", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "warning" not in r.stderr
+    doc = json.loads(r.stdout)
+    losses, scale, skipped = grad_scaler_reference(batch, steps, m * replicas, init)
+    assert 0 < skipped < steps  # some steps overflowed, later ones trained
+    assert doc["loss_scale"]["scale"] == scale and doc["loss_scale"]["skipped_steps"] == skipped
+    torch.testing.assert_close(torch.tensor(doc["losses"]), torch.tensor(losses), rtol=2e-3, atol=1e-4)
+    assert doc["losses"][-1] < doc["losses"][0]
+
+
+@pytest.mark.slow
+def test_a_resumed_fp16_run_keeps_its_loss_scale(tmp_path):
+    """Three steps with a checkpoint, then --resume to six: the losses and scale of six steps run straight."""
+    plan = hand_plan(str(MODEL), stages=2, devices=2, schedule="1f1b", microbatches=2, batch_size=8, dtype="fp16")
+    plan.save(tmp_path / "plan.json")
+    common = ("--warmup", "0", "--optimizer", "sgd", "--lr", "0.01", "--initial-loss-scale", str(2.0 ** 24), "--json")
+    first = run_cli("run", str(tmp_path / "plan.json"), "--steps", "3", "--checkpoint-dir", str(tmp_path / "ck"),
+                    "--checkpoint-every", "3", *common, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = run_cli("run", str(tmp_path / "plan.json"), "--steps", "6", "--checkpoint-dir", str(tmp_path / "ck"),
+                      "--resume", *common, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    losses, scale, skipped = grad_scaler_reference(8, 6, 2, 2.0 ** 24)
+    doc = json.loads(resumed.stdout)
+    assert doc["loss_scale"]["scale"] == scale and doc["loss_scale"]["skipped_steps"] == skipped
+    torch.testing.assert_close(torch.tensor(doc["losses"][-3:]), torch.tensor(losses[3:]), rtol=2e-3, atol=1e-4)
+
+
+def test_an_fp16_step_is_priced_with_its_unscaling_and_flag_instead_of_its_divisions():
+    """fp16 against bf16, the same split on one GPU profile (equal peaks, so equal layers): the update adds the
+    flag's all-reduce over all four devices (the unscaling pass takes the place of the division by M, the same
+    pass over the same gradients), and the data-parallel sync makes one pass fewer (no division: the loss was
+    weighted before the backward)."""
+    from pipeplan.costmodels.comm import allreduce_time_s, group_link
+    from pipeplan.costmodels.grad_passes import gradient_pass_s
+    from pipeplan.costmodels.memory import model_state_bytes
+    from pipeplan.hardware_profiles import load_profile
+    from pipeplan.planner.predict import evaluate
+    from search_fixtures import gpt_like
+
+    g = gpt_like(blocks=4, hidden=256, seq=128, vocab=1000, batch=4)
+    a100 = load_profile("a100-80gb-sxm")
+    assert a100.flops_for("fp16") == a100.flops_for("bf16")
+    plans = {d: evaluate(g, a100, [0, 0, 0, 1, 1, 1], data_parallel=2, schedule="1f1b", microbatches=2,
+                         batch_size=16, dtype=d) for d in ("bf16", "fp16")}
+    flag = allreduce_time_s(4, 4, group_link(a100, [0, 1, 2, 3]))
+    for s in range(2):
+        bf16, fp16 = plans["bf16"].stages[s].predicted, plans["fp16"].stages[s].predicted
+        params = sum(g.layers[i].param_bytes for i in range(3 * s, 3 * s + 3))
+        grad = model_state_bytes(params, optimizer="adam", dtype="bf16", mixed_precision="deepspeed").grad_bytes
+        tensors = len({p for i in range(3 * s, 3 * s + 3) for p in g.layers[i].params})
+        assert fp16.optimizer_s - bf16.optimizer_s == pytest.approx(flag)
+        assert bf16.allreduce_s - fp16.allreduce_s == pytest.approx(gradient_pass_s(grad, profile=a100,
+                                                                                    tensors=tensors))
+        assert fp16.fwd_s == bf16.fwd_s and fp16.bwd_s == bf16.bwd_s
+
+
+def test_the_initial_loss_scale_is_checked_before_anything_starts(tmp_path):
+    plan = hand_plan(str(MODEL), stages=1, devices=1, schedule="1f1b", microbatches=1, batch_size=4, dtype="fp16")
+    plan.save(tmp_path / "fp16.json")
+    r = run_cli("run", str(tmp_path / "fp16.json"), "--initial-loss-scale", "-1")
+    assert r.returncode == 2 and "--initial-loss-scale" in r.stderr and "Traceback" not in r.stderr
+    fp32 = hand_plan(str(MODEL), stages=1, devices=1, schedule="1f1b", microbatches=1, batch_size=4)
+    fp32.save(tmp_path / "fp32.json")
+    r = run_cli("run", str(tmp_path / "fp32.json"), "--initial-loss-scale", "1024")
+    assert r.returncode == 2 and "trains in fp32 without loss scaling" in r.stderr
