@@ -76,7 +76,8 @@ def test_export_settings_and_refusals():
     assert exp.settings["parts"] == [0, 2, 4, 6, 9]  # units: embed, 6 blocks, norm, head
     assert exp.settings["activation_checkpoint_interval"] == 1
     assert exp.settings["ds_config"] == {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1,
-                                         "gradient_accumulation_steps": 8, "zero_optimization": {"stage": 1}}
+                                         "gradient_accumulation_steps": 8, "zero_optimization": {"stage": 1},
+                                         "bf16": {"enabled": True}}  # the plan's dtype
     assert any("no option for explicit stage boundaries" in n for n in exp.notes)
     for kw, why in ((dict(schedule="interleaved", chunks=2), "no interleaved schedule"),
                     (dict(sharding="zero2", data_parallel=2), "refuses ZeRO-2 and ZeRO-3")):
@@ -133,3 +134,22 @@ def test_pipeline_module_builds_the_exported_parts(tmp_path):
     parts = exp.settings["parts"]
     built = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(4)]
     assert built == [[r, parts[r], parts[r + 1], parts[r + 1] - parts[r]] for r in range(4)]
+
+
+@pytest.mark.parametrize("dtype, bf16, fp16", [("bf16", True, False), ("fp16", False, True), ("fp32", False, False),
+                                               ("tf32", False, False)])
+def test_ds_config_trains_in_the_plans_dtype(dtype, bf16, fp16):
+    """DeepSpeed trains fp32 unless ds_config says otherwise: read by DeepSpeed's own precision parser, the exported
+    config enables the plan's 16-bit dtype, fp16 with dynamic loss scaling from 2^16; tf32 has no key (a note)."""
+    ds_utils()
+    from deepspeed.runtime.precision_config import get_bfloat16_config, get_float16_config
+
+    plan = make_plan(llama_graph(8), counts_assignment([4, 2, 2, 4]), dtype=dtype)
+    exp = export_plan(plan, "deepspeed")
+    config = json.loads(exp.snippets["ds_config.json"])
+    assert get_bfloat16_config(config).enabled is bf16
+    fp16_config = get_float16_config(config)
+    assert fp16_config.enabled is fp16
+    if fp16:
+        assert fp16_config.loss_scale == 0 and fp16_config.initial_scale_power == 16  # 0: dynamic
+    assert any("allow_tf32" in n for n in exp.notes) is (dtype == "tf32")

@@ -186,3 +186,25 @@ def test_import_refuses_what_megatron_refuses(argv, why):
     mu = model_units([layer.name for layer in llama_graph(8).layers])
     with pytest.raises(ValueError, match=why):
         split_from_args(argv, mu)
+
+
+@pytest.mark.parametrize("dtype, mixed_precision", [("bf16", "deepspeed"), ("bf16", "megatron"), ("fp16", "megatron"),
+                                                    ("fp32", "deepspeed")])
+def test_the_arguments_train_in_the_plans_dtype(dtype, mixed_precision):
+    """--bf16 or --fp16 as the plan's dtype (Megatron-LM trains fp32 without them), set on megatron-core's own
+    configs, which refuse both at once; a bf16 plan counted with 16-bit gradients says Megatron keeps fp32 ones."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    plan = make_plan(llama_graph(8), counts_assignment([4, 2, 2, 4]), dtype=dtype, mixed_precision=mixed_precision)
+    exp = export_plan(plan, "megatron")
+    args = _args(exp)
+    flags = {"bf16": "--bf16" in args, "fp16": "--fp16" in args}
+    assert flags == {"bf16": dtype == "bf16", "fp16": dtype == "fp16"}
+    TransformerConfig(num_layers=8, hidden_size=64, num_attention_heads=4, **flags)
+    assert OptimizerConfig(**flags).loss_scale is None  # dynamic loss scaling for --fp16
+    with pytest.raises(ValueError, match="Only one of"):
+        TransformerConfig(num_layers=8, hidden_size=64, num_attention_heads=4, bf16=True, fp16=True)
+    warned = any("--accumulate-allreduce-grads-in-fp32" in n for n in exp.notes)
+    assert warned is (dtype == "bf16" and mixed_precision == "deepspeed")

@@ -30,7 +30,7 @@ from pipeplan.planner.frameworks.names import ModelUnits, unit_split
 from pipeplan.planner.plan import Plan
 
 __all__ = ["TYPE_NAMES", "partition_uniform", "partition_balanced", "parts_for_method", "parts_of_split",
-           "split_of_parts", "export", "type_name"]
+           "precision_config", "split_of_parts", "export", "type_name"]
 
 TYPE_NAMES = {"embed": "EmbeddingPipe", "block": "ParallelTransformerLayerPipe", "norm": "NormPipe",
               "head": "LMHeadPipe", "other": "LayerPipe"}
@@ -110,6 +110,7 @@ def export(plan: Plan) -> Export:
               "gradient_accumulation_steps": plan.microbatches}
     if plan.sharding == "zero1":
         config["zero_optimization"] = {"stage": 1}
+    config.update(precision_config(plan.dtype))
     settings = {"num_stages": len(split), "parts": parts, "activation_checkpoint_interval": 1 if plan.recompute else 0,
                 "ds_config": config}
     notes = ["DeepSpeed has no option for explicit stage boundaries: the class below overrides "
@@ -118,8 +119,23 @@ def export(plan: Plan) -> Export:
              f"... ({len(pu.units.units)} layers)",
              f"gradient_accumulation_steps is the microbatch count ({plan.microbatches}); DeepSpeed runs 1F1B "
              "(TrainSchedule) whatever the plan's synchronous schedule"]
+    if plan.dtype == "tf32":
+        notes.append("the plan is tf32: DeepSpeed has no setting for it; set torch.backends.cuda.matmul.allow_tf32 = "
+                     "True in the training script (else its matmuls run in full fp32, slower than predicted)")
     return Export("deepspeed", settings, {"python": _python(settings), "ds_config.json": _json(config)},
                   stage_modules, notes)
+
+
+def precision_config(dtype: str) -> dict[str, object]:
+    """The ds_config keys that train in the plan's dtype (DeepSpeed trains fp32 without them, another step than the
+    one predicted): bf16, or fp16 with dynamic loss scaling (`"loss_scale": 0`) from 2^16, where `pipeplan run`
+    and torch.amp.GradScaler start (DeepSpeed's own window and hysteresis then move it;
+    deepspeed/runtime/precision_config.py)."""
+    if dtype == "bf16":
+        return {"bf16": {"enabled": True}}
+    if dtype == "fp16":
+        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}}
+    return {}
 
 
 def _json(config: dict[str, object]) -> str:

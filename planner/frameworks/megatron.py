@@ -152,14 +152,33 @@ def export(plan: Plan) -> Export:
         args.update({"--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": 1})
     if plan.sharding == "zero1":
         args["--use-distributed-optimizer"] = True
+    args.update(PRECISION_ARGS.get(plan.dtype, {}))
     line = " ".join(k if v is True else f"{k} {shlex.quote(str(v))}" for k, v in args.items())
     notes = [f"form: {form}; the same placement as a layout: --pipeline-model-parallel-layout "
              f"{shlex.quote(layout_string(stages))}",
              f"launch on {P * plan.data_parallel} GPUs (data-parallel size = GPUs / pipeline size = "
              f"{plan.data_parallel}); microbatches = global / (micro x data-parallel) = {M}"]
+    notes += _precision_notes(plan)
     settings = {k.lstrip("-"): val for k, val in args.items()}
     settings["layout"] = layout_string(stages)
     return Export("megatron", settings, {"arguments": line + "\n"}, [[st.code()] for st in stages], notes)
+
+
+# Megatron-LM trains fp32 without these (megatron/training/arguments.py): the plan's 16-bit dtype; --fp16 scales its
+# loss dynamically unless --loss-scale fixes one.
+PRECISION_ARGS: dict[str, dict[str, Any]] = {"bf16": {"--bf16": True}, "fp16": {"--fp16": True}}
+
+
+def _precision_notes(plan: Plan) -> list[str]:
+    """What the arguments cannot say about the plan's precision."""
+    if plan.dtype == "tf32":
+        return ["the plan is tf32: Megatron-LM has no argument for it; set torch.backends.cuda.matmul.allow_tf32 = "
+                "True in the training script (else its matmuls run in full fp32, slower than predicted)"]
+    if plan.dtype == "bf16" and plan.mixed_precision != "megatron":
+        return ["Megatron-LM accumulates and all-reduces bf16 gradients in fp32 (arguments.py turns on "
+                "--accumulate-allreduce-grads-in-fp32 with --bf16): 2 bytes a parameter more than this plan's "
+                f"{plan.mixed_precision} recipe counted; re-plan with --mixed-precision megatron for its memory"]
+    return []
 
 
 def _flags(text: str) -> dict[str, str]:
