@@ -52,6 +52,21 @@ def test_export_names_stages_in_torchtitan_terms():
     assert toml["training"]["local_batch_size"] // toml["parallelism"]["pipeline_parallel_microbatch_size"] == 8
 
 
+@pytest.mark.parametrize("dtype, param", [("bf16", "bfloat16"), ("fp32", "float32"), ("tf32", "float32"),
+                                          ("fp16", "bfloat16")])
+def test_the_export_trains_in_the_plans_dtype(dtype, param):
+    """torchtitan's mixed precision casts parameters to training.mixed_precision_param (default bfloat16, installed
+    by its FSDP wrapping even at shard degree 1): the plan's dtype in every snippet, or an fp32 plan would train
+    in bf16; fp16, which torchtitan does not train, goes out as bf16 with a note."""
+    exp = export_plan(_plan(dtype=dtype), "torchtitan")
+    toml = tomllib.loads(exp.snippets["toml (torchtitan <= 0.2, TOML job config)"])
+    assert toml["training"]["mixed_precision_param"] == param == exp.settings["mixed_precision_param"]
+    assert f"config.training.mixed_precision_param = {param!r}" in exp.snippets["python config_registry (torchtitan 0.3)"]
+    cli = shlex.split(exp.snippets["command line (torchtitan 0.3, with the function above)"])
+    assert cli[cli.index("--training.mixed_precision_param") + 1] == param
+    assert any("torchtitan does not train" in n for n in exp.notes) is (dtype == "fp16")
+
+
 def test_toml_export_imports_back_to_the_same_split(tmp_path):
     g = llama_graph(DEBUG_LAYERS)
     plan = make_plan(g, counts_assignment([3, 1, 1, 1, 1, 3]), schedule="interleaved", chunks=2, microbatches=6,
@@ -122,6 +137,7 @@ def test_torchtitan_loads_the_export_and_splits_as_planned(tmp_path):
     assert got["pipeline_parallel_degree"] == 3 and got["pipeline_parallel_schedule"] == "1F1B"
     assert got["local_batch_size"] // got["pipeline_parallel_microbatch_size"] == plan.microbatches
     assert got["activation_checkpoint"] == "FullAC.Config"
+    assert got["mixed_precision_param"] == "bfloat16"  # the plan's bf16
     assert (got["data_parallel_replicate_degree"], got["data_parallel_shard_degree"]) == (1, 2)
     for key, parts in got["default_parts"].items():  # torchtitan's default split, reproduced
         k, i, o = map(int, key.split(","))

@@ -120,6 +120,13 @@ def _data_parallel(plan: Plan) -> tuple[dict[str, Any], list[str]]:
     return out, []
 
 
+# torchtitan's parameter dtype under its mixed precision (training.mixed_precision_param, default "bfloat16": FSDP's
+# MixedPrecisionPolicy, which torchtitan's parallelize installs even at shard degree 1, torchtitan/models/llama3/
+# parallelize.py at b5bcd76; torch.autocast under DDP alone in older versions): the plan's, so an fp32 plan is not
+# trained in bf16 nor a bf16 plan in fp32. tf32 is fp32 parameters with tf32 matmuls.
+MIXED_PRECISION_PARAM = {"bf16": "bfloat16", "fp32": "float32", "tf32": "float32"}
+
+
 def export(plan: Plan) -> Export:
     """The plan as torchtitan settings; Inexpressible says why when it cannot be."""
     require_synchronous(plan, "torchtitan")
@@ -138,8 +145,12 @@ def export(plan: Plan) -> Export:
         "pipeline_parallel_microbatch_size": plan.microbatch_size,
         "local_batch_size": plan.batch_size // plan.data_parallel,
         "activation_checkpoint": "full" if plan.recompute else "none",
+        "mixed_precision_param": MIXED_PRECISION_PARAM.get(plan.dtype, "bfloat16"),
         **dp,
     }
+    if plan.dtype == "fp16":
+        notes.append("the plan is fp16, which torchtitan does not train (training.mixed_precision_param is bfloat16 "
+                     "or float32): exported as bfloat16; re-plan with --dtype bf16 for a prediction of that step")
     notes.append(f"{len(split)} model parts on {degree} pipeline ranks; microbatches = local_batch_size / "
                  f"pipeline_parallel_microbatch_size = {plan.microbatches}")
     snippets = {"toml (torchtitan <= 0.2, TOML job config)": _toml(settings, parts_toml),
@@ -155,7 +166,9 @@ def _toml(s: dict[str, Any], parts: list[list[str]]) -> str:
     lines = ["[parallelism]"] + [f"{k} = {json.dumps(v)}" for k, v in par.items()]
     lines.append("module_fqns_per_model_part = [")
     lines += [f"  {json.dumps(p)}," for p in parts] + ["]", "", "[training]",
-                                                        f"local_batch_size = {s['local_batch_size']}", "",
+                                                        f"local_batch_size = {s['local_batch_size']}",
+                                                        f"mixed_precision_param = {json.dumps(s['mixed_precision_param'])}",
+                                                        "",
                                                         "[activation_checkpoint]",
                                                         f"mode = {json.dumps(s['activation_checkpoint'])}"]
     return "\n".join(lines) + "\n"
@@ -175,6 +188,7 @@ def _python(s: dict[str, Any]) -> str:
     lines.append("    p.module_fqns_per_model_part = [")
     lines += [f"        {p!r}," for p in s["module_fqns_per_model_part"]] + ["    ]"]
     lines += [f"    config.training.local_batch_size = {s['local_batch_size']}",
+              f"    config.training.mixed_precision_param = {s['mixed_precision_param']!r}",
               f"    config.activation_checkpoint = {'FullAC.Config()' if full else 'None'}",
               "    config.training.disable_cuda_graphs = True  # torchtitan 0.3 refuses CUDA graphs with PP",
               "    return config"]
@@ -185,5 +199,6 @@ def _cli(s: dict[str, Any]) -> str:
     flags = ["--module", "my_configs", "--config", "pipeplan_plan"]
     for k in ("pipeline_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size"):
         flags += [f"--parallelism.{k}", str(s[k])]
-    flags += ["--training.local_batch_size", str(s["local_batch_size"]), "--training.disable_cuda_graphs"]
+    flags += ["--training.local_batch_size", str(s["local_batch_size"]),
+              "--training.mixed_precision_param", s["mixed_precision_param"], "--training.disable_cuda_graphs"]
     return " ".join(flags) + "\n"

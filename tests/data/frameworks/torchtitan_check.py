@@ -39,6 +39,7 @@ print(json.dumps({
     "pipeline_parallel_schedule": p.pipeline_parallel_schedule,
     "pipeline_parallel_microbatch_size": p.pipeline_parallel_microbatch_size,
     "local_batch_size": config.training.local_batch_size,
+    "mixed_precision_param": config.training.mixed_precision_param,
     "activation_checkpoint": type(config.activation_checkpoint).__qualname__ if config.activation_checkpoint else None,
     "data_parallel_replicate_degree": p.data_parallel_replicate_degree,
     "data_parallel_shard_degree": p.data_parallel_shard_degree,
