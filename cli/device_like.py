@@ -12,8 +12,9 @@ search runs again on those times over the configurations that keep that
 microbatch size (the plan's replica and microbatch counts fixed), which the new
 times describe exactly. A bf16 or fp16 plan is timed in its own dtype, under autocast as
 `pipeplan run` trains it (pipeplan/precision.py): priced at the roofline's 16-bit peak,
-examples/gpt.py's fp16 plan read 275% under its run here, timed in fp16 6-14% under. A zero-bubble plan's split backward is then timed on its
-own stages (`measure_split_like_device`, runtime/split_cost.py).
+examples/gpt.py's fp16 plan read 275% under its run here, timed in fp16 6-14% under.
+A zero-bubble plan's split backward is then timed on its own stages
+(`measure_split_like_device`, runtime/split_cost.py).
 
 On a machine whose visible GPU is the profile's (its calibration, or the catalogue
 profile its name matches), an fp32 plan is re-timed the same way on that GPU: the

@@ -7,8 +7,9 @@ torch.autocast casts them (matmuls, convolutions; the backward follows the forwa
 its matmuls on tensor cores (`torch.set_float32_matmul_precision("high")`), fp32 torch's default ("highest").
 fp16 runs under torch.autocast too, with dynamic loss scaling (runtime/loss_scale.py), on the schedules that
 flush: asynchronous PipeDream's stages update at different times and could not agree on which steps to skip, so
-their fp16 plans train in fp32 and `pipeplan run` says so (`precision_note`). The tracer times layers in these same
-contexts (`pipeplan trace --dtype`), so a trace's times are those of the step the runtime takes. Like pipeplan/optimizers.py this module sits below every layer (torch is imported where a context needs it).
+their fp16 plans train in fp32 and `pipeplan run` says so (`precision_note`). The tracer times layers in these
+same contexts (`pipeplan trace --dtype`), so a trace's times are those of the step the runtime takes. Like
+pipeplan/optimizers.py this module sits below every layer (torch is imported where a context needs it).
 """
 
 from __future__ import annotations
