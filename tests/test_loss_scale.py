@@ -40,17 +40,18 @@ def test_unscaling_divides_in_place_and_flags_an_inf_or_a_nan_anywhere():
     assert float(unscale_grads([torch.tensor([float("inf")]), b], 2.0, torch.device("cpu"))) == 1.0
 
 
-def grad_scaler_reference(batch: int, steps: int, microbatches: int, init_scale: float):
+def grad_scaler_reference(batch: int, steps: int, microbatches: int, init_scale: float, device: str = "cpu"):
     """(losses, final scale, skipped steps): one process, fp16 autocast, torch.amp.GradScaler, SGD lr 0.01; the
     microbatches' gradients accumulated as the pipeline's (each loss weighted 1/M)."""
     from pipeplan.costmodels.model_file import load_model_file
 
     spec = load_model_file(str(MODEL), "build_model")
     torch.manual_seed(SEED)
-    model = spec.build()
+    model = spec.build().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    scaler = torch.amp.GradScaler(device, init_scale=init_scale)
     x, y = spec.example_inputs(batch), spec.example_target(batch)
+    x, y = tuple(t.to(device) for t in x), y.to(device)
     xs = [tuple(t.tensor_split(microbatches)[i] for t in x) for i in range(microbatches)]
     ys = [y.tensor_split(microbatches)[i] for i in range(microbatches)]
     losses, skipped = [], 0
@@ -58,7 +59,7 @@ def grad_scaler_reference(batch: int, steps: int, microbatches: int, init_scale:
         opt.zero_grad()
         total = 0.0
         for xi, yi in zip(xs, ys, strict=True):
-            with torch.autocast("cpu", dtype=torch.float16):
+            with torch.autocast(device, dtype=torch.float16):
                 loss = spec.loss(model(*xi), yi)
             scaler.scale(loss / microbatches).backward()
             total += float(loss.detach())
@@ -150,3 +151,17 @@ def test_the_initial_loss_scale_is_checked_before_anything_starts(tmp_path):
     fp32.save(tmp_path / "fp32.json")
     r = run_cli("run", str(tmp_path / "fp32.json"), "--initial-loss-scale", "1024")
     assert r.returncode == 2 and "trains in fp32 without loss scaling" in r.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+def test_an_fp16_plan_on_a_gpu_scales_its_loss_as_grad_scaler_does_on_it(tmp_path):
+    """The same check on CUDA (NCCL, one process on the one GPU, fp16 on tensor cores), against GradScaler there."""
+    plan = hand_plan(str(MODEL), stages=1, devices=1, schedule="1f1b", microbatches=2, batch_size=8, dtype="fp16")
+    plan.save(tmp_path / "plan.json")
+    r = run_cli("run", str(tmp_path / "plan.json"), "--steps", "6", "--warmup", "0", "--optimizer", "sgd", "--lr",
+                "0.01", "--initial-loss-scale", str(2.0 ** 24), "--json", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    losses, scale, skipped = grad_scaler_reference(8, 6, 2, 2.0 ** 24, device="cuda")
+    assert doc["loss_scale"]["scale"] == scale and doc["loss_scale"]["skipped_steps"] == skipped
+    torch.testing.assert_close(torch.tensor(doc["losses"]), torch.tensor(losses), rtol=5e-3, atol=1e-3)
