@@ -51,6 +51,11 @@ def render_table(doc: dict[str, Any], console) -> None:
                   f"samples/s: measured {m['samples_per_s']:.1f}, predicted {p.get('samples_per_s', 0):.1f}")
     if doc["losses"]:
         console.print("losses: " + ", ".join(f"{x:.5g}" for x in doc["losses"]))
+    scaled = doc.get("loss_scale")
+    if scaled:  # fp16 (runtime/loss_scale.py): a skipped step trained nothing, which the losses alone do not show
+        scale = scaled["scale"]
+        console.print(f"loss scale: {scale:.0f}" if scale >= 1 else f"loss scale: {scale:g}",
+                      f"after the last step; {scaled['skipped_steps']} step(s) skipped for an inf or NaN in the gradients")
 
 
 def _predicted_bwd_s(ps: dict[str, Any], rule: ScheduleFacts, fresh_share: float) -> float:

@@ -28,6 +28,16 @@ def test_piped_run_table_is_not_truncated(monkeypatch):
     assert "120.66" in text and "2958.95" in text  # ms per microbatch and per step, in full
 
 
+def test_an_fp16_run_says_its_loss_scale_and_the_steps_it_skipped():
+    console = stdout_console()
+    console.file = io.StringIO()
+    render_table({**DOC, "loss_scale": {"scale": 1048576.0, "skipped_steps": 4}}, console)
+    assert "loss scale: 1048576 after the last step; 4 step(s) skipped" in console.file.getvalue()
+    console.file = io.StringIO()
+    render_table(DOC, console)
+    assert "loss scale" not in console.file.getvalue()
+
+
 def test_columns_wins_when_set(monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     assert stdout_console().width == 100
