@@ -73,16 +73,14 @@ def local_timing_dtype(dtype: str, schedule: str) -> str:
     from pipeplan.precision import AUTOCAST_DTYPES, trained_dtype
 
     trained = trained_dtype(dtype, schedule)
-    return trained if trained in AUTOCAST_DTYPES and trained == dtype else "fp32"
+    return trained if trained in AUTOCAST_DTYPES else "fp32"
 
 
 def gpu_retime_wanted(graph: Any, profile: Any, request: Any, microbatch_size: int) -> bool | None:
     """None where the profile is not the visible GPU (or no GPU is visible, or the plan would not take measured
-    times: --times other than model, a dtype the runtime does not train in); else whether the graph still
+    times: --times other than model); else whether the graph still
     needs timing on it (False: it is already a CUDA trace at the microbatch size in the plan's dtype)."""
-    from pipeplan.choices import TIMED_DTYPES
-
-    if request.times != "model" or request.training_dtype not in TIMED_DTYPES or profile.local:
+    if request.times != "model" or profile.local:
         return None
     import torch
 

@@ -15,6 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
+from pipeplan.choices import DTYPES
 from pipeplan.costmodels import blocks
 from pipeplan.costmodels.export import (
     build_structure,
@@ -40,7 +41,7 @@ from pipeplan.costmodels.transient import InFlight, transient_bytes
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.allocator import keep_freed_memory
 from pipeplan.hardware_profiles.profile import HardwareProfile
-from pipeplan.precision import TIMED_DTYPES, training_precision
+from pipeplan.precision import training_precision
 
 Progress = Callable[[str, int, int], None]
 
@@ -157,8 +158,8 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
     _check_batch(batch_size)
     if repeats is not None and repeats < 1:
         raise UserError(f"--repeats {repeats}: must be 1 or more", "omit --repeats for an automatic count")
-    if dtype not in TIMED_DTYPES:
-        raise UserError(f"--dtype {dtype}: layers are timed in {', '.join(TIMED_DTYPES)}",
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype {dtype}: layers are timed in {', '.join(DTYPES)}",
                         "time in one of those")
     timing_device = torch.device(resolve_device(device)) if time_layers else torch.device("cpu")
     report("loading model file", 0, 1)

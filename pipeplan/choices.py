@@ -17,7 +17,7 @@ __all__ = [
     "Solver", "SOLVERS",
     "Times", "TIMES",
     "Layout", "LAYOUTS",
-    "MIXED_PRECISION_DTYPES", "TIMED_DTYPES",
+    "MIXED_PRECISION_DTYPES",
     "Sharding", "SHARDINGS", "ShardingRequest", "SHARDING_CHOICES",
     "MixedPrecision", "MIXED_PRECISIONS",
 ]
@@ -26,8 +26,6 @@ Dtype = Literal["fp32", "tf32", "fp16", "bf16"]
 """Training precision; bf16 and fp16 mean mixed precision (16-bit weights and activations, fp32 master copy)."""
 DTYPES: Final[tuple[Dtype, ...]] = get_args(Dtype)
 MIXED_PRECISION_DTYPES: Final[tuple[Dtype, ...]] = ("bf16", "fp16")
-TIMED_DTYPES: Final[tuple[Dtype, ...]] = ("fp32", "tf32", "bf16", "fp16")
-"""The dtypes `pipeplan run` trains in (fp16 with dynamic loss scaling), so a trace times them: precision.py."""
 DtypeRequest = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
 """A dtype, or "auto": fp32 on a calibrated local profile, else bf16 (fp16 where the device has no bf16)."""
 DTYPE_CHOICES: Final[tuple[DtypeRequest, ...]] = get_args(DtypeRequest)

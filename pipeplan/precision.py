@@ -18,13 +18,12 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Final
 
-from pipeplan.choices import TIMED_DTYPES
 from pipeplan.schedules import facts
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AUTOCAST_DTYPES", "TIMED_DTYPES", "precision_note", "scales_loss", "trained_dtype", "training_precision"]
+__all__ = ["AUTOCAST_DTYPES", "precision_note", "scales_loss", "trained_dtype", "training_precision"]
 
 AUTOCAST_DTYPES: Final[dict[str, str]] = {"bf16": "bfloat16", "fp16": "float16"}  # torch dtypes by name: the
 # planner asks `scales_loss` without importing torch
@@ -35,7 +34,7 @@ def trained_dtype(dtype: str, schedule: str | None = None) -> str:
     """The dtype `pipeplan run` trains a plan of `dtype` under `schedule` in (None: a schedule that flushes)."""
     if dtype == "fp16" and schedule is not None and not facts(schedule).flushes:
         return "fp32"
-    return dtype if dtype in TIMED_DTYPES else "fp32"
+    return dtype
 
 
 def scales_loss(dtype: str, schedule: str | None = None) -> bool:
