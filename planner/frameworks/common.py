@@ -14,7 +14,7 @@ from typing import Any
 from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, model_units
 from pipeplan.planner.plan import Plan
 
-__all__ = ["PlanUnits", "plan_units", "Export", "stage_of_layer", "require_synchronous"]
+__all__ = ["PlanUnits", "plan_units", "Export", "stage_of_layer", "require_synchronous", "tf32_notes"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,14 @@ def require_synchronous(plan: Plan, framework: str) -> None:
     """PipeDream's asynchronous schedule and per-stage replicas exist in no framework's pipeline engine."""
     if plan.schedule in ("pipedream", "pipedream-2bw"):
         raise Inexpressible(f"{framework} has no asynchronous ({plan.schedule}) schedule; re-plan with --schedule 1f1b")
+
+
+def tf32_notes(plan: Plan, framework: str) -> list[str]:
+    """A tf32 plan's note: no framework has a setting for tf32 matmuls, so the training script turns them on."""
+    if plan.dtype != "tf32":
+        return []
+    return [f"the plan is tf32: {framework} has no setting for it; set torch.backends.cuda.matmul.allow_tf32 = True "
+            "in the training script (else its matmuls run in full fp32, slower than predicted)"]
 
 
 @dataclass

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pipeplan.planner.baselines import deepspeed_parameters
-from pipeplan.planner.frameworks.common import Export, plan_units, require_synchronous
+from pipeplan.planner.frameworks.common import Export, plan_units, require_synchronous, tf32_notes
 from pipeplan.planner.frameworks.names import ModelUnits, unit_split
 from pipeplan.planner.plan import Plan
 
@@ -119,9 +119,7 @@ def export(plan: Plan) -> Export:
              f"... ({len(pu.units.units)} layers)",
              f"gradient_accumulation_steps is the microbatch count ({plan.microbatches}); DeepSpeed runs 1F1B "
              "(TrainSchedule) whatever the plan's synchronous schedule"]
-    if plan.dtype == "tf32":
-        notes.append("the plan is tf32: DeepSpeed has no setting for it; set torch.backends.cuda.matmul.allow_tf32 = "
-                     "True in the training script (else its matmuls run in full fp32, slower than predicted)")
+    notes += tf32_notes(plan, "DeepSpeed")
     return Export("deepspeed", settings, {"python": _python(settings), "ds_config.json": _json(config)},
                   stage_modules, notes)
 

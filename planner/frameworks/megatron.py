@@ -29,7 +29,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from pipeplan.planner.frameworks.common import Export, plan_units, require_synchronous
+from pipeplan.planner.frameworks.common import Export, plan_units, require_synchronous, tf32_notes
 from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, unit_split
 from pipeplan.planner.plan import Plan
 from pipeplan.schedules import facts
@@ -171,14 +171,11 @@ PRECISION_ARGS: dict[str, dict[str, Any]] = {"bf16": {"--bf16": True}, "fp16": {
 
 def _precision_notes(plan: Plan) -> list[str]:
     """What the arguments cannot say about the plan's precision."""
-    if plan.dtype == "tf32":
-        return ["the plan is tf32: Megatron-LM has no argument for it; set torch.backends.cuda.matmul.allow_tf32 = "
-                "True in the training script (else its matmuls run in full fp32, slower than predicted)"]
     if plan.dtype == "bf16" and plan.mixed_precision != "megatron":
         return ["Megatron-LM accumulates and all-reduces bf16 gradients in fp32 (arguments.py turns on "
                 "--accumulate-allreduce-grads-in-fp32 with --bf16): 2 bytes a parameter more than this plan's "
                 f"{plan.mixed_precision} recipe counted; re-plan with --mixed-precision megatron for its memory"]
-    return []
+    return tf32_notes(plan, "Megatron-LM")
 
 
 def _flags(text: str) -> dict[str, str]:
