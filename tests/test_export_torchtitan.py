@@ -57,7 +57,8 @@ def test_export_names_stages_in_torchtitan_terms():
 def test_the_export_trains_in_the_plans_dtype(dtype, param):
     """torchtitan's mixed precision casts parameters to training.mixed_precision_param (default bfloat16, installed
     by its FSDP wrapping even at shard degree 1): the plan's dtype in every snippet, or an fp32 plan would train
-    in bf16; fp16, which torchtitan does not train, goes out as bf16 with a note."""
+    in bf16; fp16, which torchtitan does not train, goes out as bf16 with a note, and tf32 with the note that the
+    script turns tf32 matmuls on (torchtitan leaves them off)."""
     exp = export_plan(_plan(dtype=dtype), "torchtitan")
     toml = tomllib.loads(exp.snippets["toml (torchtitan <= 0.2, TOML job config)"])
     assert toml["training"]["mixed_precision_param"] == param == exp.settings["mixed_precision_param"]
@@ -65,6 +66,7 @@ def test_the_export_trains_in_the_plans_dtype(dtype, param):
     cli = shlex.split(exp.snippets["command line (torchtitan 0.3, with the function above)"])
     assert cli[cli.index("--training.mixed_precision_param") + 1] == param
     assert any("torchtitan does not train" in n for n in exp.notes) is (dtype == "fp16")
+    assert any("allow_tf32" in n for n in exp.notes) is (dtype == "tf32")
 
 
 def test_toml_export_imports_back_to_the_same_split(tmp_path):
