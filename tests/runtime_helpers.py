@@ -49,24 +49,28 @@ def hand_plan(model_file: str, *, stages: int, devices: int, schedule: str, micr
 
 
 def reference_steps(model_file: str, batch_size: int, steps: int, *, microbatches: int = 1, optimizer: str = "sgd",
-                    lr: float = 0.01, entry: str = "build_model", autocast: torch.dtype | None = None):
+                    lr: float = 0.01, entry: str = "build_model", autocast: torch.dtype | None = None,
+                    scaler: torch.amp.GradScaler | None = None, device: str = "cpu"):
     """Single-process training: (losses, final state dict, alias groups of parameter names).
 
     With microbatches > 1 the batch is cut the way the pipeline cuts it and the
     gradients are accumulated (mean loss: each microbatch weighted 1/M, like the
     schedules' scale_grads; no loss_fn: summed). That is what a pipeline computes,
     also for BatchNorm, whose statistics are per microbatch. `autocast`: forwards and backwards under
-    torch.autocast on the CPU in that dtype (the model's weights stay fp32), written out here, not taken from
-    pipeplan/precision.py, which the runtime uses.
+    torch.autocast on `device` in that dtype (the model's weights stay fp32), written out here, not taken from
+    pipeplan/precision.py, which the runtime uses; `scaler`: each backward of the loss it scales, each update
+    its step (torch.amp.GradScaler, the independent reference for runtime/loss_scale.py).
     """
     from pipeplan.runtime.worker import make_optimizer
 
     spec = load_model_file(model_file, entry)
     mean_loss = callable(getattr(spec.module, "loss_fn", None)) and callable(getattr(spec.module, "example_target", None))
     torch.manual_seed(SEED)
-    model = spec.build()
+    model = spec.build().to(device)
     opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
-    x, y = spec.example_inputs(batch_size), spec.example_target(batch_size)
+    x = tuple(t.to(device) for t in spec.example_inputs(batch_size))
+    y = spec.example_target(batch_size)
+    y = y.to(device) if y is not None else None
     xs = [tuple(t.tensor_split(microbatches)[i] for t in x) for i in range(microbatches)]
     ys = [y.tensor_split(microbatches)[i] if y is not None else None for i in range(microbatches)]
     losses = []
@@ -74,11 +78,16 @@ def reference_steps(model_file: str, batch_size: int, steps: int, *, microbatche
         opt.zero_grad()
         total = 0.0
         for xi, yi in zip(xs, ys, strict=True):
-            with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+            with torch.autocast(device, dtype=autocast, enabled=autocast is not None):
                 loss = spec.loss(model(*xi), yi if mean_loss else None)
-                (loss / microbatches if mean_loss else loss).backward()
+                weighted = loss / microbatches if mean_loss else loss
+                (scaler.scale(weighted) if scaler is not None else weighted).backward()
             total += float(loss.detach())
-        opt.step()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
         losses.append(total / microbatches if mean_loss else total)
     groups: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):

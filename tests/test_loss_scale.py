@@ -5,13 +5,14 @@ model under CPU autocast with `torch.amp.GradScaler`, written out here (not the 
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
 import torch
 
 from pipeplan.runtime.loss_scale import LossScaler, unscale_grads
-from runtime_helpers import REPO, SEED, hand_plan, run_cli
+from runtime_helpers import REPO, hand_plan, reference_steps, run_cli
 
 MODEL = REPO / "examples" / "gpt.py"  # a batch-mean cross-entropy: fp16 overflows it from a scale of 2^24
 
@@ -41,34 +42,15 @@ def test_unscaling_divides_in_place_and_flags_an_inf_or_a_nan_anywhere():
 
 
 def grad_scaler_reference(batch: int, steps: int, microbatches: int, init_scale: float, device: str = "cpu"):
-    """(losses, final scale, skipped steps): one process, fp16 autocast, torch.amp.GradScaler, SGD lr 0.01; the
-    microbatches' gradients accumulated as the pipeline's (each loss weighted 1/M)."""
-    from pipeplan.costmodels.model_file import load_model_file
-
-    spec = load_model_file(str(MODEL), "build_model")
-    torch.manual_seed(SEED)
-    model = spec.build().to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    """(losses, final scale, skipped steps): one process under fp16 autocast and torch.amp.GradScaler, SGD lr 0.01,
+    the microbatches' gradients accumulated as the pipeline's (runtime_helpers.reference_steps). Each skipped step
+    halves the scale and these runs are far shorter than its growth interval (2000), so the skipped steps are
+    log2(initial / final)."""
     scaler = torch.amp.GradScaler(device, init_scale=init_scale)
-    x, y = spec.example_inputs(batch), spec.example_target(batch)
-    x, y = tuple(t.to(device) for t in x), y.to(device)
-    xs = [tuple(t.tensor_split(microbatches)[i] for t in x) for i in range(microbatches)]
-    ys = [y.tensor_split(microbatches)[i] for i in range(microbatches)]
-    losses, skipped = [], 0
-    for _ in range(steps):
-        opt.zero_grad()
-        total = 0.0
-        for xi, yi in zip(xs, ys, strict=True):
-            with torch.autocast(device, dtype=torch.float16):
-                loss = spec.loss(model(*xi), yi)
-            scaler.scale(loss / microbatches).backward()
-            total += float(loss.detach())
-        before = scaler.get_scale()
-        scaler.step(opt)
-        scaler.update()
-        skipped += scaler.get_scale() < before
-        losses.append(total / microbatches)
-    return losses, scaler.get_scale(), skipped
+    losses, _, _ = reference_steps(str(MODEL), batch, steps, microbatches=microbatches, autocast=torch.float16,
+                                   scaler=scaler, device=device)
+    scale = scaler.get_scale()
+    return losses, scale, round(math.log2(init_scale / scale))
 
 
 @pytest.mark.slow
