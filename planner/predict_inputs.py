@@ -420,7 +420,7 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     grads = [_grad_bytes(p, request) for p in sums.params]
     scaled = scales_loss(request.training_dtype, config.schedule)
     allreduce = _with_flatten(profile, config, sync.step_end, grads, reps, tensors, slow, divides=not scaled)
-    opt = _optimizer_times(profile, config, request, sums.params, grads, reps, slow, tensors)
+    opt = _optimizer_times(profile, config, request, sums.params, grads, reps, slow, tensors, scaled=scaled)
     if scaled:
         opt = _with_unscale(profile, opt, grads, tensors, ranks, slow)
     if not facts(config.schedule).flushes:  # each update also stashes a new weight version (optimizer_step.py)
@@ -529,16 +529,17 @@ def _param_tensors(graph: Graph, names: Sequence[str], assignment: Sequence[int]
 
 
 def _optimizer_times(profile: HardwareProfile, config: Config, request: PlanRequest, params: Sequence[int],
-                     grads: Sequence[int], reps: Sequence[int], slow: float, tensors: Sequence[int]) -> list[float]:
+                     grads: Sequence[int], reps: Sequence[int], slow: float, tensors: Sequence[int], *,
+                     scaled: bool) -> list[float]:
     """Each stage's optimizer step (costmodels/optimizer_step.py), after the division of its gradients (`grads`
     bytes in `tensors` tensors) by M that every update of M > 1 microbatches but async PipeDream's makes
-    (`grad_scale_s`; priced for a batch-mean loss, which the graph does not record: a summed one skips it). Under
+    (`grad_scale_s`; priced for a batch-mean loss, which the graph does not record: a summed one skips it), unless
+    fp16's loss scaling weighted the losses instead (`scaled`: its unscaling is `_with_unscale`'s). Under
     ZeRO a replica steps its shard only, one flat tensor (runtime/sharding.py), but divides its full gradients
     first; devices computing side by side on one machine share its memory as they share its cores (`slow`)."""
     mixed = is_mixed_precision(request.training_dtype)
     sharded = config.sharding != "none"
-    scales = (config.microbatches > 1 and not facts(config.schedule).updates_each_microbatch
-              and not scales_loss(request.training_dtype, config.schedule))  # fp16 weighted its losses instead
+    scales = config.microbatches > 1 and not facts(config.schedule).updates_each_microbatch and not scaled
     return [slow * (optimizer_step_s(params[s] / (reps[s] if sharded else 1), optimizer=request.optimizer,
                                      mixed_precision=mixed, profile=profile, kernels=request.optimizer_kernels,
                                      tensors=min(1, tensors[s]) if sharded else tensors[s])
