@@ -198,9 +198,10 @@ Still missing (the rows above 1.15 or below 0.85):
   PyTorch's NCHW batch-norm kernels reduce one channel per thread block (Normalization.cuh,
   `blocks(input.size(1))`), so few channels would mean a poorly filled GPU; cuDNN's kernels, which Torch7 ran,
   are not public. DeepBench's per-kernel times on these GPUs (RESULTS, "Per kernel: DeepBench's convolutions")
-  show the convolutions' backward priced too fast (their backward kernels run at 0.6-0.9 of the forward's FLOP
-  rate, 1x1 ones at 0.71), which the 0.58 partly stands in for; priced at those rates, the fit moves to 0.82 and
-  the ResNets' memory-bound layers carry the miss (resnet18/1080ti 1.46). The deeper ResNets show that one
+  show the convolutions' backward priced too fast (their backward kernels run below the forward's FLOP rate:
+  1x1 ones at 0.66-0.72 on every GPU, 3x3 ones at 0.75-1.10 by cuDNN version), which the 0.58 partly stands
+  in for; priced at those rates, the fit moves to 0.82 and the ResNets' memory-bound layers carry the miss
+  (resnet18/1080ti 1.46). The deeper ResNets show that one
   memory efficiency cannot be right for every layer either:
   ResNet-101 minus ResNet-50 (17 more 14x14 blocks of 1024 channels) is predicted at 61.5 ms per batch against
   52.9 published (+16%, Titan X), ResNet-152 minus ResNet-101 at +8%. Telling which needs per-layer CUDA times.
