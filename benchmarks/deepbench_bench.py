@@ -24,8 +24,9 @@ import argparse
 import csv
 import statistics
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # a source checkout works without installing
@@ -70,18 +71,25 @@ def gemm_part(row: dict[str, str]):
                     bytes_moved=(m * k + k * n + m * n) * FP32_BYTES, param_bytes=k * n * FP32_BYTES, ops=1)
 
 
-def priced_convs() -> list[dict]:
-    """Each convolution with its published and predicted forward and backward milliseconds."""
+def _priced(rows: list[dict[str, str]], part_of) -> Iterator[tuple[dict[str, str], Any, float, float]]:
+    """(row, its cost part, predicted forward s, predicted backward s) on the row's catalogue profile."""
     import pipeplan
     from pipeplan.costmodels.part_costs import parts_roofline_s
 
-    profiles: dict[str, object] = {}
-    out = []
-    for row in conv_rows():
+    profiles: dict[str, Any] = {}
+    for row in rows:
         prof = profiles.setdefault(row["profile"], pipeplan.load_profile(row["profile"]))
-        first = row["dgrad_ms"] == ""  # DeepBench skips the input gradient of a network's input layers
-        part = conv_part(row, weight_grad_only=first)
+        part = part_of(row)
         fwd_s, bwd_s = parts_roofline_s([part], prof, dtype=row["dtype"], ratio=1.0)
+        yield row, part, fwd_s, bwd_s
+
+
+def priced_convs() -> list[dict]:
+    """Each convolution with its published and predicted forward and backward milliseconds. DeepBench skips the
+    input gradient of a network's input layers (an empty `dgrad_ms`): those are priced for the weight gradient."""
+    out = []
+    for row, part, fwd_s, bwd_s in _priced(conv_rows(), lambda r: conv_part(r, weight_grad_only=r["dgrad_ms"] == "")):
+        first = row["dgrad_ms"] == ""
         published_bwd = float(row["wgrad_ms"]) + (0.0 if first else float(row["dgrad_ms"]))
         out.append({**row, "kind": part.kind, "first": first, "gflop": part.fwd_flops / 1e9,
                     "pred_fwd": fwd_s * 1e3, "pred_bwd": bwd_s * 1e3, "pub_fwd": float(row["fwd_ms"]),
@@ -90,17 +98,9 @@ def priced_convs() -> list[dict]:
 
 
 def priced_gemms() -> list[dict]:
-    import pipeplan
-    from pipeplan.costmodels.part_costs import parts_roofline_s
-
-    profiles: dict[str, object] = {}
-    out = []
-    for row in gemm_rows():
-        prof = profiles.setdefault(row["profile"], pipeplan.load_profile(row["profile"]))
-        part = gemm_part(row)
-        fwd_s, _ = parts_roofline_s([part], prof, dtype=row["dtype"], ratio=1.0)
-        out.append({**row, "gflop": part.fwd_flops / 1e9, "pred": fwd_s * 1e3, "pub": float(row["ms"])})
-    return out
+    """Each GEMM with its published and predicted (forward pricing: one kernel) milliseconds."""
+    return [{**row, "gflop": part.fwd_flops / 1e9, "pred": fwd_s * 1e3, "pub": float(row["ms"])}
+            for row, part, fwd_s, _ in _priced(gemm_rows(), gemm_part)]
 
 
 def _stats(ratios: Iterable[float]) -> str:

@@ -274,6 +274,12 @@ class RunState:
     scaler: LossScaler | None = None  # an fp16 plan's dynamic loss scale (runtime/loss_scale.py)
 
     @property
+    def divides_grads(self) -> bool:
+        """Whether gradients are divided after the backward (by M, by the replicas): a batch-mean loss, unless
+        fp16's loss scaling weighted every loss before it (build_pipeline, `loss_weight`)."""
+        return self.mean_loss and self.scaler is None
+
+    @property
     def has_first(self) -> bool:
         """This rank feeds the pipeline its inputs."""
         return 0 in self.mine
@@ -613,7 +619,7 @@ def train_step(st: RunState, inputs: tuple, target: Any, *, measured: bool, firs
     factor = st.scaler.scale * loss_weight(st.plan, st.mean_loss) if st.scaler is not None else 1.0
     sum_shared_grads(st.shared, st.modules, st.my_ranks, st.tied_groups)
     if st.dp > 1:
-        average_replica_grads(st.modules, st.dp_groups, st.dp, st.mean_loss and st.scaler is None, st.sharded)
+        average_replica_grads(st.modules, st.dp_groups, st.dp, st.divides_grads, st.sharded)
     update(st)
     if st.device.type == "cuda":
         torch.cuda.synchronize(st.device)
@@ -630,7 +636,7 @@ def update(st: RunState) -> None:
     and every rank skips the step where any found an inf or a NaN (runtime/loss_scale.py)."""
     for sp in st.sharded.values():
         sp.reduce_pending()
-    shard_scale = {s: sharded_grad_scale(sp.level, st.dp, st.plan.microbatches, st.mean_loss and st.scaler is None)
+    shard_scale = {s: sharded_grad_scale(sp.level, st.dp, st.plan.microbatches, st.divides_grads)
                    for s, sp in st.sharded.items()}
     if st.scaler is not None:
         grads = [p.grad for opt in st.optimizers.values() for g in opt.param_groups for p in g["params"]
