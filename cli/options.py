@@ -102,8 +102,10 @@ def planning_options(*, with_profile: bool = True, with_cluster: bool = False) -
                               "fits wherever there are replicas (ZeRO-1 moves no more than an all-reduce); on a local "
                               "profile unsharded too (gloo's collectives run in series there)."),
             click.option("--mixed-precision", type=_choice(MIXED_PRECISIONS), default="deepspeed", show_default=True,
-                         help="bf16/fp16 memory recipe: 16-bit gradients (deepspeed, 16 B/param with Adam) or fp32 "
-                              "gradients (megatron: bf16 18 B/param, fp16 20)."),
+                         help="bf16/fp16 memory recipe: 16-bit gradients (deepspeed, 16 B/param with Adam), fp32 "
+                              "gradients (megatron: bf16 18 B/param, fp16 20), or torch.autocast as `pipeplan run` "
+                              "trains (autocast: fp32 state and a 16-bit copy of the weights, 18 B/param; activations "
+                              "in the dtypes autocast leaves them)."),
             click.option("--times", type=_choice(TIMES), default="model", show_default=True,
                          help="Layer times: 'model' takes the trace's measurements where it timed the profile's device "
                               "(this CPU, or that GPU in fp32), else the roofline; 'measured' always "

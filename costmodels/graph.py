@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,11 @@ if TYPE_CHECKING:
     import networkx as nx  # no type information: DiGraph is Any to mypy
 
 GRAPH_FORMAT = "pipeplan.graph/v1"
+# Layer.autocast: the devices whose torch.autocast lists a trace replays, and the byte counts it keeps for each
+# (each means what the Layer field of the same name means; costmodels/autocast_bytes.py)
+AUTOCAST_DEVICES = ("cuda", "cpu")
+AUTOCAST_FIELDS = ("saved_bytes", "output_bytes", "transient_bytes", "deferred_grad_bytes", "loss_saved_bytes",
+                   "nonweight_saved_bytes")
 
 # Kinds of op a layer is dominated by; the roofline uses one efficiency per kind.
 LAYER_KINDS = ("matmul", "conv", "attention", "embedding", "norm", "elementwise", "other")
@@ -94,6 +100,9 @@ class Layer:
     # of bwd_s, the in-place adds into existing weight gradients, which a backward into fresh ones (each stage's first
     # of a step) skips (costmodels/accumulate.py); None: not timed (every backward priced as accumulating)
     grad_accumulate_s: float | None = None
+    # the byte counts above (AUTOCAST_FIELDS) as a bf16/fp16 step under torch.autocast holds them, per device whose
+    # autocast lists were replayed (AUTOCAST_DEVICES); empty: not counted (priced at half the fp32 bytes)
+    autocast: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def weight_grad_share(layer: Layer) -> float:
@@ -198,13 +207,14 @@ class Graph:
             g.add_edge(e.src, e.dst, bytes=e.bytes, tensors=e.tensors)
         return g
 
-    def cut_bytes(self) -> list[int]:
+    def cut_bytes(self, share: Sequence[float] | None = None) -> list[int]:
         """Bytes live across each cut of the execution order.
 
         Entry i is the cut between layers i and i+1. A tensor counts once per cut
         it spans (from its producer to its last consumer), however many layers
         beyond the cut read it, so a skip connection over three stages is paid
-        on each of the links it crosses.
+        on each of the links it crosses. `share`: per layer, a factor on its
+        outputs' traced bytes (the step's dtypes, planner/problem.build_problem).
         """
         n = len(self.layers)
         diff = [0] * (n + 1)
@@ -220,6 +230,8 @@ class Graph:
             size = layer.outputs.get(t)
             if size is None:  # edge without tensor detail: the whole output crosses
                 size = layer.output_bytes
+            if share is not None:
+                size = int(round(size * share[s]))
             diff[s] += size
             diff[d] -= size
         cuts, run = [], 0

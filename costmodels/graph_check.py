@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pipeplan.costmodels.graph import AUTOCAST_DEVICES, AUTOCAST_FIELDS
 from pipeplan.fields import Fields
 
 COUNTS = ("fwd_flops", "bwd_flops", "param_bytes", "output_bytes", "saved_bytes", "bytes_moved", "transient_bytes",
@@ -70,6 +71,12 @@ def _check_layer(f: Fields, layer: Any, i: int, layer_kinds: tuple[str, ...]) ->
         f.integer(size, f"{field}.outputs[{tensor[:40]!r}]")
     f.strings(layer.get("params", []), f"{field}.params")
     f.strings(layer.get("nodes", []), f"{field}.nodes")
+    for device, counts in f.mapping(layer.get("autocast", {}), f"{field}.autocast").items():
+        if device not in AUTOCAST_DEVICES:
+            raise f.fail(f"{field}.autocast", device, f"one of {', '.join(AUTOCAST_DEVICES)}")
+        for key in AUTOCAST_FIELDS:
+            f.integer(f.require(f.mapping(counts, f"{field}.autocast.{device}"), key,
+                                f"{field}.autocast.{device}.{key}"), f"{field}.autocast.{device}.{key}")
     _check_weight_grad(f, layer, field)
     _check_save_point(f, layer, field)
     return name

@@ -29,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from torch.utils.hooks import RemovableHandle
 
 from pipeplan.costmodels.accumulate import accumulate_times
+from pipeplan.costmodels.autocast_policy import Casts
 from pipeplan.costmodels.instrument import take_out_excess
 from pipeplan.costmodels.model_file import ModelSpec
 from pipeplan.errors import UserError
@@ -98,11 +99,17 @@ class _LayerInterpreter(torch.fx.Interpreter):
     """Runs the program node by node, telling `on_node` which layer each node belongs to."""
 
     def __init__(self, gm: torch.fx.GraphModule, layer_of: dict[str, int], before: Callable[[int], None],
-                 after: Callable[[int, torch.fx.Node, Any], None]):
+                 after: Callable[[int, torch.fx.Node, Any], None], casts: Casts | None = None):
         super().__init__(gm, garbage_collect_values=True)
         self.layer_of = layer_of
         self.before = before
         self.after = after
+        self.casts = casts  # autocast's casts, replayed per op (costmodels/autocast_policy.py); None: none
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if self.casts is not None:
+            args, kwargs = self.casts.cast(target, args, kwargs)
+        return super().call_function(target, args, kwargs)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         layer = self.layer_of.get(n.name)
@@ -264,14 +271,17 @@ class Counts:
     node_flops: dict[str, int] = field(default_factory=dict)
     total_fwd_flops: int = 0  # whole program, as one FlopCounterMode sees it
     bwd_input_flops: list[int] = field(default_factory=list)  # of bwd_flops, the input-gradient part B
+    node_out_bytes: dict[str, int] = field(default_factory=dict)  # bytes of each node's output, as computed
 
 
 def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: tuple[Any, ...],
-               target: Any, layer_of: dict[str, int], nlayers: int, *, fake_tensors: bool = True) -> Counts:
+               target: Any, layer_of: dict[str, int], nlayers: int, *, fake_tensors: bool = True,
+               casts: Casts | None = None) -> Counts:
     """One forward+backward, on fake tensors by default: FLOPs per layer (fwd and bwd) and bytes saved for backward.
 
     fake_tensors=False runs on the real tensors instead (a real step's compute), for
-    the rare model whose ops have no fake-tensor implementation.
+    the rare model whose ops have no fake-tensor implementation. `casts`: the step as torch.autocast runs it
+    (costmodels/autocast_policy.py); the weights' 16-bit copies it saves are model state, left out of saved bytes.
     """
     fake_mode, args, fake_target, state_storages = step_args(ep, model, inputs, target, fake_tensors=fake_tensors)
 
@@ -290,10 +300,14 @@ def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
 
     attribution = _BackwardAttribution(nlayers, Marks(counter.get_total_flops), last_layer)
 
+    out_bytes: dict[str, int] = {}
+
     def after(layer: int, node: torch.fx.Node, out: Any) -> None:
         f = counter.get_total_flops() - cur["start"]
         fwd[layer] += f
         node_flops[node.name] = f
+        out_bytes[node.name] = sum(t.numel() * t.element_size() for t in pytree.tree_leaves(out)
+                                   if isinstance(t, torch.Tensor))
         attribution.claim(out, layer)
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -302,17 +316,18 @@ def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
             key, nbytes = st._cdata, st.nbytes()
         except Exception:  # tensors without a plain storage (nested, sparse): count their elements
             key, nbytes = id(t), t.numel() * t.element_size()
-        if key not in state_storages and key not in seen_storage:
+        if key not in state_storages and key not in seen_storage and (casts is None or key not in casts.storages):
             seen_storage.add(key)
             saved[cur["layer"]] += nbytes
         return t
 
     mode = fake_mode if fake_mode is not None else contextlib.nullcontext()
     with mode, counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = _LayerInterpreter(ep.graph_module, layer_of, before, after).run(*args)
+        out = _LayerInterpreter(ep.graph_module, layer_of, before, after, casts).run(*args)
         total_fwd = counter.get_total_flops()
         cur["layer"] = last_layer
-        loss = spec.loss(user_output(ep, out), fake_target)
+        with casts.loss_context() if casts is not None else contextlib.nullcontext():
+            loss = spec.loss(user_output(ep, out), fake_target)
         bwd_input = attribution.input_grad(loss)
         attribution.backward(loss, spec)
     for h in attribution.handles:
@@ -322,7 +337,7 @@ def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
             p.grad = None
     return Counts(fwd_flops=fwd, bwd_flops=[int(x) for x in attribution.totals()], saved_bytes=saved,
                   peak_saved_bytes=sum(saved), node_flops=node_flops, total_fwd_flops=total_fwd,
-                  bwd_input_flops=[int(x) for x in bwd_input])
+                  bwd_input_flops=[int(x) for x in bwd_input], node_out_bytes=out_bytes)
 
 
 def step_args(ep: torch.export.ExportedProgram, model: torch.nn.Module, inputs: tuple[Any, ...], target: Any, *,

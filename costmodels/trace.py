@@ -17,6 +17,7 @@ from torch.utils import _pytree as pytree
 
 from pipeplan.choices import DTYPES
 from pipeplan.costmodels import blocks
+from pipeplan.costmodels.autocast_bytes import count_autocast
 from pipeplan.costmodels.export import (
     build_structure,
     cost_parts,
@@ -76,7 +77,7 @@ def resolve_device(requested: str, profile: HardwareProfile | None = None) -> st
                         "run on a machine with a GPU and a CUDA build of torch, or pass --device cpu")
     if requested != "auto":
         return requested
-    cpu_profile = profile is not None and profile.local and profile.calibration.get("device_type") != "cuda"
+    cpu_profile = profile is not None and profile.local_cpu()
     return "cuda" if visible and not cpu_profile else "cpu"
 
 
@@ -263,6 +264,7 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
     try:
         counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n)
         in_flight = _transient(ep, model, spec, inputs, target, layer_of, n, graph)
+        count_autocast(ep, model, spec, inputs, target, layer_of, graph, _param_shapes(model, graph))
     except UserError:
         raise
     except Exception as e:  # an op without a fake-tensor implementation: count on real tensors instead
@@ -330,16 +332,20 @@ def _transient(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
     a note, where its fake step fails (the memory model then holds saved tensors and model state only, as before
     the terms existed)."""
 
-    shapes = {fqn: tuple(p.shape) for fqn, p in model.named_parameters(remove_duplicate=False)}
-    param_shapes = [{shapes[fqn] for fqn in layer.params if fqn in shapes} for layer in graph.layers]
     try:
-        return transient_bytes(ep, model, spec, inputs, target, layer_of, n, param_shapes)
+        return transient_bytes(ep, model, spec, inputs, target, layer_of, n, _param_shapes(model, graph))
     except UserError:
         raise
     except Exception as e:
         graph.notes.append(f"tensors in flight were not counted ({type(e).__name__}); "
                            "peak memory holds saved activations and model state only")
         return InFlight([0] * n, [0] * n, [0] * n, [0] * n)
+
+
+def _param_shapes(model: torch.nn.Module, graph: Graph) -> list[set[tuple[int, ...]]]:
+    """Per layer, the shapes of the parameters it uses (transient.transient_bytes tells weight gradients by them)."""
+    shapes = {fqn: tuple(p.shape) for fqn, p in model.named_parameters(remove_duplicate=False)}
+    return [{shapes[fqn] for fqn in layer.params if fqn in shapes} for layer in graph.layers]
 
 
 def _owned_params(model: torch.nn.Module, layers: list[Layer]) -> list[list[torch.nn.Parameter]]:

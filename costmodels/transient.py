@@ -23,6 +23,7 @@ on real steps: tests/test_transient_memory.py.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -32,6 +33,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from pipeplan.costmodels.autocast_policy import Casts
 from pipeplan.costmodels.measure import Marks, _BackwardAttribution, _LayerInterpreter, step_args, user_output
 from pipeplan.costmodels.model_file import ModelSpec
 
@@ -111,7 +113,8 @@ def _beyond_saved(events: list[tuple[str, int, int]], saved_at: dict[int, int], 
     sizes = {a: b for kind, a, b in events if kind == "a"}
     saved = [0] * nlayers
     for uid, layer in saved_at.items():
-        saved[layer] += sizes.get(uid, 0)
+        if uid not in left_out:  # autocast's weight copies are saved too, and left out as model state
+            saved[layer] += sizes.get(uid, 0)
     upto = list(itertools.accumulate(saved))  # upto[L]: saved by layers 0..L
     beyond = [0] * nlayers
     for kind, layer, now in _replay(events, left_out):
@@ -159,8 +162,9 @@ class _NodeInterpreter(_LayerInterpreter):
     """`_LayerInterpreter` that tells `on_node` each node before it runs, its inputs computed."""
 
     def __init__(self, gm: torch.fx.GraphModule, layer_of: dict[str, int], before: Callable[[int], None],
-                 after: Callable[[int, torch.fx.Node, Any], None], on_node: Callable[[torch.fx.Node], None]):
-        super().__init__(gm, layer_of, before, after)
+                 after: Callable[[int, torch.fx.Node, Any], None], on_node: Callable[[torch.fx.Node], None],
+                 casts: Casts | None = None):
+        super().__init__(gm, layer_of, before, after, casts)
         self.on_node = on_node
 
     def run_node(self, n: torch.fx.Node) -> Any:
@@ -179,7 +183,7 @@ class InFlight(NamedTuple):
 
 def transient_bytes(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec,
                     inputs: tuple[Any, ...], target: Any, layer_of: dict[str, int], nlayers: int,
-                    param_shapes: Sequence[set[tuple[int, ...]]]) -> InFlight:
+                    param_shapes: Sequence[set[tuple[int, ...]]], casts: Casts | None = None) -> InFlight:
     """Per layer (`InFlight`), the tensors in flight beyond saved activations, model state and weight gradients
     aside, and what zero bubble's B keeps and frees, from one microbatch on fake tensors at the traced batch size.
     `param_shapes`: per layer, the shapes of the parameters it uses.
@@ -223,13 +227,14 @@ def transient_bytes(ep: torch.export.ExportedProgram, model: torch.nn.Module, sp
             nonweight.setdefault(uid, int(phase["layer"]))
         return t
 
-    interpreter = _NodeInterpreter(ep.graph_module, layer_of, before, after, on_node)
+    interpreter = _NodeInterpreter(ep.graph_module, layer_of, before, after, on_node, casts)
     with fake_mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), log:
         out = interpreter.run(*args)
         interpreter.env.clear()  # it would keep the model's output alive through the backward
         phase["layer"], phase["weight_op"] = last, False
         before_loss = set(log.saved_at)
-        loss = spec.loss(user_output(ep, out), fake_target)
+        with casts.loss_context() if casts is not None else contextlib.nullcontext():
+            loss = spec.loss(user_output(ep, out), fake_target)
         loss_ids = set(log.saved_at) - before_loss
         del out
         phase["backward"] = True
@@ -240,6 +245,8 @@ def transient_bytes(ep: torch.export.ExportedProgram, model: torch.nn.Module, sp
     # A parameter's gradient is model state (memory.model_state_bytes): autograd keeps the first incoming one as
     # `.grad`, so the storage the backward made is still live at the end, under its address.
     grads = log.live_ids(a.grad for a in args if isinstance(a, torch.Tensor) and a.grad is not None)
+    if casts is not None:  # the weights' 16-bit copies: model state of the step (autocast_policy.Casts)
+        grads |= log.live_ids(casts.cached.values())
     sizes = {a: b for kind, a, b in log.events if kind == "a"}
     loss_saved = [0] * nlayers
     loss_saved[last] = sum(sizes.get(uid, 0) for uid in loss_ids)

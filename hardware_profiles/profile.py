@@ -103,6 +103,11 @@ class HardwareProfile:
     split_backward_s: float = 0.0
     split_backward_group_s: float = 0.0
 
+    def local_cpu(self) -> bool:
+        """Whether this profile is this machine's CPU cores (`profiles calibrate` without a GPU): what a plan for it
+        runs on, for the tracer's timing device and autocast's op lists."""
+        return self.local and self.calibration.get("device_type") != "cuda"
+
     def gpu_vendor(self) -> str | None:
         """"nvidia" or "amd" where `device` starts with a GPU maker's name (every catalogue GPU and every profile
         `profiles calibrate` writes on CUDA does), else None: TPUs and this machine's cores. Costs that come from a

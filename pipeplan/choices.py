@@ -67,7 +67,7 @@ ShardingRequest = Literal["auto", "none", "zero1", "zero2", "zero3"]
 """A sharding level, or "auto": ZeRO-1 wherever there are replicas, further only to fit (planner/configs.py)."""
 SHARDING_CHOICES: Final[tuple[ShardingRequest, ...]] = get_args(ShardingRequest)
 
-MixedPrecision = Literal["deepspeed", "megatron"]
+MixedPrecision = Literal["deepspeed", "megatron", "autocast"]
 """How bf16/fp16 training keeps its gradients: in 16 bits (DeepSpeed, the ZeRO paper: 16 bytes per
 parameter with Adam) or in fp32 (Megatron-LM: bf16 18 bytes, fp16 20 with an fp32 main-gradient copy)."""
 MIXED_PRECISIONS: Final[tuple[MixedPrecision, ...]] = get_args(MixedPrecision)

@@ -83,7 +83,7 @@ def mixed_predict(graph: Graph, cluster: Cluster, assignment: Sequence[int], typ
         profile = cluster.groups[g].profile
         if g not in problems:
             problems[g] = build_problem(graph, profile, microbatch_size=mb, dtype=request.training_dtype,
-                                        times=request.times)
+                                        times=request.times, mixed_precision=request.mixed_precision)
         local = [[r - cluster.offset(g) for r in rs] for rs in ranks]
         parts[g] = stage_inputs(problems[g], profile, graph, assignment, config, request, reps, local)
     x = _spliced(parts, types)

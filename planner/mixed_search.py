@@ -99,7 +99,8 @@ class _MixedSearch:
     def problem(self, g: int, mb: int) -> Problem:
         if (g, mb) not in self._problems:
             self._problems[(g, mb)] = build_problem(self.graph, self.cluster.groups[g].profile, microbatch_size=mb,
-                                                    dtype=self.request.training_dtype, times=self.request.times)
+                                                    dtype=self.request.training_dtype, times=self.request.times,
+                                                    mixed_precision=self.request.mixed_precision)
         return self._problems[(g, mb)]
 
     def best_rate(self) -> float:

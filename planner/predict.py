@@ -178,7 +178,8 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], c
     mb = _microbatch_size(request, config.microbatches, dp)
     dtype = request.training_dtype
     if problem is None:
-        problem = build_problem(graph, profile, microbatch_size=mb, dtype=dtype, times=request.times)
+        problem = build_problem(graph, profile, microbatch_size=mb, dtype=dtype, times=request.times,
+                                mixed_precision=request.mixed_precision)
     if ranks is None:
         ranks = _ranks(config, reps, S, dp)
     devices = len({r for rs in ranks for r in rs})

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from pipeplan.costmodels.compute import layer_times_s
-from pipeplan.costmodels.graph import Graph
-from pipeplan.costmodels.memory import activation_bytes_scale
+from pipeplan.costmodels.graph import AUTOCAST_FIELDS, Graph
+from pipeplan.costmodels.memory import activation_bytes_scale, is_mixed_precision
 from pipeplan.costmodels.recompute import weight_passes_added
 from pipeplan.hardware_profiles.profile import HardwareProfile
 
@@ -106,7 +106,7 @@ def dag_problem(compute_s: Sequence[float], edges: Sequence[tuple[int, int, int]
 
 
 def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_size: int, dtype: str = "fp32",
-                  times: str = "model") -> Problem:
+                  times: str = "model", mixed_precision: str = "deepspeed") -> Problem:
     """Per-microbatch layer times and bytes of `graph` on `profile` (None: measured times only).
 
     Times come from the cost models (`costmodels.compute.layer_times_s`, which
@@ -114,8 +114,9 @@ def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_s
     (saved, outputs, cuts, edges, input) were traced at `graph.batch_size` in
     fp32: they scale linearly with the microbatch size (activations are
     per-sample) and by `activation_bytes_scale(dtype)` (16-bit activations under
-    mixed precision). Parameter bytes stay fp32: the memory model applies the
-    dtype to weights itself.
+    mixed precision), except under the `autocast` recipe, where they are the
+    trace's count of that step (`_autocast_bytes`). Parameter bytes stay fp32:
+    the memory model applies the dtype to weights itself.
     """
     if microbatch_size < 1:
         raise ValueError(f"microbatch_size must be >= 1, got {microbatch_size}")
@@ -127,10 +128,19 @@ def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_s
         bwd = [layer.bwd_s * ratio for layer in graph.layers]
     else:
         fwd, bwd = layer_times_s(graph, profile, dtype=dtype, times=times, samples=microbatch_size)
-    scale = microbatch_size / graph.batch_size * activation_bytes_scale(dtype)
+    counted = _autocast_bytes(graph, profile, dtype, mixed_precision)
+    ratio = microbatch_size / graph.batch_size
+    scale = ratio * (1.0 if counted is not None else activation_bytes_scale(dtype))
+    nbytes = counted or [{k: getattr(layer, k) for k in AUTOCAST_FIELDS} for layer in graph.layers]
+    # the share of a layer's fp32 output bytes its outputs take in the step (1: as traced, or scaled alike)
+    out_share = [b["output_bytes"] / layer.output_bytes if layer.output_bytes else 1.0
+                 for b, layer in zip(nbytes, graph.layers, strict=True)]
 
     def act(x: float) -> int:
         return int(round(x * scale))
+
+    def per_layer(key: str) -> tuple[int, ...]:
+        return tuple(act(b[key]) for b in nbytes)
 
     index = {layer.name: i for i, layer in enumerate(graph.layers)}
     return Problem(
@@ -138,18 +148,31 @@ def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_s
         fwd_s=tuple(float(x) for x in fwd),
         bwd_s=tuple(float(x) for x in bwd),
         param_bytes=tuple(int(layer.param_bytes) for layer in graph.layers),
-        saved_bytes=tuple(act(layer.saved_bytes) for layer in graph.layers),
-        output_bytes=tuple(act(layer.output_bytes) for layer in graph.layers),
-        cut_bytes=tuple(act(c) for c in graph.cut_bytes()),
-        input_bytes=act(graph.input_bytes),
-        edges=tuple((index[e.src], index[e.dst], act(e.bytes)) for e in graph.edges),
-        transient_bytes=tuple(act(layer.transient_bytes) for layer in graph.layers),
+        saved_bytes=per_layer("saved_bytes"),
+        output_bytes=per_layer("output_bytes"),
+        cut_bytes=tuple(act(c) for c in graph.cut_bytes(out_share)),
+        # autocast leaves the model's inputs as they are (images stay fp32)
+        input_bytes=int(round(graph.input_bytes * (ratio if counted is not None else scale))),
+        edges=tuple((index[e.src], index[e.dst], act(e.bytes * out_share[index[e.src]])) for e in graph.edges),
+        transient_bytes=per_layer("transient_bytes"),
         # what a split backward's B leaves held until W beyond the activations: the weight ops' output gradients,
         # less the loss's saved tensors it frees (the last layer's; never below 0, so more W's pending never weigh
         # less: memory.held_with_deferred's points assume it)
-        deferred_grad_bytes=tuple(act(max(0, layer.deferred_grad_bytes - layer.loss_saved_bytes))
-                                  for layer in graph.layers),
-        loss_saved_bytes=act(graph.layers[-1].loss_saved_bytes) if graph.layers else 0,
-        nonweight_saved_bytes=tuple(act(layer.nonweight_saved_bytes) for layer in graph.layers),
+        deferred_grad_bytes=tuple(act(max(0, b["deferred_grad_bytes"] - b["loss_saved_bytes"])) for b in nbytes),
+        loss_saved_bytes=act(nbytes[-1]["loss_saved_bytes"]) if graph.layers else 0,
+        nonweight_saved_bytes=per_layer("nonweight_saved_bytes"),
         weight_passes=tuple(weight_passes_added(graph.layers)),
     )
+
+
+def _autocast_bytes(graph: Graph, profile: HardwareProfile | None, dtype: str,
+                    mixed_precision: str) -> list[dict[str, int]] | None:
+    """Per layer, the trace's byte counts of a step under torch.autocast with the lists of the device `profile` is
+    (this machine's CPU or a GPU), where the plan is 16-bit under the `autocast` recipe and every layer has them;
+    else None (bytes are half the fp32 ones: the recipes of DeepSpeed and Megatron, 16-bit throughout)."""
+    if mixed_precision != "autocast" or not is_mixed_precision(dtype) or not graph.layers:
+        return None
+    device = "cpu" if profile is not None and profile.local_cpu() else "cuda"
+    if any(device not in layer.autocast for layer in graph.layers):
+        return None
+    return [layer.autocast[device] for layer in graph.layers]

@@ -102,7 +102,8 @@ class _Search:
                                                                                       strict=True)))
             else:
                 self._problems[key] = build_problem(self.graph, self.profile, microbatch_size=mb,
-                                                    dtype=self.request.training_dtype, times=self.request.times)
+                                                    dtype=self.request.training_dtype, times=self.request.times,
+                                                    mixed_precision=self.request.mixed_precision)
         return self._problems[key]
 
     def min_bottleneck(self, mb: int, recompute: bool, stages: int) -> float:
