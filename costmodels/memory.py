@@ -67,10 +67,11 @@ def _unsharded_parts(n: int, optimizer: str, dtype: str, mixed_precision: str) -
     Megatron-LM (README, "bytes per parameter"; docs distrib_optimizer.md): bf16
     weights with fp32 gradients (2 + 4 + 4 + 8 = 18 bytes); fp16 weights and
     gradients plus an fp32 main-gradient copy in the optimizer (2 + 2 + 4 + 4 + 8 = 20).
-    torch.autocast (`pipeplan run`; torchtitan without FSDP): fp32 weights, gradients and state, plus the 16-bit
-    copy of each weight it casts, cached until the step's autocast region ends (aten/src/ATen/autocast_mode.cpp,
-    `cached_cast`): 4 + 2 + 4 + state (18 with Adam). Judgement: every weight counted as cast; norms' and
-    embeddings' weights, which autocast leaves fp32, are a small share of the models pipelined.
+    torch.autocast (`pipeplan run`; torchtitan's DDP or one-device runs, `maybe_enable_amp`): fp32 weights,
+    gradients and state, plus the 16-bit copy of each weight it casts, cached until the step's autocast region
+    ends (aten/src/ATen/autocast_mode.cpp, `cached_cast`): 4 + 2 + 4 + state (18 with Adam). Judgement: every
+    weight counted as cast; norms' and embeddings' weights, which autocast leaves fp32, are a small share of the
+    models pipelined.
     fp32/tf32 training: 4 + 4 + state, the same in every recipe (Megatron's "fp32: 16").
     """
     state = _STATE_BUFFERS[optimizer] * n
