@@ -62,9 +62,12 @@ PLANS = [
 ]
 
 
-def measured_peak_bytes(path: str, batch: int) -> int:
+def measured_peak_bytes(path: str, batch: int, *, autocast: bool = False) -> int:
     """MemTracker's peak over one forward + loss + backward of the model file, after one Adam step (so that
-    gradients and optimizer state exist and the backward adds into them, as a step's later microbatches do)."""
+    gradients and optimizer state exist and the backward adds into them, as a step's later microbatches do);
+    with `autocast`, forward and loss under the CPU's bf16 autocast, as `pipeplan run` trains a bf16 plan."""
+    import contextlib
+
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -75,29 +78,42 @@ def measured_peak_bytes(path: str, batch: int) -> int:
     model = spec.build()
     x, target = spec.example_inputs(batch), spec.example_target(batch)
     opt = torch.optim.Adam(model.parameters())
-    spec.loss(model(*x), target).backward()
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
+            loss = spec.loss(model(*x), target)
+        loss.backward()
+
+    step()
     opt.step()
     tracker = MemTracker()
     tracker.track_external(model, opt)
     with tracker:
-        spec.loss(model(*x), target).backward()
+        step()
     return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
 
 
-def predicted_peak_bytes(graph, *, in_flight: bool = True) -> int:
+def predicted_peak_bytes(graph, *, in_flight: bool = True, recipe: str | None = None) -> int:
     """The whole model on one device, one microbatch in flight, as `stage_memory` prices it: with `in_flight`, the
     tensors in flight and a weight gradient being added in (microbatches=2), the model's output not kept (the
     reference step lets it go after the loss, as a plain loop does; torch's stages keep it, the plans below);
-    without, model state and saved activations only."""
+    without, model state and saved activations only. `recipe`: a bf16 step under that mixed-precision recipe
+    (`autocast`: the trace's counts under the CPU's autocast lists; the others: half the fp32 bytes), else fp32."""
     from pipeplan.costmodels.memory import stage_memory, transient_over_saved
 
-    saved = [x.saved_bytes for x in graph.layers]
-    transient = transient_over_saved(saved, [x.transient_bytes for x in graph.layers]) if in_flight else 0
+    if recipe == "autocast":
+        counts = [x.autocast["cpu"] for x in graph.layers]
+        saved, transient = [c["saved_bytes"] for c in counts], [c["transient_bytes"] for c in counts]
+    else:
+        half = 2 if recipe is not None else 1
+        saved = [x.saved_bytes // half for x in graph.layers]
+        transient = [x.transient_bytes // half for x in graph.layers]
     return stage_memory(param_bytes=sum(x.param_bytes for x in graph.layers), saved_bytes_per_mb=sum(saved),
                         input_bytes_per_mb=0, output_bytes_per_mb=0, schedule="1f1b", stages=1, stage=0,
-                        microbatches=2 if in_flight else 1, optimizer="adam", dtype="fp32", recompute=False,
-                        largest_layer_param_bytes=max(x.param_bytes for x in graph.layers),
-                        transient_bytes=transient).total_bytes
+                        microbatches=2 if in_flight else 1, optimizer="adam",
+                        dtype="fp32" if recipe is None else "bf16", mixed_precision=recipe or "deepspeed",
+                        recompute=False, largest_layer_param_bytes=max(x.param_bytes for x in graph.layers),
+                        transient_bytes=transient_over_saved(saved, transient) if in_flight else 0).total_bytes
 
 
 def whole_model(path: str, batch: int) -> dict:

@@ -123,10 +123,6 @@ class Casts:
     def _fp32(t: torch.Tensor) -> torch.Tensor:
         return t.to(torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t
 
-    def cached_bytes(self) -> int:
-        """Bytes of the weights' 16-bit copies: model state of the step, not activations."""
-        return sum(t.numel() * t.element_size() for t in self.cached.values())
-
     def loss_context(self) -> Any:
         """Where the loss runs: torch's CPU autocast (the traced tensors are CPU ones). Cross-entropy, the losses
         models use, is fp32 on both lists (CPU `cross_entropy_loss`; CUDA its `log_softmax` and `nll_loss`)."""

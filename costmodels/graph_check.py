@@ -74,9 +74,10 @@ def _check_layer(f: Fields, layer: Any, i: int, layer_kinds: tuple[str, ...]) ->
     for device, counts in f.mapping(layer.get("autocast", {}), f"{field}.autocast").items():
         if device not in AUTOCAST_DEVICES:
             raise f.fail(f"{field}.autocast", device, f"one of {', '.join(AUTOCAST_DEVICES)}")
+        where = f"{field}.autocast.{device}"
+        f.mapping(counts, where)
         for key in AUTOCAST_FIELDS:
-            f.integer(f.require(f.mapping(counts, f"{field}.autocast.{device}"), key,
-                                f"{field}.autocast.{device}.{key}"), f"{field}.autocast.{device}.{key}")
+            f.integer(f.require(counts, key, f"{where}.{key}"), f"{where}.{key}")
     _check_weight_grad(f, layer, field)
     _check_save_point(f, layer, field)
     return name

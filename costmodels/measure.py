@@ -271,7 +271,7 @@ class Counts:
     node_flops: dict[str, int] = field(default_factory=dict)
     total_fwd_flops: int = 0  # whole program, as one FlopCounterMode sees it
     bwd_input_flops: list[int] = field(default_factory=list)  # of bwd_flops, the input-gradient part B
-    node_out_bytes: dict[str, int] = field(default_factory=dict)  # bytes of each node's output, as computed
+    node_out_bytes: dict[str, int] = field(default_factory=dict)  # bytes of each node's output (with `casts`)
 
 
 def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: tuple[Any, ...],
@@ -306,8 +306,9 @@ def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
         f = counter.get_total_flops() - cur["start"]
         fwd[layer] += f
         node_flops[node.name] = f
-        out_bytes[node.name] = sum(t.numel() * t.element_size() for t in pytree.tree_leaves(out)
-                                   if isinstance(t, torch.Tensor))
+        if casts is not None:  # a node's bytes differ from the export's (fp32) only where autocast cast them
+            out_bytes[node.name] = sum(t.numel() * t.element_size() for t in pytree.tree_leaves(out)
+                                       if isinstance(t, torch.Tensor))
         attribution.claim(out, layer)
 
     def pack(t: torch.Tensor) -> torch.Tensor:

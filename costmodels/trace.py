@@ -263,8 +263,9 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
     in_flight = InFlight([0] * n, [0] * n, [0] * n, [0] * n)
     try:
         counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n)
-        in_flight = _transient(ep, model, spec, inputs, target, layer_of, n, graph)
-        count_autocast(ep, model, spec, inputs, target, layer_of, graph, _param_shapes(model, graph))
+        param_shapes = _param_shapes(model, graph)
+        in_flight = _transient(ep, model, spec, inputs, target, layer_of, graph, param_shapes)
+        count_autocast(ep, model, spec, inputs, target, layer_of, graph, param_shapes)
     except UserError:
         raise
     except Exception as e:  # an op without a fake-tensor implementation: count on real tensors instead
@@ -327,13 +328,14 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
 
 
 def _transient(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: Any, target: Any,
-               layer_of: dict[str, int], n: int, graph: Graph) -> InFlight:
+               layer_of: dict[str, int], graph: Graph, param_shapes: list[set[tuple[int, ...]]]) -> InFlight:
     """costmodels/transient.py's per-layer bytes in flight and what a split backward keeps and frees; zeros, with
     a note, where its fake step fails (the memory model then holds saved tensors and model state only, as before
     the terms existed)."""
 
+    n = len(graph.layers)
     try:
-        return transient_bytes(ep, model, spec, inputs, target, layer_of, n, _param_shapes(model, graph))
+        return transient_bytes(ep, model, spec, inputs, target, layer_of, n, param_shapes)
     except UserError:
         raise
     except Exception as e:

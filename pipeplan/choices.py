@@ -68,6 +68,8 @@ ShardingRequest = Literal["auto", "none", "zero1", "zero2", "zero3"]
 SHARDING_CHOICES: Final[tuple[ShardingRequest, ...]] = get_args(ShardingRequest)
 
 MixedPrecision = Literal["deepspeed", "megatron", "autocast"]
-"""How bf16/fp16 training keeps its gradients: in 16 bits (DeepSpeed, the ZeRO paper: 16 bytes per
-parameter with Adam) or in fp32 (Megatron-LM: bf16 18 bytes, fp16 20 with an fp32 main-gradient copy)."""
+"""How bf16/fp16 training keeps its state: 16-bit weights and gradients (DeepSpeed, the ZeRO paper: 16 bytes per
+parameter with Adam), fp32 gradients (Megatron-LM: bf16 18 bytes, fp16 20 with an fp32 main-gradient copy), or
+fp32 weights and gradients with a 16-bit copy for the step and activations as torch.autocast leaves them (autocast,
+what `pipeplan run` trains: 18 bytes)."""
 MIXED_PRECISIONS: Final[tuple[MixedPrecision, ...]] = get_args(MixedPrecision)

@@ -7,6 +7,7 @@ bytes worked out by hand for a model whose softmax only CUDA's autocast runs in 
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -16,12 +17,18 @@ from pipeplan.costmodels import trace as trace_module
 from pipeplan.costmodels.autocast_policy import Casts
 from pipeplan.costmodels.graph import Graph
 from pipeplan.costmodels.measure import count_pass
-from pipeplan.costmodels.memory import model_state_bytes, stage_memory, transient_over_saved
+from pipeplan.costmodels.memory import model_state_bytes
 from pipeplan.costmodels.model_file import load_model_file
 from pipeplan.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 SOFTMAX = str(REPO / "tests/data/autocast_softmax.py")
+# memory_bench's reference step and whole-model prediction, loaded from its file (benchmarks/ first on sys.path
+# would shadow tests' own modules)
+_SPEC = importlib.util.spec_from_file_location("memory_bench", REPO / "benchmarks" / "memory_bench.py")
+assert _SPEC is not None and _SPEC.loader is not None
+mb = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(mb)
 MODELS = [("examples/gpt.py", 4), ("examples/resnet.py", 8), ("examples/unet.py", 4), ("examples/mlp.py", 16)]
 
 
@@ -73,54 +80,15 @@ def test_cuda_lists_run_softmax_in_fp32_and_cpu_lists_do_not():
     assert [x.autocast["cuda"]["output_bytes"] for x in g.layers] == [2 * bd, 4 * bd, 2 * bd]
 
 
-def _autocast_step_peak(path: str, batch: int) -> int:
-    """MemTracker's peak over a real CPU autocast (bf16) step after one Adam step (memory_bench's reference)."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    spec = load_model_file(path)
-    torch.manual_seed(0)
-    model = spec.build()
-    x, target = spec.example_inputs(batch), spec.example_target(batch)
-    opt = torch.optim.Adam(model.parameters())
-
-    def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = spec.loss(model(*x), target)
-        loss.backward()
-
-    step()
-    opt.step()
-    tracker = MemTracker()
-    tracker.track_external(model, opt)
-    with tracker:
-        step()
-    return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
-
-
-def _predicted(g: Graph, recipe: str) -> int:
-    """The whole model on one device, as memory_bench prices it, under a mixed-precision recipe."""
-    if recipe == "autocast":
-        saved = [x.autocast["cpu"]["saved_bytes"] for x in g.layers]
-        transient = [x.autocast["cpu"]["transient_bytes"] for x in g.layers]
-    else:
-        saved = [x.saved_bytes // 2 for x in g.layers]
-        transient = [x.transient_bytes // 2 for x in g.layers]
-    return stage_memory(param_bytes=sum(x.param_bytes for x in g.layers), saved_bytes_per_mb=sum(saved),
-                        input_bytes_per_mb=0, output_bytes_per_mb=0, schedule="1f1b", stages=1, stage=0,
-                        microbatches=2, optimizer="adam", dtype="bf16", mixed_precision=recipe, recompute=False,
-                        largest_layer_param_bytes=max(x.param_bytes for x in g.layers),
-                        transient_bytes=transient_over_saved(saved, transient)).total_bytes
-
-
 @pytest.mark.parametrize("path,batch,half_misses_by", [("examples/gpt.py", 4, 0.10), ("examples/resnet.py", 16, 0.05)])
 def test_autocast_recipe_predicts_a_real_autocast_step(path, batch, half_misses_by):
     """Within 5% of the real step, where half the fp32 bytes (16-bit throughout) misses it by more: the GPT's
     fp32 residual stream and loss most, the ResNet's convolutions (bf16 outputs) less."""
     full = str(REPO / path)
-    measured = _autocast_step_peak(full, batch)
+    measured = mb.measured_peak_bytes(full, batch, autocast=True)
     g = trace_module.trace(full, batch, time_layers=False)
-    assert _predicted(g, "autocast") == pytest.approx(measured, rel=0.05)
-    assert abs(_predicted(g, "deepspeed") / measured - 1) > half_misses_by
+    assert mb.predicted_peak_bytes(g, recipe="autocast") == pytest.approx(measured, rel=0.05)
+    assert abs(mb.predicted_peak_bytes(g, recipe="deepspeed") / measured - 1) > half_misses_by
 
 
 def test_autocast_model_state_is_fp32_state_and_a_16_bit_copy():
