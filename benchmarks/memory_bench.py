@@ -59,6 +59,13 @@ PLANS = [
     ("resnet, 1f1b 2 stages, M=4", "examples/resnet.py", {}, ["-b", "64", "-k", "2", "--schedule", "1f1b", "-m", "4"]),
     ("unet, 1f1b 2 stages, M=4", "examples/unet.py", {}, ["-b", "32", "-k", "2", "--schedule", "1f1b", "-m", "4"]),
     ("mlp, 1f1b 2 stages, M=4", "examples/mlp.py", {}, ["-b", "256", "-k", "2", "--schedule", "1f1b", "-m", "4"]),
+    # bf16 plans with the default recipe, autocast, as `pipeplan run` trains them; planned on the a100 profile, so
+    # counted with CUDA's autocast lists, and run under the CPU's (they differ on norms and softmax: fp32 on CUDA)
+    *[(f"{name} bf16, {label}", f"examples/{name}.py", env, ["--dtype", "bf16", "-b", batch, *flags])
+      for name, env, batch in (("gpt", GPT, "32"), ("resnet", {}, "64"), ("unet", {}, "32"), ("mlp", {}, "256"))
+      for label, flags in (("1f1b 2 stages, M=4", ["-k", "2", "--schedule", "1f1b", "-m", "4"]),
+                           ("gpipe 2 stages, M=4", ["-k", "2", "--schedule", "gpipe", "-m", "4"]),
+                           ("data parallel 1 x 2, M=2", ["-k", "1", "-m", "2"]))],
 ]
 
 
@@ -134,11 +141,12 @@ def _whole(path: str, batch: int) -> None:
 
 
 def planned_run(flags: list[str], path: str, env_extra: dict) -> dict:
-    """`pipeplan analyze` then `pipeplan run --steps 3 --json`: the run's JSON document."""
+    """`pipeplan analyze` then `pipeplan run --steps 3 --json`: the run's JSON document. fp32 unless `flags` say."""
     env = dict(os.environ, **env_extra)
+    dtype = [] if "--dtype" in flags else ["--dtype", "fp32"]
     with tempfile.TemporaryDirectory() as tmp:
         plan = str(Path(tmp) / "plan.json")
-        subprocess.run(["pipeplan", "analyze", path, "--profile", "a100-80gb-sxm", "--gpus", "2", "--dtype", "fp32",
+        subprocess.run(["pipeplan", "analyze", path, "--profile", "a100-80gb-sxm", "--gpus", "2", *dtype,
                         "--recompute", "off", "--sharding", "none", "--optimizer", "adam", *flags, "-o", plan],
                        env=env, cwd=REPO, check=True, capture_output=True)
         r = subprocess.run(["pipeplan", "run", plan, "--steps", "3", "--json"], env=env, cwd=REPO, check=True,
@@ -157,9 +165,11 @@ def whole_rows() -> list[list[str]]:
     return rows
 
 
-def plan_rows() -> tuple[list[list[str]], list[float]]:
+def plan_rows(only: str | None = None) -> tuple[list[list[str]], list[float]]:
     rows, errors = [], []
     for label, path, env_extra, flags in PLANS:
+        if only is not None and only not in label:
+            continue
         doc = planned_run(flags, path, env_extra)
         for pred in doc["predicted"]["stages"]:  # a data-parallel stage: its fullest replica
             meas = max((x for x in doc["measured"]["stages"] if x["index"] == pred["index"]),
@@ -184,16 +194,24 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write-results", action="store_true")
+    ap.add_argument("--only", metavar="TEXT", help="only the plans whose label contains TEXT (no whole models; "
+                    "not with --write-results)")
     ap.add_argument("--whole", nargs=2, metavar=("MODEL", "BATCH"), help=argparse.SUPPRESS)  # one child's row
     args = ap.parse_args(argv)
     if args.whole:
         _whole(args.whole[0], int(args.whole[1]))
         return 0
-    whole = whole_rows()
-    plans, errors = plan_rows()
+    if args.only is not None and args.write_results:
+        ap.error("--write-results needs every row: drop --only")
+    whole = whole_rows() if args.only is None else []
+    plans, errors = plan_rows(args.only)
     worst = max(errors, key=abs)
     summary = (f"{len(errors)} stages of {len(PLANS)} plans: median |error| "
                f"{statistics.median(abs(e) for e in errors):.1%}, worst {worst:+.1%}")
+    bf16 = [e for row, e in zip(plans, errors, strict=True) if " bf16, " in row[0]]
+    if bf16:
+        summary += (f"; the {len(bf16)} bf16 stages: median |error| {statistics.median(abs(e) for e in bf16):.1%}, "
+                    f"worst {max(bf16, key=abs):+.1%}")
     print(summary)
     if args.write_results:
         sys.path.insert(0, str(REPO / "benchmarks"))

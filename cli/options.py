@@ -18,6 +18,7 @@ import click
 
 from pipeplan._io import check_destination
 from pipeplan.choices import (
+    DEFAULT_MIXED_PRECISION,
     DTYPE_CHOICES,
     MIXED_PRECISIONS,
     OPTIMIZER_KERNELS,
@@ -101,11 +102,12 @@ def planning_options(*, with_profile: bool = True, with_cluster: bool = False) -
                          help="Sharded data parallelism over each stage's replicas: auto = the fastest ZeRO level that "
                               "fits wherever there are replicas (ZeRO-1 moves no more than an all-reduce); on a local "
                               "profile unsharded too (gloo's collectives run in series there)."),
-            click.option("--mixed-precision", type=_choice(MIXED_PRECISIONS), default="deepspeed", show_default=True,
-                         help="bf16/fp16 memory recipe: 16-bit gradients (deepspeed, 16 B/param with Adam), fp32 "
-                              "gradients (megatron: bf16 18 B/param, fp16 20), or torch.autocast as `pipeplan run` "
-                              "trains (autocast: fp32 state and a 16-bit copy of the weights, 18 B/param; activations "
-                              "in the dtypes autocast leaves them)."),
+            click.option("--mixed-precision", type=_choice(MIXED_PRECISIONS), default=DEFAULT_MIXED_PRECISION, show_default=True,
+                         help="bf16/fp16 memory recipe: torch.autocast as `pipeplan run` trains (autocast: fp32 "
+                              "state and a 16-bit copy of the weights, 18 B/param; activations in the dtypes autocast "
+                              "leaves them), or a framework's, with 16-bit activations: 16-bit gradients (deepspeed, "
+                              "16 B/param with Adam) or fp32 gradients (megatron: bf16 18 B/param, fp16 20; also "
+                              "torchtitan's FSDP)."),
             click.option("--times", type=_choice(TIMES), default="model", show_default=True,
                          help="Layer times: 'model' takes the trace's measurements where it timed the profile's device "
                               "(this CPU, or that GPU in fp32), else the roofline; 'measured' always "

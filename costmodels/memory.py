@@ -24,7 +24,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeplan.choices import DTYPES, MIXED_PRECISION_DTYPES, MIXED_PRECISIONS, OPTIMIZERS, SHARDINGS
+from pipeplan.choices import (
+    DEFAULT_MIXED_PRECISION,
+    DTYPES,
+    MIXED_PRECISION_DTYPES,
+    MIXED_PRECISIONS,
+    OPTIMIZERS,
+    SHARDINGS,
+)
 from pipeplan.errors import UserError
 from pipeplan.schedules import facts, inflight_microbatches, stage_device, stashed_weight_versions, weight_pass_points
 from pipeplan.v_orders import walk
@@ -100,7 +107,7 @@ def _shard(weights: int, grads: int, opt: int, sharding: str, shards: int) -> tu
     return weights, grads, opt
 
 
-def model_state_bytes(param_bytes_fp32: int, *, optimizer: str, dtype: str, mixed_precision: str = "deepspeed",
+def model_state_bytes(param_bytes_fp32: int, *, optimizer: str, dtype: str, mixed_precision: str = DEFAULT_MIXED_PRECISION,
                       sharding: str = "none", shards: int = 1) -> ModelState:
     """Bytes one device keeps of weights, gradients and optimizer state for parameters of `param_bytes_fp32`.
 
@@ -121,7 +128,7 @@ def model_state_bytes(param_bytes_fp32: int, *, optimizer: str, dtype: str, mixe
     return ModelState(weights, grads, opt, weights + grads + opt)
 
 
-def gathered_bytes(largest_layer_param_bytes: int, *, optimizer: str, dtype: str, mixed_precision: str = "deepspeed",
+def gathered_bytes(largest_layer_param_bytes: int, *, optimizer: str, dtype: str, mixed_precision: str = DEFAULT_MIXED_PRECISION,
                    sharding: str = "none") -> int:
     """Transient full-size tensors a sharded stage holds while it computes.
 
@@ -281,7 +288,7 @@ def losses_waiting(schedule: str, stages: int, microbatches: int) -> int:
 
 
 def accumulating_grad_bytes(largest_layer_param_bytes: int, *, schedule: str, microbatches: int, optimizer: str,
-                            dtype: str, mixed_precision: str = "deepspeed", sharding: str = "none") -> int:
+                            dtype: str, mixed_precision: str = DEFAULT_MIXED_PRECISION, sharding: str = "none") -> int:
     """A weight gradient in flight while it is added into `.grad`: from a step's second microbatch on, each
     layer's backward makes its parameters' gradients anew and accumulates them (autograd's AccumulateGrad; the
     first backward keeps the new one as `.grad`). Priced as the stage's largest layer's gradients, since they do
@@ -318,7 +325,7 @@ def receive_buffers(schedule: str, stages: int, stage: int, microbatches: int, c
 
 def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_mb: int, output_bytes_per_mb: int,
                  schedule: str, stages: int, stage: int, microbatches: int, optimizer: str, dtype: str,
-                 recompute: bool, chunks: int = 1, mixed_precision: str = "deepspeed", sharding: str = "none",
+                 recompute: bool, chunks: int = 1, mixed_precision: str = DEFAULT_MIXED_PRECISION, sharding: str = "none",
                  shards: int = 1, largest_layer_param_bytes: int = 0,
                  stage_replicas: Sequence[int] | None = None, transient_bytes: int = 0,
                  model_output_bytes_per_mb: int = 0, deferred_grad_bytes_per_mb: int = 0,
@@ -412,7 +419,7 @@ class RangeMemory:
     def __init__(self, *, param_bytes: Sequence[int], saved_bytes: Sequence[int], cut_bytes: Sequence[int],
                  input_bytes: int, schedule: str, stages: int, microbatches: int, chunks: int, recompute: bool,
                  optimizer: str, dtype: str, shared: Sequence[tuple[int, Sequence[int]]] = (),
-                 mixed_precision: str = "deepspeed", sharding: str = "none", shards: int = 1,
+                 mixed_precision: str = DEFAULT_MIXED_PRECISION, sharding: str = "none", shards: int = 1,
                  transient_bytes: Sequence[int] = (), model_output_bytes: int = 0,
                  deferred_grad_bytes: Sequence[int] = (), loss_saved_bytes: int = 0,
                  nonweight_saved_bytes: Sequence[int] = (), weight_passes: Sequence[int] = ()) -> None:

@@ -91,6 +91,47 @@ def out_of_memory_error(path: str, step: str, e: BaseException) -> OutOfMemory:
     )
 
 
+def available_ram_bytes() -> int | None:
+    """RAM a new allocation can still get: Linux's MemAvailable (free plus reclaimable caches), else None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_fits_in_ram(spec: ModelSpec) -> None:
+    """Refuse before building a model for real whose weights and gradients alone exceed the RAM still free.
+
+    Why before: a build past the RAM is not always an exception to catch (`out_of_memory_error`); on Linux the
+    kernel's OOM killer ends the process instead (`pipeplan trace` of a 70B config was killed, exit 137, with no
+    word of why). The bytes come from the model built on the meta device (no memory); a model that cannot be
+    built there is not checked. Weights and gradients are the least a timed step holds, so this refuses only
+    what cannot work.
+    """
+    free = available_ram_bytes()
+    if free is None:
+        return
+    try:
+        meta = spec.build_on_meta()
+    except Exception:  # noqa: BLE001 -- not buildable without memory: the real build says what is wrong
+        return
+    tensors = {id(t): t for t in [*meta.parameters(), *meta.buffers()]}.values()  # tied weights once
+    weights = sum(t.numel() * t.element_size() for t in tensors)
+    grads = sum(t.numel() * t.element_size() for t in tensors if t.requires_grad)
+    if weights + grads > free:
+        raise OutOfMemory(
+            f"{spec.path}: with real weights the model is too big for {_ram()}: its weights and gradients need "
+            f"{(weights + grads) / 2**30:,.2f} GiB and {free / 2**30:,.2f} GiB is free, so building it would run "
+            f"out of memory; nothing in the model file needs fixing",
+            "plan it against a catalogue profile (e.g. --profile a100-80gb-sxm), which traces it without weights, "
+            f"or save a graph without layer times with `pipeplan trace {spec.path} --no-times`",
+        )
+
+
 @contextmanager
 def out_of_memory_as_user_error(path: str, step: str) -> Iterator[None]:
     """Around pipeplan's own runs of the real model: an allocation failure is an `OutOfMemory`, not a crash."""

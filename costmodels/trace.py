@@ -35,6 +35,7 @@ from pipeplan.costmodels.model_file import (
     ModelSpec,
     OutOfMemory,
     _cause,
+    check_fits_in_ram,
     load_model_file,
     out_of_memory_as_user_error,
 )
@@ -190,6 +191,7 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
         except Exception as e:  # meta or fake tensors cannot build or run it (.item(), a fixed device): build it
             mode, failure = None, (e.message if isinstance(e, UserError) else _cause(e))[:240]
     if measured is None:
+        check_fits_in_ram(spec)
         try:
             model = spec.build()
             measured = measure_model(model, None)

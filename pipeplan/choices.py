@@ -19,7 +19,7 @@ __all__ = [
     "Layout", "LAYOUTS",
     "MIXED_PRECISION_DTYPES",
     "Sharding", "SHARDINGS", "ShardingRequest", "SHARDING_CHOICES",
-    "MixedPrecision", "MIXED_PRECISIONS",
+    "MixedPrecision", "MIXED_PRECISIONS", "DEFAULT_MIXED_PRECISION",
 ]
 
 Dtype = Literal["fp32", "tf32", "fp16", "bf16"]
@@ -73,3 +73,9 @@ parameter with Adam), fp32 gradients (Megatron-LM: bf16 18 bytes, fp16 20 with a
 fp32 weights and gradients with a 16-bit copy for the step and activations as torch.autocast leaves them (autocast,
 what `pipeplan run` trains: 18 bytes)."""
 MIXED_PRECISIONS: Final[tuple[MixedPrecision, ...]] = get_args(MixedPrecision)
+DEFAULT_MIXED_PRECISION: Final[MixedPrecision] = "autocast"
+"""The recipe a 16-bit plan is priced with unless the user names one: the one `pipeplan run` trains, so a plan saved
+with `analyze -o` holds when run there (as `--optimizer-kernels auto` prices the runtime's step). Priced with
+DeepSpeed's recipe instead, the stages of the GPT plans of benchmarks/RESULTS.md ("Peak memory") were predicted
+11-32% under what they held under `pipeplan run`. A plan for a framework names that framework's recipe
+(`--mixed-precision deepspeed|megatron`; `pipeplan export` says when a plan's recipe is not its target's)."""

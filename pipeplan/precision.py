@@ -23,7 +23,7 @@ from pipeplan.schedules import facts
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AUTOCAST_DTYPES", "precision_note", "scales_loss", "trained_dtype", "training_precision"]
+__all__ = ["AUTOCAST_DTYPES", "precision_note", "recipe_note", "scales_loss", "trained_dtype", "training_precision"]
 
 AUTOCAST_DTYPES: Final[dict[str, str]] = {"bf16": "bfloat16", "fp16": "float16"}  # torch dtypes by name: the
 # planner asks `scales_loss` without importing torch
@@ -59,6 +59,19 @@ def training_precision(dtype: str, device: torch.device, schedule: str | None = 
             yield
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def recipe_note(dtype: str, mixed_precision: str, schedule: str | None = None) -> str | None:
+    """A warning line where a 16-bit plan's memory was counted with a framework's recipe (`--mixed-precision deepspeed
+    |megatron`: 16-bit weights, so every activation 16-bit) and `pipeplan run` trains it under torch.autocast, whose
+    fp32 weights, residual stream and norm inputs weigh more (a `deepspeed` prediction of the GPT plans of
+    benchmarks/RESULTS.md, "Peak memory", was 11-32% under their stages' peaks); else None."""
+    if trained_dtype(dtype, schedule) not in AUTOCAST_DTYPES or mixed_precision == "autocast":
+        return None
+    return (f"warning: this plan's memory was counted with the {mixed_precision} recipe (16-bit weights and "
+            f"activations, as that framework trains); pipeplan run trains under torch.autocast (fp32 weights, "
+            f"activations in the dtypes autocast leaves them), which can need more memory than predicted: re-plan "
+            f"with --mixed-precision autocast for this runtime")
 
 
 def precision_note(dtype: str, schedule: str | None = None) -> str | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from pipeplan.costmodels.graph import Graph
-from pipeplan.costmodels.memory import RangeMemory, model_state_bytes
+from pipeplan.costmodels.memory import RangeMemory, is_mixed_precision, model_state_bytes
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.dp import partition_dp
@@ -115,6 +115,8 @@ def _hints(view: SearchView, f: Failure, need: int) -> list[str]:
                      "more microbatches or a smaller batch)")
     if req.optimizer in ("adam", "adamw"):
         hints.append("a lighter optimizer (sgd keeps no state)")
+    if req.mixed_precision == "autocast" and is_mixed_precision(req.training_dtype):
+        hints.append("--mixed-precision megatron or deepspeed if the plan is for that framework (16-bit activations)")
     return hints
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pipeplan.choices import DEFAULT_MIXED_PRECISION
 from pipeplan.costmodels.memory import RangeMemory, model_state_bytes
 
 __all__ = ["state_lower_bound", "greedy_fits", "least_capacity"]
 
 
 def state_lower_bound(param_bytes: Sequence[int], stages: int, *, optimizer: str, dtype: str,
-                      mixed_precision: str = "deepspeed", sharding: str = "none", shards: int = 1) -> int:
+                      mixed_precision: str = DEFAULT_MIXED_PRECISION, sharding: str = "none", shards: int = 1) -> int:
     """Model state no partition can avoid on its busiest device: the total spread evenly, and the largest layer's."""
     def state(nbytes: int) -> int:
         return model_state_bytes(nbytes, optimizer=optimizer, dtype=dtype, mixed_precision=mixed_precision,

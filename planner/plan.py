@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeplan._io import atomic_write_json, check_format, read_json
 from pipeplan.choices import (
+    DEFAULT_MIXED_PRECISION,
     DTYPES,
     MIXED_PRECISIONS,
     OPTIMIZER_KERNELS,
@@ -120,7 +121,7 @@ class Plan:
     data_parallel: int = 1  # replicas of the whole pipeline (synchronous schedules); batch splits across them
     times: Times = "model"  # where layer times came from (costmodels.compute.layer_times_s)
     sharding: Sharding = "none"  # ZeRO level over each stage's replicas (costmodels/memory.py)
-    mixed_precision: MixedPrecision = "deepspeed"  # bf16/fp16 gradient dtype recipe (costmodels/memory.py)
+    mixed_precision: MixedPrecision = DEFAULT_MIXED_PRECISION  # bf16/fp16 memory recipe (costmodels/memory.py)
     collectives_overlap: bool = True  # ZeRO collectives beside compute (GPU frameworks) or in series (local runtime)
     overlap_slowdown: float = 0.0  # compute beside those collectives runs this much slower (predict_inputs.op_times)
     # an op waits for its input's transfer once its device reaches it (predict_inputs.receives_wait; False in plans
@@ -186,6 +187,7 @@ class Plan:
             ]
             plan_keys = {f.name for f in fields(cls)} - {"stages", "predicted"}
             rest = {k: v for k, v in doc.items() if k in plan_keys}
+            rest.setdefault("mixed_precision", "deepspeed")  # plan files from before the recipes were planned so
             return cls(
                 stages=stages,
                 predicted=Prediction(**{k: v for k, v in doc["predicted"].items() if k in pred}),

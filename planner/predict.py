@@ -25,7 +25,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeplan.choices import DtypeRequest, Layout, MixedPrecision, Optimizer, OptimizerKernels, Sharding, Times
+from pipeplan.choices import (
+    DEFAULT_MIXED_PRECISION,
+    DtypeRequest,
+    Layout,
+    MixedPrecision,
+    Optimizer,
+    OptimizerKernels,
+    Sharding,
+    Times,
+)
 from pipeplan.costmodels.graph import Graph
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.profile import HardwareProfile
@@ -205,7 +214,7 @@ def evaluate(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], 
              batch_size: int, data_parallel: int = 1, stage_replicas: Sequence[int] = (), chunks: int = 1,
              recompute: bool = False, layout: Layout = "stage-major", dtype: DtypeRequest = "fp32",
              optimizer: Optimizer = "adam", times: Times = "model", sharding: Sharding = "none",
-             mixed_precision: MixedPrecision = "deepspeed", problem: Problem | None = None,
+             mixed_precision: MixedPrecision = DEFAULT_MIXED_PRECISION, problem: Problem | None = None,
              solver: dict[str, Any] | None = None, optimizer_kernels: OptimizerKernels = "auto") -> Plan:
     """`predict` with its configuration and request spelled as keywords: a one-off prediction of a split.
 

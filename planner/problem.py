@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from pipeplan.choices import DEFAULT_MIXED_PRECISION
 from pipeplan.costmodels.compute import layer_times_s
 from pipeplan.costmodels.graph import AUTOCAST_FIELDS, Graph
 from pipeplan.costmodels.memory import activation_bytes_scale, is_mixed_precision
@@ -106,7 +107,7 @@ def dag_problem(compute_s: Sequence[float], edges: Sequence[tuple[int, int, int]
 
 
 def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_size: int, dtype: str = "fp32",
-                  times: str = "model", mixed_precision: str = "deepspeed") -> Problem:
+                  times: str = "model", mixed_precision: str = DEFAULT_MIXED_PRECISION) -> Problem:
     """Per-microbatch layer times and bytes of `graph` on `profile` (None: measured times only).
 
     Times come from the cost models (`costmodels.compute.layer_times_s`, which

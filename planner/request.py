@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pipeplan.choices import (
+    DEFAULT_MIXED_PRECISION,
     DTYPE_CHOICES,
     MIXED_PRECISIONS,
     OPTIMIZER_KERNELS,
@@ -76,8 +77,9 @@ class PlanRequest:
     """Sets the optimizer-state bytes per parameter."""
     optimizer_kernels: OptimizerKernels = "auto"
     """How the framework steps the optimizer, which sets the bytes its step moves (pipeplan.choices)."""
-    mixed_precision: MixedPrecision = "deepspeed"
-    """bf16/fp16 gradients in 16 bits (DeepSpeed: 16 B/parameter with Adam) or fp32 (Megatron-LM: 18, fp16 20)."""
+    mixed_precision: MixedPrecision = DEFAULT_MIXED_PRECISION
+    """How bf16/fp16 training keeps its state and activations (pipeplan.choices.MixedPrecision): torch.autocast as
+    `pipeplan run` trains (the default, 18 B/parameter with Adam), DeepSpeed's (16) or Megatron-LM's (18, fp16 20)."""
     sharding: ShardingRequest = "auto"
     """ZeRO level over each stage's replicas: "auto" (ZeRO-1 wherever there are replicas, more only to fit) or fixed."""
     times: Times = "model"

@@ -240,14 +240,15 @@ def launch(plan_path: str, opts: LaunchOptions, *, notify: Callable[[str], None]
     """
     from pipeplan.hardware_profiles.calibrate import core_count
     from pipeplan.planner.plan import load_plan
-    from pipeplan.precision import precision_note  # imports torch: not at the CLI's start
+    from pipeplan.precision import precision_note, recipe_note  # imports torch: not at the CLI's start
 
     plan = load_plan(plan_path)
     per_node = check_plan(plan, opts)
     resumed = check_resume(plan, opts)
     check_outputs(opts)
     shared = shared_cores_warning(per_node, _cuda_devices(), core_count())
-    for warning in (shared, precision_note(plan.dtype, plan.schedule)):
+    for warning in (shared, precision_note(plan.dtype, plan.schedule),
+                    recipe_note(plan.dtype, plan.mixed_precision, plan.schedule)):
         if warning and notify is not None:
             notify(warning)
     if resumed is not None and notify is not None:

@@ -103,13 +103,15 @@ def test_ring_allreduce_volume_matches_a_real_ring(r):
 def test_zero_16_bytes_per_parameter_for_mixed_precision_adam():
     psi = 1_000_000
     for dtype in ("bf16", "fp16"):
-        s = memory.model_state_bytes(4 * psi, optimizer="adam", dtype=dtype)
+        s = memory.model_state_bytes(4 * psi, optimizer="adam", dtype=dtype, mixed_precision="deepspeed")
         assert (s.weights_bytes, s.grad_bytes, s.optimizer_bytes) == (2 * psi, 2 * psi, 12 * psi)
         assert s.total_bytes == 16 * psi
     # ZeRO §3.1: GPT-2 1.5B needs at least 24 GB of model state
-    assert memory.model_state_bytes(4 * 1_500_000_000, optimizer="adam", dtype="fp16").total_bytes == 24 * 10**9
+    assert memory.model_state_bytes(4 * 1_500_000_000, optimizer="adam", dtype="fp16",
+                                    mixed_precision="deepspeed").total_bytes == 24 * 10**9
     # ZeRO table: Psi = 7.5B baseline 120 GB
-    assert memory.model_state_bytes(4 * 7_500_000_000, optimizer="adamw", dtype="bf16").total_bytes == 120 * 10**9
+    assert memory.model_state_bytes(4 * 7_500_000_000, optimizer="adamw", dtype="bf16",
+                                    mixed_precision="deepspeed").total_bytes == 120 * 10**9
 
 
 def test_megatron_table_fp32_params_fp32_grads_is_16():
@@ -128,7 +130,10 @@ def test_megatron_table_fp32_params_fp32_grads_is_16():
 def test_bytes_per_parameter_by_optimizer(optimizer, fp32_per_param, mixed_per_param):
     psi = 1000
     assert memory.model_state_bytes(4 * psi, optimizer=optimizer, dtype="fp32").total_bytes == fp32_per_param * psi
-    assert memory.model_state_bytes(4 * psi, optimizer=optimizer, dtype="bf16").total_bytes == mixed_per_param * psi
+    assert memory.model_state_bytes(4 * psi, optimizer=optimizer, dtype="bf16",
+                                    mixed_precision="deepspeed").total_bytes == mixed_per_param * psi
+    # the default recipe, autocast (`pipeplan run`): fp32's state plus a 16-bit copy of the weights
+    assert memory.model_state_bytes(4 * psi, optimizer=optimizer, dtype="bf16").total_bytes == (fp32_per_param + 2) * psi
 
 
 def test_bad_names_are_user_errors():
@@ -456,9 +461,10 @@ def test_stage_memory_properties(K, M, saved, inp, out, params, schedule, dtype,
     if s + 1 < K:
         later = memory.stage_memory(stage=s + 1, recompute=False, **kw)
         assert later.activation_bytes <= m.activation_bytes
-    # mixed precision: the same 16 bytes/param for adam, never more model state than fp32
+    # DeepSpeed's mixed precision: the same 16 bytes/param for adam, never more model state than fp32
     st32 = memory.model_state_bytes(params, optimizer=optimizer, dtype="fp32").total_bytes
-    assert memory.model_state_bytes(params, optimizer=optimizer, dtype=dtype).total_bytes <= st32 + 2
+    assert memory.model_state_bytes(params, optimizer=optimizer, dtype=dtype,
+                                    mixed_precision="deepspeed").total_bytes <= st32 + 2
 
 
 @settings(max_examples=150, deadline=None)

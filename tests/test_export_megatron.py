@@ -189,10 +189,10 @@ def test_import_refuses_what_megatron_refuses(argv, why):
 
 
 @pytest.mark.parametrize("dtype, mixed_precision", [("bf16", "deepspeed"), ("bf16", "megatron"), ("fp16", "megatron"),
-                                                    ("fp32", "deepspeed")])
+                                                    ("bf16", "autocast"), ("fp32", "deepspeed")])
 def test_the_arguments_train_in_the_plans_dtype(dtype, mixed_precision):
     """--bf16 or --fp16 as the plan's dtype (Megatron-LM trains fp32 without them), set on megatron-core's own
-    configs, which refuse both at once; a bf16 plan counted with 16-bit gradients says Megatron keeps fp32 ones."""
+    configs, which refuse both at once; a 16-bit plan counted with another recipe says Megatron keeps fp32 gradients."""
     pytest.importorskip("megatron.core")
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -207,4 +207,4 @@ def test_the_arguments_train_in_the_plans_dtype(dtype, mixed_precision):
     with pytest.raises(ValueError, match="Only one of"):
         TransformerConfig(num_layers=8, hidden_size=64, num_attention_heads=4, bf16=True, fp16=True)
     warned = any("--accumulate-allreduce-grads-in-fp32" in n for n in exp.notes)
-    assert warned is (dtype == "bf16" and mixed_precision == "deepspeed")
+    assert warned is (dtype != "fp32" and mixed_precision != "megatron")

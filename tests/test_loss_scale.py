@@ -116,7 +116,7 @@ def test_an_fp16_step_is_priced_with_its_unscaling_and_flag_instead_of_its_divis
     for s in range(2):
         bf16, fp16 = plans["bf16"].stages[s].predicted, plans["fp16"].stages[s].predicted
         params = sum(g.layers[i].param_bytes for i in range(3 * s, 3 * s + 3))
-        grad = model_state_bytes(params, optimizer="adam", dtype="bf16", mixed_precision="deepspeed").grad_bytes
+        grad = model_state_bytes(params, optimizer="adam", dtype="bf16").grad_bytes  # autocast's fp32 gradients
         tensors = len({p for i in range(3 * s, 3 * s + 3) for p in g.layers[i].params})
         assert fp16.optimizer_s - bf16.optimizer_s == pytest.approx(flag)
         assert bf16.allreduce_s - fp16.allreduce_s == pytest.approx(gradient_pass_s(grad, profile=a100,

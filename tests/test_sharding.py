@@ -25,7 +25,8 @@ from search_fixtures import GIB, gpt_like, profile
 def test_zero_paper_table(sharding, per_gpu_gb):
     """ZeRO table 1 / figure 1: Ψ = 7.5B, N_d = 64, mixed-precision Adam (K = 12)."""
     psi = 7_500_000_000
-    got = model_state_bytes(4 * psi, optimizer="adam", dtype="fp16", sharding=sharding, shards=64).total_bytes
+    got = model_state_bytes(4 * psi, optimizer="adam", dtype="fp16", mixed_precision="deepspeed", sharding=sharding,
+                           shards=64).total_bytes
     assert got / 1e9 == pytest.approx(per_gpu_gb, abs=0.05)
 
 
@@ -42,17 +43,20 @@ def test_megatron_bytes_per_parameter_table(dtype, plain, fixed, sharded, d):
 def test_deepspeed_recipe_is_the_zero_paper_and_sharding_only_divides():
     psi = 3 * 2**20
     for level, fixed, sharded in (("zero1", 4, 12), ("zero2", 2, 14), ("zero3", 0, 16)):
-        got = model_state_bytes(4 * psi, optimizer="adamw", dtype="bf16", sharding=level, shards=3)
+        got = model_state_bytes(4 * psi, optimizer="adamw", dtype="bf16", mixed_precision="deepspeed", sharding=level,
+                                shards=3)
         assert got.total_bytes == fixed * psi + sharded * psi // 3
-    one = model_state_bytes(4 * psi, optimizer="adam", dtype="bf16", sharding="zero3", shards=1)
-    assert one == model_state_bytes(4 * psi, optimizer="adam", dtype="bf16")
+    for mp in ("deepspeed", "megatron", "autocast"):
+        one = model_state_bytes(4 * psi, optimizer="adam", dtype="bf16", mixed_precision=mp, sharding="zero3", shards=1)
+        assert one == model_state_bytes(4 * psi, optimizer="adam", dtype="bf16", mixed_precision=mp)
 
 
 def test_gathered_layers_are_zero3s_two_weights_and_a_gradient():
     layer = 4 * 10**6  # 1M parameters
-    assert gathered_bytes(layer, optimizer="adam", dtype="bf16", sharding="zero1") == 0
-    assert gathered_bytes(layer, optimizer="adam", dtype="bf16", sharding="zero2") == 2 * 10**6
-    assert gathered_bytes(layer, optimizer="adam", dtype="bf16", sharding="zero3") == 6 * 10**6
+    kw = dict(optimizer="adam", dtype="bf16", mixed_precision="deepspeed")
+    assert gathered_bytes(layer, **kw, sharding="zero1") == 0
+    assert gathered_bytes(layer, **kw, sharding="zero2") == 2 * 10**6
+    assert gathered_bytes(layer, **kw, sharding="zero3") == 6 * 10**6
     assert gathered_bytes(layer, optimizer="adam", dtype="bf16", mixed_precision="megatron", sharding="zero3") == 8 * 10**6
 
 
@@ -127,28 +131,30 @@ def test_megatron_zero1_moves_fp32_gradients_and_bf16_weights():
 
 
 def _tight():
-    """A 1.3B-parameter GPT on 8 devices of 10 GiB: unsharded Adam state (16 B/param, 10.5 GB a stage)
-    cannot fit on 2 stages."""
+    """A 1.3B-parameter GPT on 8 devices of 10 GiB: unsharded Adam state (16 B/param under the `deepspeed` recipe,
+    10.5 GB a stage) cannot fit on 2 stages."""
     return gpt_like(blocks=24, hidden=2048, seq=1024, vocab=50257, batch=1), profile(10)
 
 
 def test_auto_shards_wherever_there_are_replicas_and_keeps_the_fastest_level_that_fits():
     g, prof = _tight()
     auto = search(g, prof, PlanRequest(devices=8, batch_size=64, stages=2, data_parallel=4, microbatches=16,
-                                       dtype="bf16", schedule="1f1b", recompute="on")).best
+                                       dtype="bf16", schedule="1f1b", recompute="on", mixed_precision="deepspeed")).best
     pinned = {lv: _best(g, prof, lv) for lv in ("none", "zero1", "zero2", "zero3")}
     assert pinned["none"] is None  # the case needs sharding
     fastest = max((p for p in pinned.values() if p), key=lambda p: p.predicted.samples_per_s)
     assert auto.sharding == fastest.sharding
     assert auto.predicted.samples_per_s == pytest.approx(fastest.predicted.samples_per_s)
-    one = search(g, prof, PlanRequest(devices=8, batch_size=64, stages=8, data_parallel=1, dtype="bf16")).best
+    one = search(g, prof, PlanRequest(devices=8, batch_size=64, stages=8, data_parallel=1, dtype="bf16",
+                                      mixed_precision="deepspeed")).best
     assert one.sharding == "none"  # nothing to shard over without replicas
 
 
 def _best(g, prof, level):
     try:
         return search(g, prof, PlanRequest(devices=8, batch_size=64, stages=2, data_parallel=4, microbatches=16,
-                                           dtype="bf16", schedule="1f1b", recompute="on", sharding=level)).best
+                                           dtype="bf16", schedule="1f1b", recompute="on", sharding=level,
+                                           mixed_precision="deepspeed")).best
     except InfeasibleError:
         return None
 

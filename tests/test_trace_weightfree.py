@@ -163,7 +163,9 @@ def test_out_of_memory_says_too_big_not_fix_the_file(tmp_path):
     r = capped(["trace", str(model), "-b", "1", "-o", str(tmp_path / "g.json"), "--no-fvcore-check"])
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
-    assert "ran out of memory" in r.stderr and "too big for this machine's RAM" in r.stderr
+    # refused before the build where its weights and gradients exceed the free RAM (tests/test_trace_ram.py), else
+    # the capped build runs out: either way the same advice
+    assert "out of memory" in r.stderr and "too big for this machine's RAM" in r.stderr
     assert "--no-times" in r.stderr and "catalogue profile" in r.stderr
     assert "fix build_model" not in r.stderr
     r = capped(["trace", str(model), "--no-times", "-b", "1", "-o", str(tmp_path / "g.json"), "--no-fvcore-check"])

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeplan.choices import MIXED_PRECISION_DTYPES
 from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, model_units
 from pipeplan.planner.plan import Plan
 
-__all__ = ["PlanUnits", "plan_units", "Export", "stage_of_layer", "require_synchronous", "tf32_notes"]
+__all__ = ["PlanUnits", "plan_units", "Export", "stage_of_layer", "require_synchronous", "tf32_notes", "recipe_notes"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,17 @@ def tf32_notes(plan: Plan, framework: str) -> list[str]:
         return []
     return [f"the plan is tf32: {framework} has no setting for it; set torch.backends.cuda.matmul.allow_tf32 = True "
             "in the training script (else its matmuls run in full fp32, slower than predicted)"]
+
+
+def recipe_notes(plan: Plan, framework: str, recipe: str, how: str) -> list[str]:
+    """A 16-bit plan whose memory was counted with another recipe than the framework trains with (`pipeplan.choices.
+    MixedPrecision`; the default is `pipeplan run`'s torch.autocast): its per-device memory is not the framework's,
+    so the note says how the framework keeps its state (`how`) and which recipe to re-plan with."""
+    if plan.dtype not in MIXED_PRECISION_DTYPES or plan.mixed_precision == recipe:
+        return []
+    counted = " (pipeplan run's torch.autocast)" if plan.mixed_precision == "autocast" else ""
+    return [f"{framework} {how}; this plan's memory was counted with the {plan.mixed_precision} recipe{counted}: "
+            f"re-plan with --mixed-precision {recipe} for {framework}'s memory"]
 
 
 @dataclass

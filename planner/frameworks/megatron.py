@@ -29,7 +29,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from pipeplan.planner.frameworks.common import Export, plan_units, require_synchronous, tf32_notes
+from pipeplan.planner.frameworks.common import Export, plan_units, recipe_notes, require_synchronous, tf32_notes
 from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, unit_split
 from pipeplan.planner.plan import Plan
 from pipeplan.schedules import facts
@@ -169,13 +169,15 @@ def export(plan: Plan) -> Export:
 PRECISION_ARGS: dict[str, dict[str, Any]] = {"bf16": {"--bf16": True}, "fp16": {"--fp16": True}}
 
 
+# How Megatron-LM keeps a 16-bit model's state (its README's bytes-per-parameter table; arguments.py turns on
+# --accumulate-allreduce-grads-in-fp32 with --bf16).
+MEGATRON_RECIPE = ("keeps 16-bit weights, so its activations are 16-bit, and accumulates and all-reduces gradients in "
+                   "fp32 (--accumulate-allreduce-grads-in-fp32, on with --bf16; fp16 keeps fp32 main gradients)")
+
+
 def _precision_notes(plan: Plan) -> list[str]:
     """What the arguments cannot say about the plan's precision."""
-    if plan.dtype == "bf16" and plan.mixed_precision != "megatron":
-        return ["Megatron-LM accumulates and all-reduces bf16 gradients in fp32 (arguments.py turns on "
-                "--accumulate-allreduce-grads-in-fp32 with --bf16): 2 bytes a parameter more than this plan's "
-                f"{plan.mixed_precision} recipe counted; re-plan with --mixed-precision megatron for its memory"]
-    return tf32_notes(plan, "Megatron-LM")
+    return recipe_notes(plan, "Megatron-LM", "megatron", MEGATRON_RECIPE) + tf32_notes(plan, "Megatron-LM")
 
 
 def _flags(text: str) -> dict[str, str]:
