@@ -66,6 +66,13 @@ PLANS = [
       for label, flags in (("1f1b 2 stages, M=4", ["-k", "2", "--schedule", "1f1b", "-m", "4"]),
                            ("gpipe 2 stages, M=4", ["-k", "2", "--schedule", "gpipe", "-m", "4"]),
                            ("data parallel 1 x 2, M=2", ["-k", "1", "-m", "2"]))],
+    # the GPT's other schedules in bf16: interleaved chunks, zero bubble's deferred weight gradients, recomputation
+    *[(f"gpt bf16, {label}", "examples/gpt.py", GPT, ["--dtype", "bf16", "-b", "32", "-k", "2", *flags])
+      for label, flags in (("interleaved 2 devices, M=4", ["--schedule", "interleaved", "-m", "4"]),
+                           ("zb-h1 2 stages, M=4", ["--schedule", "zb-h1", "-m", "4"]),
+                           ("zb-v 2 devices, M=4", ["--schedule", "zb-v", "-m", "4"]),
+                           ("dualpipev 2 devices, M=4", ["--schedule", "dualpipev", "-m", "4"]),
+                           ("1f1b 2 stages, M=4, recompute", ["--schedule", "1f1b", "-m", "4", "--recompute", "on"]))],
 ]
 
 
