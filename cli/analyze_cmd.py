@@ -7,6 +7,7 @@ the output paths have been checked, so a typo costs milliseconds, not a trace.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Callable
 
 import click
@@ -15,6 +16,7 @@ from pipeplan.cli.console import stdout_console
 from pipeplan.cli.options import (
     check_output_paths,
     check_split_flags,
+    option_given,
     optional_profile_option,
     output_options,
     planning_options,
@@ -58,6 +60,7 @@ def run_analysis(
 
     check_output_paths(output=output, plot=plot, chrome_trace=chrome_trace)
     check_split_flags(split, split_from)
+    request = framework_recipe(request, split_from)
     if cluster is not None:
         return run_cluster_analysis(load, cluster=cluster, request=request, output=output, as_json=as_json,
                                     unsupported={"--plot": plot, "--chrome-trace": chrome_trace, "--split": split,
@@ -129,6 +132,18 @@ def run_cluster_analysis(load: Callable[[Callable, Any], object], *, cluster, re
                               type_capacity=capacity))
     if output:
         console.print(f"[dim]wrote plan: {output}[/dim]")
+
+
+def framework_recipe(request: PlanRequest, split_from: str | None) -> PlanRequest:
+    """With `--split-from` a framework's settings and no `--mixed-precision`, the plans are counted with that
+    framework's recipe (planner/frameworks/common.FRAMEWORK_RECIPE): the user is planning for it, and the default,
+    `pipeplan run`'s torch.autocast, would count its memory as another trainer's."""
+    if split_from is None or option_given("mixed_precision"):
+        return request
+    from pipeplan.planner.frameworks.common import FRAMEWORK_RECIPE
+    from pipeplan.planner.frameworks.split import source_framework
+
+    return replace(request, mixed_precision=FRAMEWORK_RECIPE[source_framework(split_from)])
 
 
 def read_split(graph, split: str | None, split_from: str | None):

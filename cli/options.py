@@ -223,6 +223,15 @@ def split_options(f):
     return f
 
 
+def option_given(name: str) -> bool:
+    """Whether the running command's option `name` (its Python name) was given, not left at its default."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source is not None and source is not ParameterSource.DEFAULT
+
+
 def check_split_flags(split: str | None, split_from: str | None) -> None:
     """One split at a time; a --split-from file must exist (checked before the trace and the search)."""
     if split is not None and split_from is not None:

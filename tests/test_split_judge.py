@@ -99,9 +99,17 @@ def test_deepspeed_inline_and_a_different_stage_count(graph_file):
     code, out, err = run(["plan", graph_file, "--profile", "h100-sxm", "--gpus", "4", "-b", "16", "--dtype", "bf16",
                           "--split-from", "deepspeed:2:uniform", "--json"])
     assert code == 0, err
-    mine = json.loads(out)["your_split"]
+    doc = json.loads(out)
+    mine = doc["your_split"]
     assert mine["layer_counts"] == [7, 5]  # 11 DeepSpeed layers, 6 + 5; the weightless rotary rides with the embedding
     assert mine["plan"]["stages"][0]["layers"][-1] == "model.layers.4"
+    # planned for DeepSpeed: both plans counted with its recipe, unless --mixed-precision says otherwise
+    assert mine["plan"]["mixed_precision"] == doc["plan"]["mixed_precision"] == "deepspeed"
+    code, out, err = run(["plan", graph_file, "--profile", "h100-sxm", "--gpus", "4", "-b", "16", "--dtype", "bf16",
+                          "--split-from", "deepspeed:2:uniform", "--mixed-precision", "autocast", "--json"])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["your_split"]["plan"]["mixed_precision"] == doc["plan"]["mixed_precision"] == "autocast"
 
 
 def test_a_torchtitan_zbv_split_is_judged_in_its_v(graph_file, tmp_path):
@@ -116,9 +124,10 @@ def test_a_torchtitan_zbv_split_is_judged_in_its_v(graph_file, tmp_path):
     plan = mine["plan"]
     assert plan["schedule"] == "zb-v" and plan["chunks"] == 2
     assert [s["devices"] for s in plan["stages"]] == [[0], [1], [1], [0]]
+    assert plan["mixed_precision"] == "megatron"  # torchtitan's FSDP mixed precision: fp32 gradients
     again = evaluate(llama_graph(8, hidden=1024, vocab=32000), _profile("h100-sxm"), counts_assignment(
         [len(s["layers"]) for s in plan["stages"]]), schedule="zb-v", microbatches=plan["microbatches"],
-        batch_size=16, chunks=2, recompute=plan["recompute"], dtype="bf16")
+        batch_size=16, chunks=2, recompute=plan["recompute"], dtype="bf16", mixed_precision="megatron")
     assert mine["samples_per_s"] == pytest.approx(again.predicted.samples_per_s, rel=1e-9)
 
 

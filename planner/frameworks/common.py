@@ -15,7 +15,8 @@ from pipeplan.choices import MIXED_PRECISION_DTYPES
 from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, model_units
 from pipeplan.planner.plan import Plan
 
-__all__ = ["PlanUnits", "plan_units", "Export", "stage_of_layer", "require_synchronous", "tf32_notes", "recipe_notes"]
+__all__ = ["PlanUnits", "plan_units", "Export", "stage_of_layer", "require_synchronous", "tf32_notes", "recipe_notes",
+           "FRAMEWORK_RECIPE"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ def tf32_notes(plan: Plan, framework: str) -> list[str]:
         return []
     return [f"the plan is tf32: {framework} has no setting for it; set torch.backends.cuda.matmul.allow_tf32 = True "
             "in the training script (else its matmuls run in full fp32, slower than predicted)"]
+
+
+# The mixed-precision recipe (pipeplan.choices.MixedPrecision) each framework trains a 16-bit model with: DeepSpeed's
+# own (16-bit weights and gradients), Megatron-LM's (fp32 gradients); torchtitan's FSDP2 MixedPrecisionPolicy (bf16
+# compute, gradients reduced in fp32, 16-bit activations) is closest to Megatron-LM's.
+FRAMEWORK_RECIPE: dict[str, str] = {"deepspeed": "deepspeed", "megatron": "megatron", "torchtitan": "megatron"}
 
 
 def recipe_notes(plan: Plan, framework: str, recipe: str, how: str) -> list[str]:

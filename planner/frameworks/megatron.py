@@ -29,7 +29,14 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from pipeplan.planner.frameworks.common import Export, plan_units, recipe_notes, require_synchronous, tf32_notes
+from pipeplan.planner.frameworks.common import (
+    FRAMEWORK_RECIPE,
+    Export,
+    plan_units,
+    recipe_notes,
+    require_synchronous,
+    tf32_notes,
+)
 from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, unit_split
 from pipeplan.planner.plan import Plan
 from pipeplan.schedules import facts
@@ -177,7 +184,7 @@ MEGATRON_RECIPE = ("keeps 16-bit weights, so its activations are 16-bit, and acc
 
 def _precision_notes(plan: Plan) -> list[str]:
     """What the arguments cannot say about the plan's precision."""
-    return recipe_notes(plan, "Megatron-LM", "megatron", MEGATRON_RECIPE) + tf32_notes(plan, "Megatron-LM")
+    return recipe_notes(plan, "Megatron-LM", FRAMEWORK_RECIPE["megatron"], MEGATRON_RECIPE) + tf32_notes(plan, "Megatron-LM")
 
 
 def _flags(text: str) -> dict[str, str]:

@@ -153,6 +153,14 @@ def _deepspeed(spec: dict[str, Any], mu: ModelUnits, weights: Sequence[float]) -
     return deepspeed.split_of_parts(deepspeed.parts_for_method(method, weights, names, k))
 
 
+def source_framework(source: str) -> str:
+    """The framework a `--split-from` source is read as (`split_from_source`): `deepspeed:K[:METHOD]` and a .json are
+    DeepSpeed's, a .toml torchtitan's, anything else Megatron-LM's arguments."""
+    if source.startswith("deepspeed:") or source.endswith(".json"):
+        return "deepspeed"
+    return "torchtitan" if source.endswith(".toml") else "megatron"
+
+
 def split_from_source(source: str, names: Sequence[str], param_counts: Sequence[float]) -> UserSplit:
     """`--split-from`: a framework's settings as the split that framework would build (ValueError: why not)."""
     has = (lambda i: param_counts[i] > 0)
@@ -160,13 +168,14 @@ def split_from_source(source: str, names: Sequence[str], param_counts: Sequence[
     unit_weights = [sum(param_counts[i] for i in unit.layers) for unit in mu.units]
     schedule = None
     try:
+        framework = source_framework(source)
         if source.startswith("deepspeed:"):
             _, k, *rest = source.split(":", 2)  # deepspeed:K is DeepSpeed's default, "parameters"
             method = rest[0] if rest else "parameters"
             split, chunks = _deepspeed({"num_stages": k, "partition_method": method}, mu, unit_weights), 1
-        elif source.endswith(".toml"):
+        elif framework == "torchtitan":
             split, chunks, schedule = _torchtitan(_toml(_read(source)), mu)
-        elif source.endswith(".json"):
+        elif framework == "deepspeed":
             _read(source)  # exists and is small
             doc = read_json(source, "DeepSpeed JSON")  # bounded nesting: a UserError naming the file
             if not isinstance(doc, dict):
