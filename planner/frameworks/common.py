@@ -16,7 +16,7 @@ from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, model_u
 from pipeplan.planner.plan import Plan
 
 __all__ = ["PlanUnits", "plan_units", "Export", "stage_of_layer", "require_synchronous", "tf32_notes", "recipe_notes",
-           "FRAMEWORK_RECIPE"]
+           "precision_notes", "FRAMEWORK_RECIPE"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,26 @@ def tf32_notes(plan: Plan, framework: str) -> list[str]:
 # own (16-bit weights and gradients), Megatron-LM's (fp32 gradients); torchtitan's FSDP2 MixedPrecisionPolicy (bf16
 # compute, gradients reduced in fp32, 16-bit activations) is closest to Megatron-LM's.
 FRAMEWORK_RECIPE: dict[str, str] = {"deepspeed": "deepspeed", "megatron": "megatron", "torchtitan": "megatron"}
+
+# Each framework's name in notes, and how it keeps a 16-bit model's state (a recipe note says it).
+_PRECISION: dict[str, tuple[str, str]] = {
+    "deepspeed": ("DeepSpeed", "keeps 16-bit weights and gradients beside fp32 master weights (the ZeRO paper's "
+                               "mixed-precision Adam), so its activations are 16-bit"),
+    # Megatron-LM's README bytes-per-parameter table; arguments.py turns on --accumulate-allreduce-grads-in-fp32
+    # with --bf16
+    "megatron": ("Megatron-LM", "keeps 16-bit weights, so its activations are 16-bit, and accumulates and all-reduces "
+                                "gradients in fp32 (--accumulate-allreduce-grads-in-fp32, on with --bf16; fp16 keeps "
+                                "fp32 main gradients)"),
+    "torchtitan": ("torchtitan", "computes with bf16 parameters and reduces gradients in fp32 (FSDP2's "
+                                 "MixedPrecisionPolicy), so its activations are 16-bit"),
+}
+
+
+def precision_notes(plan: Plan, framework: str) -> list[str]:
+    """What a framework's settings cannot say about the plan's precision: the recipe its memory was counted with
+    where that is not the framework's (`recipe_notes`), and tf32 (`tf32_notes`)."""
+    name, how = _PRECISION[framework]
+    return recipe_notes(plan, name, FRAMEWORK_RECIPE[framework], how) + tf32_notes(plan, name)
 
 
 def recipe_notes(plan: Plan, framework: str, recipe: str, how: str) -> list[str]:

@@ -25,14 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pipeplan.planner.baselines import deepspeed_parameters
-from pipeplan.planner.frameworks.common import (
-    FRAMEWORK_RECIPE,
-    Export,
-    plan_units,
-    recipe_notes,
-    require_synchronous,
-    tf32_notes,
-)
+from pipeplan.planner.frameworks.common import Export, plan_units, precision_notes, require_synchronous
 from pipeplan.planner.frameworks.names import ModelUnits, unit_split
 from pipeplan.planner.plan import Plan
 
@@ -126,9 +119,7 @@ def export(plan: Plan) -> Export:
              f"... ({len(pu.units.units)} layers)",
              f"gradient_accumulation_steps is the microbatch count ({plan.microbatches}); DeepSpeed runs 1F1B "
              "(TrainSchedule) whatever the plan's synchronous schedule"]
-    notes += recipe_notes(plan, "DeepSpeed", FRAMEWORK_RECIPE["deepspeed"], "keeps 16-bit weights and gradients beside fp32 master weights "
-                          "(the ZeRO paper's mixed-precision Adam), so its activations are 16-bit")
-    notes += tf32_notes(plan, "DeepSpeed")
+    notes += precision_notes(plan, "deepspeed")
     return Export("deepspeed", settings, {"python": _python(settings), "ds_config.json": _json(config)},
                   stage_modules, notes)
 

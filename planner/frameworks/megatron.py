@@ -29,14 +29,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from pipeplan.planner.frameworks.common import (
-    FRAMEWORK_RECIPE,
-    Export,
-    plan_units,
-    recipe_notes,
-    require_synchronous,
-    tf32_notes,
-)
+from pipeplan.planner.frameworks.common import Export, plan_units, precision_notes, require_synchronous
 from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, unit_split
 from pipeplan.planner.plan import Plan
 from pipeplan.schedules import facts
@@ -165,7 +158,7 @@ def export(plan: Plan) -> Export:
              f"{shlex.quote(layout_string(stages))}",
              f"launch on {P * plan.data_parallel} GPUs (data-parallel size = GPUs / pipeline size = "
              f"{plan.data_parallel}); microbatches = global / (micro x data-parallel) = {M}"]
-    notes += _precision_notes(plan)
+    notes += precision_notes(plan, "megatron")
     settings = {k.lstrip("-"): val for k, val in args.items()}
     settings["layout"] = layout_string(stages)
     return Export("megatron", settings, {"arguments": line + "\n"}, [[st.code()] for st in stages], notes)
@@ -174,17 +167,6 @@ def export(plan: Plan) -> Export:
 # Megatron-LM trains fp32 without these (megatron/training/arguments.py): the plan's 16-bit dtype; --fp16 scales its
 # loss dynamically unless --loss-scale fixes one.
 PRECISION_ARGS: dict[str, dict[str, Any]] = {"bf16": {"--bf16": True}, "fp16": {"--fp16": True}}
-
-
-# How Megatron-LM keeps a 16-bit model's state (its README's bytes-per-parameter table; arguments.py turns on
-# --accumulate-allreduce-grads-in-fp32 with --bf16).
-MEGATRON_RECIPE = ("keeps 16-bit weights, so its activations are 16-bit, and accumulates and all-reduces gradients in "
-                   "fp32 (--accumulate-allreduce-grads-in-fp32, on with --bf16; fp16 keeps fp32 main gradients)")
-
-
-def _precision_notes(plan: Plan) -> list[str]:
-    """What the arguments cannot say about the plan's precision."""
-    return recipe_notes(plan, "Megatron-LM", FRAMEWORK_RECIPE["megatron"], MEGATRON_RECIPE) + tf32_notes(plan, "Megatron-LM")
 
 
 def _flags(text: str) -> dict[str, str]:
