@@ -103,25 +103,32 @@ def available_ram_bytes() -> int | None:
     return None
 
 
+def model_bytes(spec: ModelSpec) -> tuple[int, int] | None:
+    """(weights, gradients) bytes of the model with real weights, from a build on the meta device (no memory), or
+    None where it cannot be built there. Tied weights count once; buffers are weights without gradients."""
+    try:
+        meta = spec.build_on_meta()
+    except Exception:  # noqa: BLE001 -- not buildable without memory: the real build says what is wrong
+        return None
+    tensors = {id(t): t for t in [*meta.parameters(), *meta.buffers()]}.values()
+    weights = sum(t.numel() * t.element_size() for t in tensors)
+    return weights, sum(t.numel() * t.element_size() for t in tensors if t.requires_grad)
+
+
 def check_fits_in_ram(spec: ModelSpec) -> None:
     """Refuse before building a model for real whose weights and gradients alone exceed the RAM still free.
 
     Why before: a build past the RAM is not always an exception to catch (`out_of_memory_error`); on Linux the
     kernel's OOM killer ends the process instead (`pipeplan trace` of a 70B config was killed, exit 137, with no
-    word of why). The bytes come from the model built on the meta device (no memory); a model that cannot be
-    built there is not checked. Weights and gradients are the least a timed step holds, so this refuses only
-    what cannot work.
+    word of why). A model that cannot be built on the meta device is not checked. Weights and gradients are the
+    least a timed step holds, so this refuses only what cannot work.
     """
-    free = available_ram_bytes()
-    if free is None:
+    free, sizes = available_ram_bytes(), None
+    if free is not None:
+        sizes = model_bytes(spec)
+    if free is None or sizes is None:
         return
-    try:
-        meta = spec.build_on_meta()
-    except Exception:  # noqa: BLE001 -- not buildable without memory: the real build says what is wrong
-        return
-    tensors = {id(t): t for t in [*meta.parameters(), *meta.buffers()]}.values()  # tied weights once
-    weights = sum(t.numel() * t.element_size() for t in tensors)
-    grads = sum(t.numel() * t.element_size() for t in tensors if t.requires_grad)
+    weights, grads = sizes
     if weights + grads > free:
         raise OutOfMemory(
             f"{spec.path}: with real weights the model is too big for {_ram()}: its weights and gradients need "

@@ -228,6 +228,30 @@ def failed_rank(log: str, run_dir: Path, world: int) -> tuple[int | None, str]:
     return None, "unknown cause"
 
 
+def check_builds_fit(plan, per_node: int) -> None:
+    """Refuse, before torchrun starts, a plan whose processes on this node cannot all build the model.
+
+    Every process builds the whole model with real weights and then keeps its own stages (worker.load_split_model),
+    so a node's processes hold per_node copies of the weights at once while they start; past the RAM still free
+    the kernel's OOM killer ends them one by one. The weights come from a build on the meta device
+    (costmodels/model_file.model_bytes); a model that cannot be built there is not checked.
+    """
+    from pipeplan.costmodels.model_file import available_ram_bytes, load_model_file, model_bytes
+
+    free, model_file = available_ram_bytes(), plan.graph.get("model_file")
+    if free is None or not model_file:
+        return
+    sizes = model_bytes(load_model_file(model_file, plan.graph.get("entry") or "build_model",
+                                        seq_len=plan.graph.get("seq_len")))
+    if sizes is not None and per_node * sizes[0] > free:
+        raise UserError(
+            f"{model_file}: each of this node's {per_node} processes builds the whole model with real weights "
+            f"({sizes[0] / 2**30:,.2f} GiB) before it keeps its stages: {per_node * sizes[0] / 2**30:,.2f} GiB, more "
+            f"than the {free / 2**30:,.2f} GiB of RAM free",
+            "run it over more nodes (--nnodes) or on a machine with more RAM (pipeplan run does not yet build only "
+            "each process's own stages)")
+
+
 def launch(plan_path: str, opts: LaunchOptions, *, notify: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the plan; returns rank 0's result document (see worker.teardown).
 
@@ -244,6 +268,7 @@ def launch(plan_path: str, opts: LaunchOptions, *, notify: Callable[[str], None]
 
     plan = load_plan(plan_path)
     per_node = check_plan(plan, opts)
+    check_builds_fit(plan, per_node)
     resumed = check_resume(plan, opts)
     check_outputs(opts)
     shared = shared_cores_warning(per_node, _cuda_devices(), core_count())

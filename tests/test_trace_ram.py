@@ -69,3 +69,23 @@ def test_trace_of_a_model_too_big_for_any_ram_exits_2_with_one_line(tmp_path):
                         str(tmp_path / "g.json"), "--no-fvcore-check"], capture_output=True, text=True, timeout=300,
                        cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]  # without weights it traces
+
+
+def test_run_refuses_a_plan_whose_processes_cannot_all_build_the_model(tmp_path, monkeypatch):
+    """`pipeplan run` starts one process per device of this node and each builds the whole model before it keeps
+    its stages: per_node copies of the weights must fit the free RAM, checked before torchrun starts."""
+    from pipeplan.errors import UserError
+    from pipeplan.runtime.launch import check_builds_fit
+    from runtime_helpers import hand_plan
+
+    path = tmp_path / "wide.py"
+    path.write_text(WIDE)
+    plan = hand_plan(str(path), stages=2, devices=2, schedule="gpipe", microbatches=2, batch_size=2)
+    weights = (8192 * 8192 + 8192) * 4
+    monkeypatch.setattr(model_file, "available_ram_bytes", lambda: 2 * weights - 1)
+    with pytest.raises(UserError) as err:
+        check_builds_fit(plan, per_node=2)
+    assert f"({weights / 2**30:,.2f} GiB)" in err.value.message and "--nnodes" in err.value.hint
+    check_builds_fit(plan, per_node=1)  # one copy fits
+    monkeypatch.setattr(model_file, "available_ram_bytes", lambda: 2 * weights)
+    check_builds_fit(plan, per_node=2)
