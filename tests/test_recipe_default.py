@@ -18,8 +18,9 @@ from pipeplan.precision import recipe_note
 from search_fixtures import gpt_like, profile
 from test_export_fixtures import counts_assignment, llama_graph, make_plan
 
-# The recipe each framework trains with: DeepSpeed and Megatron-LM their own; torchtitan's FSDP mixed precision
-# (bf16 compute, fp32 gradient reduction) is closest to Megatron-LM's.
+# The recipe each framework trains with, written out here (not imported) so that a change there is noticed: DeepSpeed
+# and Megatron-LM their own; torchtitan's FSDP mixed precision (bf16 compute, fp32 gradient reduction) is closest to
+# Megatron-LM's.
 FRAMEWORK_RECIPE = {"deepspeed": "deepspeed", "megatron": "megatron", "torchtitan": "megatron"}
 
 
@@ -84,3 +85,19 @@ def test_a_plan_file_without_a_recipe_reads_as_the_one_it_was_planned_with(tmp_p
     plan.mixed_precision = "autocast"
     plan.save(tmp_path / "new.json")
     assert load_plan(tmp_path / "new.json").mixed_precision == "autocast"
+
+
+@pytest.mark.parametrize("framework,setting", [("deepspeed", "activation_checkpoint_interval=1"),
+                                               ("megatron", "--recompute-num-layers 1"), ("torchtitan", '"full"')])
+def test_an_export_with_recomputation_says_the_framework_checkpoints_every_layer(framework, setting):
+    """The exports turn recomputation on per layer (each framework's only full-recompute form), where the plan
+    priced one checkpoint per stage, as pipeplan run recomputes: the note says its memory differs."""
+    for recompute in (False, True):
+        plan = make_plan(llama_graph(6), counts_assignment([4, 2, 4]), recompute=recompute,
+                         mixed_precision=FRAMEWORK_RECIPE[framework])
+        exp = export_plan(plan, framework)
+        notes = [n for n in exp.notes if n.startswith("recomputation:")]
+        assert len(notes) == int(recompute)
+        if recompute:
+            assert setting in notes[0] and "one checkpoint per stage" in notes[0]
+            assert setting.strip('"') in json.dumps(exp.settings) or setting in " ".join(exp.snippets.values())

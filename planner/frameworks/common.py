@@ -16,7 +16,7 @@ from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, model_u
 from pipeplan.planner.plan import Plan
 
 __all__ = ["PlanUnits", "plan_units", "Export", "stage_of_layer", "require_synchronous", "tf32_notes", "recipe_notes",
-           "precision_notes", "FRAMEWORK_RECIPE"]
+           "framework_notes", "recompute_notes", "FRAMEWORK_RECIPE"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ def tf32_notes(plan: Plan, framework: str) -> list[str]:
 # compute, gradients reduced in fp32, 16-bit activations) is closest to Megatron-LM's.
 FRAMEWORK_RECIPE: dict[str, str] = {"deepspeed": "deepspeed", "megatron": "megatron", "torchtitan": "megatron"}
 
-# Each framework's name in notes, and how it keeps a 16-bit model's state (a recipe note says it).
+# Each framework's name in notes, how it keeps a 16-bit model's state (a recipe note says it), and the setting that
+# recomputes per layer (what the exports write for a plan with recomputation).
 _PRECISION: dict[str, tuple[str, str]] = {
     "deepspeed": ("DeepSpeed", "keeps 16-bit weights and gradients beside fp32 master weights (the ZeRO paper's "
                                "mixed-precision Adam), so its activations are 16-bit"),
@@ -68,11 +69,30 @@ _PRECISION: dict[str, tuple[str, str]] = {
 }
 
 
-def precision_notes(plan: Plan, framework: str) -> list[str]:
-    """What a framework's settings cannot say about the plan's precision: the recipe its memory was counted with
-    where that is not the framework's (`recipe_notes`), and tf32 (`tf32_notes`)."""
+_PER_LAYER_RECOMPUTE = {"deepspeed": "activation_checkpoint_interval=1",
+                        "megatron": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+                        "torchtitan": 'activation_checkpoint mode "full"'}
+
+
+def framework_notes(plan: Plan, framework: str) -> list[str]:
+    """What a framework's settings cannot say about the plan: the precision recipe its memory was counted with
+    where that is not the framework's (`recipe_notes`), tf32 (`tf32_notes`), and recomputation's granularity."""
     name, how = _PRECISION[framework]
-    return recipe_notes(plan, name, FRAMEWORK_RECIPE[framework], how) + tf32_notes(plan, name)
+    return (recipe_notes(plan, name, FRAMEWORK_RECIPE[framework], how) + tf32_notes(plan, name)
+            + recompute_notes(plan, name, _PER_LAYER_RECOMPUTE[framework]))
+
+
+def recompute_notes(plan: Plan, framework: str, setting: str) -> list[str]:
+    """A plan with recomputation: pipeplan prices (and its runtime runs, runtime/recompute.py) one checkpoint per
+    stage, where the frameworks checkpoint every layer, so the framework's activation memory is not the plan's:
+    every layer's input kept per microbatch in flight, one layer re-run at a time, against the stage's input kept
+    and the whole stage re-run at once (docs/cost-models.md §3.3). The time is the same forward re-run."""
+    if not plan.recompute:
+        return []
+    return [f"recomputation: {framework} checkpoints every layer ({setting}), where this plan's memory was counted "
+            "with one checkpoint per stage (as pipeplan run recomputes): each microbatch in flight keeps every "
+            "layer's input there, and one layer is re-run at a time, so its activation memory differs from the "
+            "plan's (the re-run's time does not)"]
 
 
 def recipe_notes(plan: Plan, framework: str, recipe: str, how: str) -> list[str]:

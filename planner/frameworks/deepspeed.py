@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pipeplan.planner.baselines import deepspeed_parameters
-from pipeplan.planner.frameworks.common import Export, plan_units, precision_notes, require_synchronous
+from pipeplan.planner.frameworks.common import Export, framework_notes, plan_units, require_synchronous
 from pipeplan.planner.frameworks.names import ModelUnits, unit_split
 from pipeplan.planner.plan import Plan
 
@@ -119,7 +119,7 @@ def export(plan: Plan) -> Export:
              f"... ({len(pu.units.units)} layers)",
              f"gradient_accumulation_steps is the microbatch count ({plan.microbatches}); DeepSpeed runs 1F1B "
              "(TrainSchedule) whatever the plan's synchronous schedule"]
-    notes += precision_notes(plan, "deepspeed")
+    notes += framework_notes(plan, "deepspeed")
     return Export("deepspeed", settings, {"python": _python(settings), "ds_config.json": _json(config)},
                   stage_modules, notes)
 

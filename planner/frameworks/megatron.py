@@ -29,7 +29,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from pipeplan.planner.frameworks.common import Export, plan_units, precision_notes, require_synchronous
+from pipeplan.planner.frameworks.common import Export, framework_notes, plan_units, require_synchronous
 from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, unit_split
 from pipeplan.planner.plan import Plan
 from pipeplan.schedules import facts
@@ -158,7 +158,7 @@ def export(plan: Plan) -> Export:
              f"{shlex.quote(layout_string(stages))}",
              f"launch on {P * plan.data_parallel} GPUs (data-parallel size = GPUs / pipeline size = "
              f"{plan.data_parallel}); microbatches = global / (micro x data-parallel) = {M}"]
-    notes += precision_notes(plan, "megatron")
+    notes += framework_notes(plan, "megatron")
     settings = {k.lstrip("-"): val for k, val in args.items()}
     settings["layout"] = layout_string(stages)
     return Export("megatron", settings, {"arguments": line + "\n"}, [[st.code()] for st in stages], notes)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipeplan.planner.frameworks.common import Export, plan_units, precision_notes, require_synchronous
+from pipeplan.planner.frameworks.common import Export, framework_notes, plan_units, require_synchronous
 from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits
 from pipeplan.planner.plan import Plan
 from pipeplan.schedules import ScheduleName
@@ -151,7 +151,7 @@ def export(plan: Plan) -> Export:
     if plan.dtype == "fp16":
         notes.append("the plan is fp16, which torchtitan does not train (training.mixed_precision_param is bfloat16 "
                      "or float32): exported as bfloat16; re-plan with --dtype bf16 for a prediction of that step")
-    notes += precision_notes(plan, "torchtitan")  # torchtitan leaves allow_tf32 at torch's default, off
+    notes += framework_notes(plan, "torchtitan")  # torchtitan leaves allow_tf32 at torch's default, off
     notes.append(f"{len(split)} model parts on {degree} pipeline ranks; microbatches = local_batch_size / "
                  f"pipeline_parallel_microbatch_size = {plan.microbatches}")
     snippets = {"toml (torchtitan <= 0.2, TOML job config)": _toml(settings, parts_toml),
