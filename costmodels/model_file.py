@@ -115,24 +115,31 @@ def model_bytes(spec: ModelSpec) -> tuple[int, int] | None:
     return weights, sum(t.numel() * t.element_size() for t in tensors if t.requires_grad)
 
 
-def check_fits_in_ram(spec: ModelSpec) -> None:
-    """Refuse before building a model for real whose weights and gradients alone exceed the RAM still free.
+def ram_shortfall(spec: ModelSpec, copies: int = 1, *, grads: bool = True) -> tuple[int, int] | None:
+    """(bytes needed, bytes free) where `copies` of the model with real weights (and their gradients, with `grads`)
+    exceed the RAM still free; None where they fit, or where the RAM or the model's size cannot be told.
 
-    Why before: a build past the RAM is not always an exception to catch (`out_of_memory_error`); on Linux the
-    kernel's OOM killer ends the process instead (`pipeplan trace` of a 70B config was killed, exit 137, with no
-    word of why). A model that cannot be built on the meta device is not checked. Weights and gradients are the
-    least a timed step holds, so this refuses only what cannot work.
+    Why ask before building: a build past the RAM is not always an exception to catch (`out_of_memory_error`); on
+    Linux the kernel's OOM killer ends the process instead, with no word of why.
     """
-    free, sizes = available_ram_bytes(), None
-    if free is not None:
-        sizes = model_bytes(spec)
+    free = available_ram_bytes()
+    sizes = model_bytes(spec) if free is not None else None
     if free is None or sizes is None:
-        return
-    weights, grads = sizes
-    if weights + grads > free:
+        return None
+    need = copies * (sizes[0] + (sizes[1] if grads else 0))
+    return (need, free) if need > free else None
+
+
+def check_fits_in_ram(spec: ModelSpec) -> None:
+    """Refuse before building a model for real whose weights and gradients alone exceed the RAM still free
+    (`ram_shortfall`; `pipeplan trace` of a 70B config was killed, exit 137). Weights and gradients are the least a
+    timed step holds, so this refuses only what cannot work."""
+    short = ram_shortfall(spec)
+    if short is not None:
+        need, free = short
         raise OutOfMemory(
             f"{spec.path}: with real weights the model is too big for {_ram()}: its weights and gradients need "
-            f"{(weights + grads) / 2**30:,.2f} GiB and {free / 2**30:,.2f} GiB is free, so building it would run "
+            f"{need / 2**30:,.2f} GiB and {free / 2**30:,.2f} GiB is free, so building it would run "
             f"out of memory; nothing in the model file needs fixing",
             "plan it against a catalogue profile (e.g. --profile a100-80gb-sxm), which traces it without weights, "
             f"or save a graph without layer times with `pipeplan trace {spec.path} --no-times`",

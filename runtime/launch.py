@@ -233,20 +233,20 @@ def check_builds_fit(plan, per_node: int) -> None:
 
     Every process builds the whole model with real weights and then keeps its own stages (worker.load_split_model),
     so a node's processes hold per_node copies of the weights at once while they start; past the RAM still free
-    the kernel's OOM killer ends them one by one. The weights come from a build on the meta device
-    (costmodels/model_file.model_bytes); a model that cannot be built there is not checked.
+    the kernel's OOM killer ends them one by one (costmodels/model_file.ram_shortfall).
     """
-    from pipeplan.costmodels.model_file import available_ram_bytes, load_model_file, model_bytes
+    from pipeplan.costmodels.model_file import load_model_file, ram_shortfall
 
-    free, model_file = available_ram_bytes(), plan.graph.get("model_file")
-    if free is None or not model_file:
+    model_file = plan.graph.get("model_file")
+    if not model_file:
         return
-    sizes = model_bytes(load_model_file(model_file, plan.graph.get("entry") or "build_model",
-                                        seq_len=plan.graph.get("seq_len")))
-    if sizes is not None and per_node * sizes[0] > free:
+    short = ram_shortfall(load_model_file(model_file, plan.graph.get("entry") or "build_model",
+                                          seq_len=plan.graph.get("seq_len")), per_node, grads=False)
+    if short is not None:
+        need, free = short
         raise UserError(
             f"{model_file}: each of this node's {per_node} processes builds the whole model with real weights "
-            f"({sizes[0] / 2**30:,.2f} GiB) before it keeps its stages: {per_node * sizes[0] / 2**30:,.2f} GiB, more "
+            f"({need / per_node / 2**30:,.2f} GiB) before it keeps its stages: {need / 2**30:,.2f} GiB, more "
             f"than the {free / 2**30:,.2f} GiB of RAM free",
             "run it over more nodes (--nnodes) or on a machine with more RAM (pipeplan run does not yet build only "
             "each process's own stages)")

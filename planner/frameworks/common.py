@@ -49,37 +49,41 @@ def tf32_notes(plan: Plan, framework: str) -> list[str]:
             "in the training script (else its matmuls run in full fp32, slower than predicted)"]
 
 
-# The mixed-precision recipe (pipeplan.choices.MixedPrecision) each framework trains a 16-bit model with: DeepSpeed's
-# own (16-bit weights and gradients), Megatron-LM's (fp32 gradients); torchtitan's FSDP2 MixedPrecisionPolicy (bf16
-# compute, gradients reduced in fp32, 16-bit activations) is closest to Megatron-LM's.
-FRAMEWORK_RECIPE: dict[str, str] = {"deepspeed": "deepspeed", "megatron": "megatron", "torchtitan": "megatron"}
+@dataclass(frozen=True)
+class _Training:
+    """How a framework trains what a plan describes, where its settings cannot say it."""
 
-# Each framework's name in notes, how it keeps a 16-bit model's state (a recipe note says it), and the setting that
-# recomputes per layer (what the exports write for a plan with recomputation).
-_PRECISION: dict[str, tuple[str, str]] = {
-    "deepspeed": ("DeepSpeed", "keeps 16-bit weights and gradients beside fp32 master weights (the ZeRO paper's "
-                               "mixed-precision Adam), so its activations are 16-bit"),
-    # Megatron-LM's README bytes-per-parameter table; arguments.py turns on --accumulate-allreduce-grads-in-fp32
-    # with --bf16
-    "megatron": ("Megatron-LM", "keeps 16-bit weights, so its activations are 16-bit, and accumulates and all-reduces "
-                                "gradients in fp32 (--accumulate-allreduce-grads-in-fp32, on with --bf16; fp16 keeps "
-                                "fp32 main gradients)"),
-    "torchtitan": ("torchtitan", "computes with bf16 parameters and reduces gradients in fp32 (FSDP2's "
-                                 "MixedPrecisionPolicy), so its activations are 16-bit"),
+    name: str  # the framework, in notes
+    recipe: str  # the mixed-precision recipe (pipeplan.choices.MixedPrecision) it keeps a 16-bit model's state by
+    state: str  # that recipe in words (a recipe note says it)
+    recompute: str  # its setting that recomputes per layer, which the export writes for a plan with recomputation
+
+
+# DeepSpeed's own recipe (16-bit weights and gradients), Megatron-LM's (fp32 gradients: its README's bytes-per-parameter
+# table; arguments.py turns on --accumulate-allreduce-grads-in-fp32 with --bf16); torchtitan's FSDP2
+# MixedPrecisionPolicy (bf16 compute, gradients reduced in fp32, 16-bit activations) is closest to Megatron-LM's.
+_TRAINING: dict[str, _Training] = {
+    "deepspeed": _Training("DeepSpeed", "deepspeed",
+                           "keeps 16-bit weights and gradients beside fp32 master weights (the ZeRO paper's "
+                           "mixed-precision Adam), so its activations are 16-bit", "activation_checkpoint_interval=1"),
+    "megatron": _Training("Megatron-LM", "megatron",
+                          "keeps 16-bit weights, so its activations are 16-bit, and accumulates and all-reduces "
+                          "gradients in fp32 (--accumulate-allreduce-grads-in-fp32, on with --bf16; fp16 keeps fp32 "
+                          "main gradients)",
+                          "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"),
+    "torchtitan": _Training("torchtitan", "megatron",
+                            "computes with bf16 parameters and reduces gradients in fp32 (FSDP2's "
+                            "MixedPrecisionPolicy), so its activations are 16-bit", 'activation_checkpoint mode "full"'),
 }
-
-
-_PER_LAYER_RECOMPUTE = {"deepspeed": "activation_checkpoint_interval=1",
-                        "megatron": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
-                        "torchtitan": 'activation_checkpoint mode "full"'}
+FRAMEWORK_RECIPE: dict[str, str] = {framework: t.recipe for framework, t in _TRAINING.items()}
 
 
 def framework_notes(plan: Plan, framework: str) -> list[str]:
     """What a framework's settings cannot say about the plan: the precision recipe its memory was counted with
     where that is not the framework's (`recipe_notes`), tf32 (`tf32_notes`), and recomputation's granularity."""
-    name, how = _PRECISION[framework]
-    return (recipe_notes(plan, name, FRAMEWORK_RECIPE[framework], how) + tf32_notes(plan, name)
-            + recompute_notes(plan, name, _PER_LAYER_RECOMPUTE[framework]))
+    t = _TRAINING[framework]
+    return (recipe_notes(plan, t.name, t.recipe, t.state) + tf32_notes(plan, t.name)
+            + recompute_notes(plan, t.name, t.recompute))
 
 
 def recompute_notes(plan: Plan, framework: str, setting: str) -> list[str]:
