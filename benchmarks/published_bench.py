@@ -224,9 +224,13 @@ Still missing (the rows above 1.15 or below 0.85):
 - *ResNet-50 on 8 GPUs* loses 14-20% against 1 GPU in the published mixed-precision runs (1.26 on A100) while
   its all-reduce is under 1% of the iteration, and 3-4% in the TF32/FP32 runs: most likely the input pipeline
   (DALI decoding at 16.6k img/s), which pipeplan does not model.
-- *Memory (not scored):* recomputation is still per stage (mpt-30b and Megatron 1.7B with recomputation are
-  predicted out of memory although they trained). Since the memory model counts the tensors in flight and the
-  outputs torch's stages keep (benchmarks/RESULTS.md, "Peak memory"), mpt-350m and mpt-760m on A100s are too
+- *Memory (not scored):* the rows with recomputation are now priced a block at a time, as LLM Foundry (each
+  MPTBlock checkpointed) and Megatron-LM (`--checkpoint-num-layers 1`) ran them (`recompute_granularity: block`;
+  docs/cost-models.md §3.3): both now fit, mpt-30b at 74.0 GiB and Megatron 1.7B at 50.5 (132.9 and 314 with one
+  checkpoint per stage, the whole model re-run at once; Megatron 1.7B read 108 with a checkpoint per traced
+  layer, its 245 modules, before the blocks were the frameworks' 24 transformer layers). Since the memory model
+  counts the tensors in flight and the outputs torch's stages keep (benchmarks/RESULTS.md, "Peak memory"),
+  mpt-350m and mpt-760m on A100s read out of memory, though they trained
   (80.0 and 79.4 GiB predicted, 79 usable; 61.6 and 65.6 before): their 32 and 24 sequences of 2,048 tokens
   make logits of 6.6 and 5.0 GB in bf16, and the traced loss is transformers' (an fp32 log-softmax saved, two
   logit-sized gradients, the logits kept), where LLM Foundry's MPT defaults to flash-attn's fused
@@ -437,6 +441,7 @@ def _predict(case: dict[str, Any], graph, profile=None) -> dict[str, Any]:
         devices=case["gpus"], batch_size=case["global_batch"], schedule=case["schedule"], stages=case["pp"],
         data_parallel=case["dp"], microbatches=case["microbatches"], chunks=1,
         recompute="on" if case["recompute"] else "off", dtype=case["precision"], optimizer=case["optimizer"],
+        recompute_granularity=case.get("recompute_granularity", "stage"),
         optimizer_kernels=case.get("optimizer_kernels", "auto"), mixed_precision=case["mixed_precision"],
         sharding=case["sharding"], top=1)
     fits = True
@@ -468,6 +473,7 @@ def _evaluate(case: dict[str, Any], graph, profile, assignment: list[int]):
     return pipeplan.evaluate(graph, profile, assignment, schedule=case["schedule"],
                              microbatches=case["microbatches"], batch_size=case["global_batch"],
                              data_parallel=case["dp"], recompute=case["recompute"], dtype=case["precision"],
+                             recompute_granularity=case.get("recompute_granularity", "stage"),
                              optimizer=case["optimizer"], sharding=case["sharding"],
                              mixed_precision=case["mixed_precision"],
                              optimizer_kernels=case.get("optimizer_kernels", "auto"))

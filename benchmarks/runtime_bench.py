@@ -59,14 +59,16 @@ CASES = [("wide_mlp", 8192, 8, 8, 8), ("mlp", 2048, 8, 40, 20), ("gpt", 256, 8, 
 # PipeDream (whose iteration is M microbatches in the steady state, without a flush; its training semantics differ:
 # stale weights) and PipeDream-2BW (one window of M).
 # Recomputation (each stage's forward re-run in its backward, runtime/recompute.py) under GPipe, 1F1B and the
-# split backwards of zero bubble (whose W re-runs the forward once per parameter group: docs/cost-models.md).
+# split backwards of zero bubble (whose W re-runs the forward once per parameter group: docs/cost-models.md), and
+# per block ("block": a checkpoint per block, as the frameworks recompute; GPipe and 1F1B).
 CONFIGS = [("gpipe", "gpipe", 2, 1, 1, False), ("1f1b", "1f1b", 2, 1, 1, False),
            ("interleaved", "interleaved", 2, 1, 2, False), ("zb-h1", "zb-h1", 2, 1, 1, False),
            ("zb-v", "zb-v", 2, 1, 2, False), ("dualpipev", "dualpipev", 2, 1, 2, False),
            ("pipedream", "pipedream", 2, 1, 1, False), ("pipedream-2bw", "pipedream-2bw", 2, 1, 1, False),
            ("data parallel", "1f1b", 1, 2, 1, False), ("gpipe recompute", "gpipe", 2, 1, 1, True),
            ("1f1b recompute", "1f1b", 2, 1, 1, True), ("zb-h1 recompute", "zb-h1", 2, 1, 1, True),
-           ("zb-v recompute", "zb-v", 2, 1, 2, True)]
+           ("zb-v recompute", "zb-v", 2, 1, 2, True), ("gpipe recompute per block", "gpipe", 2, 1, 1, "block"),
+           ("1f1b recompute per block", "1f1b", 2, 1, 1, "block")]
 BASELINE_CHUNKS = (1, 2, 4, 8)  # single-process: one pass, or gradient accumulation over this many slices
 BASELINE_STEPS = 4  # timed steps per baseline variant (~5-6 s each at batch 8192), after one warm-up
 
@@ -159,7 +161,7 @@ def make_plan(graph, profile, batch: int, m: int, config: tuple, out: Path):
     _, schedule, stages, dp, chunks, rc = config
     request = PlanRequest(devices=2, batch_size=batch, schedule=schedule, stages=stages, data_parallel=dp,
                           chunks=chunks, microbatches=m // dp, optimizer="sgd", recompute="on" if rc else "off",
-                          sharding="none",
+                          recompute_granularity="block" if rc == "block" else "stage", sharding="none",
                           times="model")
     result = measure_split_like_device(graph, profile, request, search(graph, profile, request))
     result.best.save(out)
@@ -366,7 +368,7 @@ def _configs() -> str:
     """CONFIGS in words, for the section's description."""
     def one(label, schedule, stages, dp, chunks, rc):
         what = f"{stages} stage{'s' if stages > 1 else ''}" + (f" x {dp} replicas" if dp > 1 else "")
-        return f"{label} ({what}{f', {chunks} chunks per device' if chunks > 1 else ''}{', recomputation' if rc else ''})"
+        return f"{label} ({what}{f', {chunks} chunks per device' if chunks > 1 else ''}{(', recomputation per block' if rc == 'block' else ', recomputation') if rc else ''})"
     return ", ".join(one(*c) for c in CONFIGS)
 
 

@@ -135,15 +135,24 @@ def run_cluster_analysis(load: Callable[[Callable, Any], object], *, cluster, re
 
 
 def framework_recipe(request: PlanRequest, split_from: str | None) -> PlanRequest:
-    """With `--split-from` a framework's settings and no `--mixed-precision`, the plans are counted with that
-    framework's recipe (planner/frameworks/common.FRAMEWORK_RECIPE): the user is planning for it, and the default,
-    `pipeplan run`'s torch.autocast, would count its memory as another trainer's."""
-    if split_from is None or option_given("mixed_precision"):
+    """With `--split-from` a framework's settings, the plans are counted as that framework trains: with its
+    mixed-precision recipe (planner/frameworks/common.FRAMEWORK_RECIPE) unless `--mixed-precision` is given, and
+    recomputed a block at a time unless `--recompute-granularity` is (DeepSpeed, Megatron-LM and torchtitan all
+    checkpoint each decoder layer). The user is planning for the framework; the defaults, `pipeplan run`'s torch.autocast
+    and one checkpoint per stage, would count its memory as another trainer's. (Under a schedule that splits its
+    backward the runtime checkpoints whole stages: there recomputation stays per stage.)"""
+    if split_from is None:
         return request
     from pipeplan.planner.frameworks.common import FRAMEWORK_RECIPE
     from pipeplan.planner.frameworks.split import source_framework
+    from pipeplan.schedules import SCHEDULE_NAMES, runs_block_checkpoints
 
-    return replace(request, mixed_precision=FRAMEWORK_RECIPE[source_framework(split_from)])
+    if not option_given("mixed_precision"):
+        request = replace(request, mixed_precision=FRAMEWORK_RECIPE[source_framework(split_from)])
+    fixed = request.schedule in SCHEDULE_NAMES and request.recompute == "on"
+    if not option_given("recompute_granularity") and not (fixed and not runs_block_checkpoints(request.schedule)):
+        request = replace(request, recompute_granularity="block")
+    return request
 
 
 def read_split(graph, split: str | None, split_from: str | None):

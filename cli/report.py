@@ -85,7 +85,7 @@ def plan_header(plan, profile=None) -> Text:
         f": {plan.schedule}, {shape}, {plan.microbatches} microbatch{'es' if plan.microbatches != 1 else ''} of "
         f"{plan.microbatch_size} (batch {plan.batch_size}), {plan.dtype}{_recipe(plan)}, {plan.optimizer}"
         f"{'' if plan.optimizer_kernels == 'auto' else f' ({plan.optimizer_kernels} kernels)'}"
-        f"{', recomputation' if plan.recompute else ''}{_sharding(plan)}"
+        f"{_recompute(plan)}{_sharding(plan)}"
     )
     solver = plan.solver or {}
     if solver.get("name"):
@@ -118,6 +118,13 @@ def _type_runs(types: list[str]) -> str:
 def _recipe(plan) -> str:
     """Which mixed-precision memory recipe a 16-bit plan assumed."""
     return f" ({plan.mixed_precision} recipe)" if plan.dtype in ("bf16", "fp16") else ""
+
+
+def _recompute(plan) -> str:
+    """The plan's recomputation as the header says it: nothing, per stage, or per block."""
+    if not plan.recompute:
+        return ""
+    return ", recomputation per block" if plan.recompute_granularity == "block" else ", recomputation"
 
 
 def _sharding(plan) -> str:

@@ -200,20 +200,62 @@ def activation_bytes(*, saved_bytes_per_mb: int, input_bytes_per_mb: int, inflig
 
 
 def _held_activations(saved: int, inb: int, inflight: int, recompute: bool, chunks: int, loss_saved: int = 0,
-                      loss_kept: int = 0) -> int:
+                      loss_kept: int = 0, rerun: int | None = None) -> int:
     """`activation_bytes` without the checks and keywords: the partitioner calls it millions of times.
     `loss_saved`: on the last stage, what the loss saves, which runs outside a recomputed stage's checkpoint
     (runtime/recompute.py): while one microbatch's backward re-runs the stage, the `loss_kept` others between their
-    loss and their backward keep it beside their inputs (`losses_waiting`: GPipe's last stage M - 1)."""
+    loss and their backward keep it beside their inputs (`losses_waiting`: GPipe's last stage M - 1).
+    Recomputed, `inb` is what a microbatch keeps until its backward (its checkpoints' inputs) and `rerun` what one
+    re-run brings back at a time: None, the whole stage's saves (one checkpoint per stage); per block, the largest
+    block's (`checkpointed_bytes`)."""
     full = math.ceil(saved * inflight / chunks)
     if not recompute:
         return full
-    return min(full, math.ceil(inb * inflight / chunks) + loss_kept * loss_saved + math.ceil(saved / chunks))
+    again = math.ceil(saved / chunks) if rerun is None else rerun
+    return min(full, math.ceil(inb * inflight / chunks) + loss_kept * loss_saved + again)
+
+
+def checkpointed_bytes(input_bytes: int, passed_bytes: Sequence[int], saved_bytes: Sequence[int],
+                       transient_bytes: Sequence[int], block_of: Sequence[int],
+                       sent: Sequence[bool] | None = None) -> tuple[int, int, int]:
+    """(kept per microbatch, one re-run, tensors in flight beyond it) of a stage whose every block is a checkpoint of
+    its own, from its input and its layers' (in execution order) `passed_bytes` (what a layer passes to another
+    block), `saved_bytes`, `transient_bytes` (costmodels/transient.py), blocks (`block_of`; a block the stage cuts
+    counts as the part of it inside the stage) and `sent` (whether a later stage reads the layer's outputs too).
+
+    Each checkpoint keeps its inputs until its backward (torch's non-reentrant checkpoint keeps them as they are, no
+    copy): the stage's input and what every block but the last passes on (the last one's outputs leave the stage),
+    less what the stage sends anyway (its outputs, which it keeps for its microbatches in flight: `kept_outputs`,
+    the same storage). A tensor is counted once per producing layer however many blocks read it. The backward
+    re-runs one block at a time and holds its saves while it runs: the largest block's (Korthikanti et al. 2022,
+    table 2, "full recompute": one 2sbh input kept per transformer layer, one layer's activations re-made). In
+    flight beyond that: within the block being re-run, at each layer its saves so far and its transient
+    (`transient_over_saved` per block; the last layer's is the loss's, which runs after the last checkpoint), less
+    the re-run already counted.
+    """
+    runs: list[tuple[int, int]] = []
+    for i, b in enumerate(block_of):
+        if runs and block_of[runs[-1][0]] == b:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    if not runs:
+        return input_bytes, 0, 0
+    leaves = sent or [False] * len(block_of)
+    kept = input_bytes + sum(p for p, out in zip(passed_bytes[:runs[-1][0]], leaves, strict=False) if not out)
+    rerun = peak = 0
+    for start, stop in runs:
+        held = 0
+        for i in range(start, stop):
+            held += saved_bytes[i]
+            peak = max(peak, held + transient_bytes[i])
+        rerun = max(rerun, held)
+    return kept, rerun, max(0, peak - rerun)
 
 
 def held_with_deferred(saved: int, inb: int, points: Sequence[tuple[int, int, bool]], recompute: bool, chunks: int,
                        deferred: int, transient: int, loss_saved: int = 0, loss_kept: int = 0,
-                       w_rerun: int = 0) -> tuple[int, int, int]:
+                       w_rerun: int = 0, rerun: int | None = None) -> tuple[int, int, int]:
     """(activations, deferred gradients, tensors in flight) at a device's peak: the largest sum over its (held,
     pending W, busy) points (`schedules.weight_pass_points`). A backward split into B and W (zero bubble) keeps
     each pending W's weight-op output gradients, `deferred` bytes per (chunk-)microbatch (costmodels/transient.py,
@@ -221,12 +263,13 @@ def held_with_deferred(saved: int, inb: int, points: Sequence[tuple[int, int, bo
     runs, not while a W does. One busy point (held, 0) where backwards do not split.
 
     Recomputed, a W holds not one re-run but `w_rerun` bytes (`split_rerun_bytes`) beside the held inputs (and the
-    loss's saves on the last stage, `_held_activations`), where a forward or a B holds one re-run."""
+    loss's saves on the last stage, `_held_activations`), where a forward or a B holds one re-run (`rerun`, as
+    `_held_activations`)."""
     def at(held: int, pending: int, busy: bool) -> tuple[int, int, int]:
         if recompute and not busy:  # the loss's saves of one microbatch too (measured on ZB-H1's last stage)
             acts = math.ceil(inb * held / chunks) + max(1, loss_kept) * loss_saved + w_rerun
         else:
-            acts = _held_activations(saved, inb, held, recompute, chunks, loss_saved, loss_kept)
+            acts = _held_activations(saved, inb, held, recompute, chunks, loss_saved, loss_kept, rerun)
         return acts, pending * deferred, transient if busy else 0
 
     return max((at(*point) for point in points), key=sum)
@@ -330,7 +373,7 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
                  stage_replicas: Sequence[int] | None = None, transient_bytes: int = 0,
                  model_output_bytes_per_mb: int = 0, deferred_grad_bytes_per_mb: int = 0,
                  held_bytes: tuple[int, int, int] | None = None, loss_saved_bytes_per_mb: int = 0,
-                 w_rerun_bytes: int = 0) -> MemoryBreakdown:
+                 w_rerun_bytes: int = 0, checkpointed: tuple[int, int] | None = None) -> MemoryBreakdown:
     """Predicted peak memory of one pipeline stage (one device).
 
     param_bytes: fp32 bytes of the stage's parameters (all its chunks when interleaved).
@@ -354,7 +397,9 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     its order chunk by chunk (`walked_held_bytes`), in place of the estimate from the counts.
     loss_saved_bytes_per_mb: where the device holds the last stage, what the loss saves; recomputed, the
     microbatches waiting for their backward keep it (`_held_activations`, `losses_waiting`). w_rerun_bytes:
-    recomputed under a split backward, what a W holds (`split_rerun_bytes`).
+    recomputed under a split backward, what a W holds (`split_rerun_bytes`). checkpointed: recomputed with a checkpoint
+    per block, (kept per microbatch, one re-run) of `checkpointed_bytes` over the device's stages; None: one checkpoint
+    per stage, which keeps the stage's input and re-runs all it saves.
 
     Terms (each documented in docs/cost-models.md):
     weights + stashed versions (pipedream), grads + optimizer state + master copy
@@ -384,9 +429,10 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
         raise ValueError(f"negative transient_bytes or model_output_bytes_per_mb: {transient_bytes}, "
                          f"{model_output_bytes_per_mb}")
     points = weight_pass_points(schedule, stages, stage, microbatches, chunks, inflight)
+    kept, rerun = checkpointed or (input_bytes_per_mb, None)
     acts, deferred, transient_bytes = held_bytes or held_with_deferred(
-        saved_bytes_per_mb, input_bytes_per_mb, points, recompute, chunks, deferred_grad_bytes_per_mb, transient_bytes,
-        loss_saved_bytes_per_mb, losses_waiting(schedule, stages, microbatches), w_rerun_bytes)
+        saved_bytes_per_mb, kept, points, recompute, chunks, deferred_grad_bytes_per_mb, transient_bytes,
+        loss_saved_bytes_per_mb, losses_waiting(schedule, stages, microbatches), w_rerun_bytes, rerun)
     ins, grads = receive_buffers(schedule, stages, stage, microbatches, chunks, inflight)
     buffers = int(input_bytes_per_mb) * ins + int(output_bytes_per_mb) * grads
     buffers += (kept_outputs(schedule, inflight) * int(output_bytes_per_mb)
@@ -422,7 +468,8 @@ class RangeMemory:
                  mixed_precision: str = DEFAULT_MIXED_PRECISION, sharding: str = "none", shards: int = 1,
                  transient_bytes: Sequence[int] = (), model_output_bytes: int = 0,
                  deferred_grad_bytes: Sequence[int] = (), loss_saved_bytes: int = 0,
-                 nonweight_saved_bytes: Sequence[int] = (), weight_passes: Sequence[int] = ()) -> None:
+                 nonweight_saved_bytes: Sequence[int] = (), weight_passes: Sequence[int] = (),
+                 blocks: tuple[Sequence[int], Sequence[int], Sequence[int]] | None = None) -> None:
         n, P = len(param_bytes), stages
         rule = facts(schedule)
         self.shared = [(nbytes, list(users)) for nbytes, users in shared if len(users) > 1]
@@ -430,6 +477,9 @@ class RangeMemory:
         self.ch = chunks if rule.interleaves else 1
         self.device_of = [stage_device(schedule, s, P) for s in range(P * self.ch)]
         self.recompute = recompute
+        # a checkpoint per block (`blocks`: each layer's block, what it passes to other blocks, its last reader)
+        self.blocked = _Blocks(*blocks, saved_bytes, transient_bytes or [0] * len(saved_bytes)) \
+            if recompute and blocks is not None else None
         self.pp, self.sp = [0], [0]
         for i in range(n):
             self.pp.append(self.pp[-1] + param_bytes[i])
@@ -473,18 +523,20 @@ class RangeMemory:
 
     def device_total(self, p: int, params: int, saved: int, inb: int, outb: int, largest: int = 0,
                      transient: int = 0, model_out: int = 0, deferred: int = 0, loss_saved: int = 0,
-                     w_rerun: int = 0) -> int:
+                     w_rerun: int = 0, checkpointed: tuple[int, int] | None = None) -> int:
         """`stage_memory(...).total_bytes` of pipeline device p holding these bytes (`model_out`: the model's
         output, where the range ends the model; `deferred`: a (chunk-)microbatch's gradients kept for W;
-        `loss_saved`, `w_rerun`: as stage_memory's)."""
+        `loss_saved`, `w_rerun`, `checkpointed`: as stage_memory's)."""
         w, g, o = (math.ceil(f * params) for f in self.per_byte)
         w, g, o = _shard(w, g, o, self.sharding, self.shards)
+        kept, rerun = checkpointed or (inb, None)
         if deferred or w_rerun:  # both 0 unless backwards split
-            acts = sum(held_with_deferred(saved, inb, self.points[p], self.recompute, self.ch, deferred, transient,
-                                          loss_saved, self.losses, w_rerun))
+            acts = sum(held_with_deferred(saved, kept, self.points[p], self.recompute, self.ch, deferred, transient,
+                                          loss_saved, self.losses, w_rerun, rerun))
             transient = 0  # in acts
         else:  # no W pending (the DP's hot path): the most microbatches held, with tensors in flight
-            acts = _held_activations(saved, inb, self.inflight[p], self.recompute, self.ch, loss_saved, self.losses)
+            acts = _held_activations(saved, kept, self.inflight[p], self.recompute, self.ch, loss_saved, self.losses,
+                                     rerun)
         grads_of, weights_of = self.largest_parts
         gathered = grads_of * int(largest * self.per_byte[1]) + weights_of * int(largest * self.per_byte[0])
         ins, grads = self.receives[p]
@@ -498,7 +550,6 @@ class RangeMemory:
         if self.shared:
             params += self._tied_copies(a, b)
         largest = self.largest(a, b) if self.largest is not None else 0
-        transient = self._transient(a, b)
         outb = self.cut[b - 1] if b < self.n else 0
         deferred = self.dp[b] - self.dp[a] if self.dp is not None and s > 0 else 0  # torch skips stage 0's B
         loss_saved = self.loss_saved if b == self.n else 0
@@ -507,9 +558,16 @@ class RangeMemory:
             nonweight, passes = self.rerun
             w_rerun = split_rerun_bytes(self.sp[b] - self.sp[a], loss_saved, nonweight[b] - nonweight[a],
                                         passes[b] - passes[a], first=s == 0)
-        return self.device_total(self.device_of[s], params * ch, (self.sp[b] - self.sp[a]) * ch,
-                                 self.input if a == 0 else self.cut[a - 1], outb, largest, transient,
-                                 0 if b < self.n else self.model_out, deferred, loss_saved, w_rerun)
+        inb = self.input if a == 0 else self.cut[a - 1]
+        checkpointed = None
+        if self.blocked is not None:  # `checkpointed_bytes` of the range, its chunks as many copies (as `saved`)
+            kept, rerun, transient = self.blocked(a, b, inb)
+            checkpointed = (kept * ch, rerun)
+        else:
+            transient = self._transient(a, b)
+        return self.device_total(self.device_of[s], params * ch, (self.sp[b] - self.sp[a]) * ch, inb, outb, largest,
+                                 transient, 0 if b < self.n else self.model_out, deferred, loss_saved, w_rerun,
+                                 checkpointed)
 
     def _transient(self, a: int, b: int) -> int:
         """`transient_over_saved` of layers [a, b) from the range maximum; the model's last layer apart under
@@ -550,6 +608,43 @@ def transient_over_saved(saved_bytes: Sequence[int], transient_bytes: Sequence[i
         held += saved_bytes[-1]
         peak = max(peak, saved_bytes[-1] + transient_bytes[-1])
     return max(0, peak - held)
+
+
+class _Blocks:
+    """`checkpointed_bytes` of any layer range [a, b): prefix sums of what layers save, the largest block's saves
+    and peak over whole blocks by range maximum, the range's cut first and last blocks from the prefix sums and a
+    range maximum over layers (a block's peak from layer x: max over its layers L of saved[x..L] + transient[L],
+    i.e. max(sp[L + 1] + transient[L]) - sp[x]), and per stage end b the prefix sums of what layers pass on to
+    readers before b (built once per b the partitioner asks about: O(n) each)."""
+
+    def __init__(self, block_of: Sequence[int], passed: Sequence[int], last_reader: Sequence[int],
+                 saved: Sequence[int], transient: Sequence[int]) -> None:
+        self.block = list(block_of)
+        self.passed, self.last_reader = list(passed), list(last_reader)
+        self.kept: dict[int, list[int]] = {}  # b -> prefix sums of passed bytes whose readers all come before b
+        self.sp = list(itertools.accumulate(saved, initial=0))
+        self.reach = _RangeMax([self.sp[i + 1] + t for i, t in enumerate(transient)])
+        self.start = {b: i for i, b in reversed(list(enumerate(block_of)))}
+        self.stop = {b: i + 1 for i, b in enumerate(block_of)}
+        blocks = range(max(block_of, default=-1) + 1)
+        self.saved = _RangeMax([self.sp[self.stop[b]] - self.sp[self.start[b]] for b in blocks])
+        self.peak = _RangeMax([self.reach(self.start[b], self.stop[b]) - self.sp[self.start[b]] for b in blocks])
+
+    def __call__(self, a: int, b: int, inb: int) -> tuple[int, int, int]:
+        first, last = self.block[a], self.block[b - 1]
+        tail = max(a, self.start[last])  # where the range's last block begins
+        if b not in self.kept:
+            self.kept[b] = list(itertools.accumulate(
+                (p if r < b else 0 for p, r in zip(self.passed, self.last_reader, strict=True)), initial=0))
+        kept = inb + self.kept[b][tail] - self.kept[b][a]
+        if first == last:
+            rerun, peak = self.sp[b] - self.sp[a], self.reach(a, b) - self.sp[a]
+        else:
+            head = self.stop[first]
+            rerun = max(self.sp[head] - self.sp[a], self.sp[b] - self.sp[tail], self.saved(first + 1, last))
+            peak = max(self.reach(a, head) - self.sp[a], self.reach(tail, b) - self.sp[tail],
+                       self.peak(first + 1, last))
+        return kept, rerun, max(0, peak - rerun)
 
 
 class _RangeMax:

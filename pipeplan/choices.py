@@ -13,7 +13,7 @@ from typing import Final, Literal, get_args
 __all__ = [
     "Dtype", "DTYPES", "DtypeRequest", "DTYPE_CHOICES",
     "Optimizer", "OPTIMIZERS", "OptimizerKernels", "OPTIMIZER_KERNELS",
-    "Recompute", "RECOMPUTE_CHOICES",
+    "Recompute", "RECOMPUTE_CHOICES", "RecomputeGranularity", "RECOMPUTE_GRANULARITIES",
     "Solver", "SOLVERS",
     "Times", "TIMES",
     "Layout", "LAYOUTS",
@@ -44,6 +44,16 @@ OPTIMIZER_KERNELS: Final[tuple[OptimizerKernels, ...]] = get_args(OptimizerKerne
 Recompute = Literal["auto", "on", "off"]
 """Activation recomputation: searched ("auto"), always, or never."""
 RECOMPUTE_CHOICES: Final[tuple[Recompute, ...]] = get_args(Recompute)
+
+RecomputeGranularity = Literal["stage", "block"]
+"""What one checkpoint covers when recomputing: a whole stage (GPipe §2.3, torchgpipe; it keeps each microbatch's
+stage input and re-runs the stage at once) or each block, the unit a framework checkpoints: a decoder layer
+(Megatron-LM's `--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`, DeepSpeed's
+`activation_checkpoint_interval=1`, torchtitan's `full`), and outside the blocks each unit the frameworks place
+(embedding, final norm, head; planner/frameworks/names.py), or each traced layer of a model without a numbered
+block list. It keeps every block's input and re-runs one block at a time. Only schedules whose backward is one pass
+and that flush run per-block checkpoints (`pipeplan.schedules.runs_block_checkpoints`)."""
+RECOMPUTE_GRANULARITIES: Final[tuple[RecomputeGranularity, ...]] = get_args(RecomputeGranularity)
 
 Solver = Literal["auto", "dp", "ilp"]
 """Partitioner: the DP for every configuration; "ilp"/"auto" re-partition the best with the ILP (DAGs)."""

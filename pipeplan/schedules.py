@@ -27,6 +27,7 @@ __all__ = [
     "AUTO_SCHEDULES",
     "SEARCH_SCHEDULE_CHOICES",
     "facts",
+    "runs_block_checkpoints",
     "inflight_microbatches",
     "replicated_inflight",
     "local_order",
@@ -280,6 +281,15 @@ def facts(schedule: str) -> ScheduleFacts:
         return SCHEDULES[schedule]  # type: ignore[index]
     except KeyError:
         raise UserError(f"unknown schedule {schedule!r}", f"use one of: {', '.join(SCHEDULE_NAMES)}") from None
+
+
+def runs_block_checkpoints(schedule: str) -> bool:
+    """Whether `pipeplan run` checkpoints each block of a recomputed stage under `schedule` (runtime/recompute.py,
+    `recompute_blocks`): schedules that flush and run each backward as one pass. A split backward (zero bubble, the
+    V schedules) would re-run every block once per parameter-group pass of its W, and asynchronous PipeDream's
+    loops re-run a stage through its stashed weight version as one function; both checkpoint whole stages."""
+    rule = facts(schedule)
+    return rule.flushes and not rule.splits_backward
 
 
 def microbatch_problem(schedule: str, stages: int, microbatches: int) -> str | None:

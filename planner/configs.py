@@ -12,9 +12,9 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipeplan.choices import Layout, Sharding
+from pipeplan.choices import Layout, RecomputeGranularity, Sharding
 from pipeplan.planner.request import PlanRequest
-from pipeplan.schedules import ScheduleName, facts, microbatch_problem
+from pipeplan.schedules import ScheduleName, facts, microbatch_problem, runs_block_checkpoints
 
 __all__ = ["Config", "CHUNK_CHOICES", "SHARDING_NAMES", "configurations", "sharding_levels", "pipedream_microbatch_counts",
            "divisors"]
@@ -36,6 +36,8 @@ class Config:
     microbatches: int
     chunks: int = 1
     recompute: bool = False
+    recompute_granularity: RecomputeGranularity = "stage"
+    """What one checkpoint covers where `recompute` (pipeplan.choices.RecomputeGranularity)."""
     stage_replicas: tuple[int, ...] = ()
     """PipeDream's optimizer: replicas per stage (else `data_parallel` each)."""
     layout: Layout = "stage-major"
@@ -63,7 +65,8 @@ class Config:
         if self.stage_replicas:
             return (f"{n(self.stages, 'stage')} with replicas {list(self.stage_replicas)}, "
                     f"{self.microbatches} microbatches, pipedream")
-        rc = ", recomputation" if self.recompute else ""
+        rc = (", recomputation" + (" per block" if self.recompute_granularity == "block" else "")
+              if self.recompute else "")
         rc += f", {SHARDING_NAMES[self.sharding]}" if self.sharding != "none" else ""
         v = f" x {n(self.chunks, 'chunk')}" if self.chunks > 1 else ""
         return (f"{n(self.stages, 'stage')}{v} x {n(self.data_parallel, 'replica')}, "
@@ -132,9 +135,13 @@ def configurations(request: PlanRequest, K: int, d: int, n_layers: int) -> Itera
         for M in ([request.microbatches] if request.microbatches else divisors(base)):
             if base % M or microbatch_problem(sched, K, M) or _skipped(request, sched, K, M):
                 continue
+            per_block = request.recompute_granularity == "block"
             for v in _chunk_options(request, sched, K, M, n_layers):
                 for rc in request.recompute_options:
-                    yield Config(schedule=sched, stages=K, data_parallel=d, microbatches=M, chunks=v, recompute=rc)
+                    if rc and per_block and not runs_block_checkpoints(sched):
+                        continue  # the runtime checkpoints whole stages there: not what was asked
+                    yield Config(schedule=sched, stages=K, data_parallel=d, microbatches=M, chunks=v, recompute=rc,
+                                 recompute_granularity=request.recompute_granularity if rc else "stage")
 
 
 def _skipped(request: PlanRequest, sched: ScheduleName, K: int, M: int) -> bool:

@@ -33,7 +33,7 @@ from pipeplan.planner.configs import Config, configurations, shape_pairs, shardi
 from pipeplan.planner.mixed_dp import StageCosts, mixed_chain_dp
 from pipeplan.planner.mixed_predict import mixed_predict
 from pipeplan.planner.plan import Plan
-from pipeplan.planner.problem import Problem, build_problem
+from pipeplan.planner.problem import Problem, build_problem, range_memory
 from pipeplan.planner.request import PlanRequest, default_dtype
 from pipeplan.planner.runnable import split_backward_conflict
 from pipeplan.planner.search import SearchResult, _summary
@@ -121,15 +121,7 @@ class _MixedSearch:
         return StageCosts(compute, send_s, mem, caps)
 
     def memory(self, cfg: Config, mb: int) -> RangeMemory:
-        p, req = self.problem(0, mb), self.request
-        return RangeMemory(param_bytes=p.param_bytes, saved_bytes=p.saved_bytes, cut_bytes=p.cut_bytes,
-                           input_bytes=p.input_bytes, schedule=cfg.schedule, stages=cfg.stages,
-                           microbatches=cfg.microbatches, chunks=1, recompute=cfg.recompute, optimizer=req.optimizer,
-                           dtype=req.training_dtype, shared=self.shared, mixed_precision=req.mixed_precision,
-                           sharding=cfg.sharding, shards=cfg.data_parallel, transient_bytes=p.transient_bytes,
-                           model_output_bytes=p.output_bytes[-1] if p.n else 0,
-                           deferred_grad_bytes=p.deferred_grad_bytes, loss_saved_bytes=p.loss_saved_bytes,
-                           nonweight_saved_bytes=p.nonweight_saved_bytes, weight_passes=p.weight_passes)
+        return range_memory(self.problem(0, mb), replace(cfg, chunks=1), self.request, self.shared)
 
     def lower_bound_s(self, cfg: Config, mb: int) -> float:
         """An iteration of `cfg` takes at least M x (every layer on its fastest type) / K: the busiest stage

@@ -18,17 +18,19 @@ from pipeplan.choices import (
     MIXED_PRECISIONS,
     OPTIMIZER_KERNELS,
     OPTIMIZERS,
+    RECOMPUTE_GRANULARITIES,
     SHARDINGS,
     TIMES,
     Dtype,
     MixedPrecision,
     Optimizer,
     OptimizerKernels,
+    RecomputeGranularity,
     Sharding,
     Times,
 )
 from pipeplan.errors import UserError
-from pipeplan.schedules import ScheduleName, facts
+from pipeplan.schedules import ScheduleName, facts, runs_block_checkpoints
 
 __all__ = ["PLAN_FORMAT", "Plan", "Stage", "StagePrediction", "Prediction", "load_plan"]
 
@@ -112,6 +114,7 @@ class Plan:
     devices: int = 0  # devices the plan uses
     chunks: int = 1  # model chunks per device (interleaved schedule)
     recompute: bool = False
+    recompute_granularity: RecomputeGranularity = "stage"  # what one checkpoint covers (pipeplan.choices)
     optimizer: Optimizer = "adam"
     optimizer_kernels: OptimizerKernels = "auto"  # how its step runs (pipeplan.choices; `run` steps that way)
     dtype: Dtype = "fp32"
@@ -134,11 +137,15 @@ class Plan:
         for value, allowed, what in ((self.dtype, DTYPES, "dtype"), (self.optimizer, OPTIMIZERS, "optimizer"),
                                      (self.optimizer_kernels, OPTIMIZER_KERNELS, "optimizer_kernels"),
                                      (self.times, TIMES, "times"), (self.sharding, SHARDINGS, "sharding"),
-                                     (self.mixed_precision, MIXED_PRECISIONS, "mixed_precision")):
+                                     (self.mixed_precision, MIXED_PRECISIONS, "mixed_precision"),
+                                     (self.recompute_granularity, RECOMPUTE_GRANULARITIES, "recompute_granularity")):
             if value not in allowed:
                 raise UserError(f"unknown {what} {value!r}", f"use one of {', '.join(allowed)}")
         if self.data_parallel < 1:
             raise UserError(f"data_parallel must be >= 1, got {self.data_parallel}")
+        if self.recompute and self.recompute_granularity == "block" and not runs_block_checkpoints(self.schedule):
+            raise UserError(f"recompute_granularity 'block' does not run under the {self.schedule} schedule",
+                            "set it to 'stage' or re-plan")
         per_step = self.microbatches * self.data_parallel
         if self.microbatches < 1 or self.batch_size % per_step:
             raise UserError(

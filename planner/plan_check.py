@@ -60,7 +60,7 @@ ROUNDING = 1e-9
 def _check_descriptive(f: Fields, doc: dict[str, Any], graph: dict[str, Any]) -> None:
     """The fields `show` prints and `run` reads besides the stages: right types, so no reader trips on them."""
     f.string(f.require(doc, "profile", "profile"), "profile")
-    for key in ("dtype", "optimizer", "optimizer_kernels", "times", "sharding", "mixed_precision"):
+    for key in ("dtype", "optimizer", "optimizer_kernels", "times", "sharding", "mixed_precision", "recompute_granularity"):
         if key in doc:
             f.string(doc[key], key)
     f.boolean(doc.get("recompute", False), "recompute")

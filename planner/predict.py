@@ -32,6 +32,7 @@ from pipeplan.choices import (
     MixedPrecision,
     Optimizer,
     OptimizerKernels,
+    RecomputeGranularity,
     Sharding,
     Times,
 )
@@ -212,7 +213,8 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], c
 
 def evaluate(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], *, schedule: str, microbatches: int,
              batch_size: int, data_parallel: int = 1, stage_replicas: Sequence[int] = (), chunks: int = 1,
-             recompute: bool = False, layout: Layout = "stage-major", dtype: DtypeRequest = "fp32",
+             recompute: bool = False, recompute_granularity: RecomputeGranularity = "stage",
+             layout: Layout = "stage-major", dtype: DtypeRequest = "fp32",
              optimizer: Optimizer = "adam", times: Times = "model", sharding: Sharding = "none",
              mixed_precision: MixedPrecision = DEFAULT_MIXED_PRECISION, problem: Problem | None = None,
              solver: dict[str, Any] | None = None, optimizer_kernels: OptimizerKernels = "auto") -> Plan:
@@ -223,7 +225,8 @@ def evaluate(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], 
     """
     config = Config(schedule=facts(schedule).name, stages=(max(assignment) + 1) // chunks, microbatches=microbatches,
                     data_parallel=data_parallel, stage_replicas=tuple(stage_replicas), chunks=chunks,
-                    recompute=recompute, layout=layout, sharding=sharding)
+                    recompute=recompute, recompute_granularity=recompute_granularity if recompute else "stage",
+                    layout=layout, sharding=sharding)
     request = PlanRequest(devices=sum(config.replica_counts()), batch_size=batch_size, dtype=dtype,
                           optimizer=optimizer, times=times, mixed_precision=mixed_precision,
                           optimizer_kernels=optimizer_kernels)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_ring_time_s, p2p_time_s
 from pipeplan.costmodels.grad_passes import dp_flatten_s, grad_scale_s, unscale_s
 from pipeplan.costmodels.graph import Graph, Layer, SharedParam, weight_grad_time_share
 from pipeplan.costmodels.memory import (
     MemoryBreakdown,
+    checkpointed_bytes,
     is_mixed_precision,
     model_state_bytes,
     split_rerun_bytes,
@@ -358,9 +359,11 @@ def _fresh_saving(problem: Problem, graph: Graph, assignment: Sequence[int], S: 
 
 
 def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: Sequence[int],
-                   out_bytes: Sequence[int], reps: Sequence[int], model_out_bytes: int) -> list[MemoryBreakdown]:
+                   out_bytes: Sequence[int], reps: Sequence[int], model_out_bytes: int,
+                   blocked: Sequence[tuple[int, int, int]] | None = None) -> list[MemoryBreakdown]:
     """Peak memory of each pipeline device (all its chunks), from `stage_memory`; `model_out_bytes`: the model's
-    output per microbatch (the last layer's outputs), which the device holding the last stage keeps."""
+    output per microbatch (the last layer's outputs), which the device holding the last stage keeps; `blocked`:
+    recomputed a block at a time, each stage's `checkpointed_bytes` (a device's chunks: kept adds up, one re-run)."""
     rule = facts(config.schedule)
     S = len(in_bytes)
     P = S // config.chunks
@@ -384,8 +387,23 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             held_bytes=_walked(config, sums, p, P),
             loss_saved_bytes_per_mb=max(sums.loss_saved[s] for s in mine) if config.recompute else 0,
             w_rerun_bytes=max(sums.w_rerun[s] for s in mine) if rule.splits_backward else 0,
+            checkpointed=(sum(blocked[s][0] for s in mine), max(blocked[s][1] for s in mine)) if blocked else None,
         ))
     return memory
+
+
+def block_checkpoints(problem: Problem, assignment: Sequence[int], in_bytes: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Each stage's `checkpointed_bytes` (kept per microbatch, one re-run, in flight beyond it) with a checkpoint per
+    block (`Problem.blocks`)."""
+    block_of, passed, last_reader = problem.blocks()
+    transient = problem.transient_bytes or (0,) * problem.n
+    members: list[list[int]] = [[] for _ in in_bytes]
+    for i, s in enumerate(assignment):
+        members[s].append(i)
+    return [checkpointed_bytes(in_bytes[s], [passed[i] for i in mine], [problem.saved_bytes[i] for i in mine],
+                               [transient[i] for i in mine], [block_of[i] for i in mine],
+                               [last_reader[i] > mine[-1] for i in mine])
+            for s, mine in enumerate(members)]
 
 
 def _per_deferring_stage(deferred: Sequence[int], mine: Sequence[int]) -> int:
@@ -411,9 +429,14 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     per stage, see `_split_extra`)."""
     S = len(reps)
     shared = [(int(sp.bytes), used) for sp, used in shared_stages(graph, problem.names, assignment)]
-    sums = _stage_sums(problem, assignment, S, slow, shared, config.recompute)
+    rc = config.recompute
+    sums = _stage_sums(problem, assignment, S, slow, shared, rc)
     out_bytes = boundary_bytes(problem, assignment, S)
     in_bytes = [problem.input_bytes] + out_bytes[:-1]
+    blocked = block_checkpoints(problem, assignment, in_bytes) \
+        if rc and config.recompute_granularity == "block" else None
+    if blocked:  # what a stage holds beyond its kept inputs is one block's re-run, not the stage's saves
+        sums = replace(sums, transient=[t for _, _, t in blocked])
     send = _send_times(profile, config.schedule, out_bytes, reps, ranks)
     sync = _sync_times(profile, config, request, sums.own_params, reps, ranks, shared)
     tensors = _param_tensors(graph, problem.names, assignment, S)
@@ -425,10 +448,9 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
         opt = _with_unscale(profile, opt, grads, tensors, ranks, slow)
     if not facts(config.schedule).flushes:  # each update also stashes a new weight version (optimizer_step.py)
         opt = [o + slow * stash_copy_s(sums.params[s], profile=profile) for s, o in enumerate(opt)]
-    rc = config.recompute
     splits = facts(config.schedule).splits_backward
     layers = _stage_layers(graph, problem.names, assignment, S) if rc or splits else []
-    rec = rerun_times(problem, profile, assignment, layers, slow) if rc else [0.0] * S
+    rec = rerun_times(problem, profile, assignment, layers, slow, blocks=bool(blocked)) if rc else [0.0] * S
     fwd, bwd = list(sums.f), list(sums.b)
     fresh = _fresh_saving(problem, graph, assignment, S, slow)
     if not facts(config.schedule).replicates_whole_pipeline:  # a stage with r replicas takes every r-th microbatch
@@ -437,11 +459,12 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
         rec = [rec[s] / reps[s] for s in range(S)]
         fresh = [fresh[s] / reps[s] for s in range(S)]
     memory = _device_memory(config, request, sums, in_bytes, out_bytes, reps,
-                            problem.output_bytes[-1] if problem.n else 0)
+                            problem.output_bytes[-1] if problem.n else 0, blocked)
     # Simulator memory: the device's fixed part, and per microbatch what stays until its backward.
     static = [m.weights_bytes + m.optimizer_bytes + m.gathered_bytes + m.buffer_bytes for m in memory]
-    act = [in_bytes[s] if rc else sums.saved[s] for s in range(S)]
-    rbytes = [sums.saved[s] if rc else 0 for s in range(S)]
+    kept = [k for k, _, _ in blocked] if blocked else in_bytes
+    act = [kept[s] if rc else sums.saved[s] for s in range(S)]
+    rbytes = [(blocked[s][1] if blocked else sums.saved[s]) if rc else 0 for s in range(S)]
     # An op's messages: a forward receives its input and sends its output, a backward the gradients of both; a
     # boundary between two stages on the same devices (the turn of a V) is a hand-over in memory, no message.
     remote = [list(ranks[s]) != list(ranks[s + 1]) for s in range(S - 1)]
@@ -505,17 +528,25 @@ def _w_reruns(layers: Sequence[Sequence[Layer]], rec: Sequence[float]) -> list[f
 
 
 def rerun_times(problem: Problem, profile: HardwareProfile, assignment: Sequence[int],
-                layers: Sequence[Sequence[Layer]], slow: float) -> list[float]:
+                layers: Sequence[Sequence[Layer]], slow: float, *, blocks: bool = False) -> list[float]:
     """Each stage's re-run under recomputation (`layers`: each stage's, _stage_layers): its forward up to its last
     saved tensor, plus the host time of torch's checkpoint around it, per stage and per tensor its forward saves
-    (costmodels/recompute.py)."""
+    (costmodels/recompute.py). `blocks`: a checkpoint per block (`Problem.blocks`), each re-run up to its own last
+    save and each with the checkpoint's host time."""
     S = len(layers)
-    fwd: list[list[float]] = [[] for _ in range(S)]
+    block_of = problem.blocks()[0] if blocks else (0,) * problem.n
+    regions: list[list[tuple[list[Layer], list[float]]]] = [[] for _ in range(S)]
+    seen = [0] * S  # layers of each stage so far: the index into layers[s]
     for i, s in enumerate(assignment):
-        fwd[s].append(slow * problem.fwd_s[i])
-    return [rerun_forward_s(layers[s], fwd[s])
-            + slow * checkpoint_overhead_s(layers[s], profile.recompute_overhead_s, profile.recompute_tensor_s)
-            for s in range(S)]
+        mine = regions[s]
+        if not mine or block_of[i] != block_of[i - 1]:
+            mine.append(([], []))
+        mine[-1][0].append(layers[s][seen[s]])
+        mine[-1][1].append(slow * problem.fwd_s[i])
+        seen[s] += 1
+    return [sum(rerun_forward_s(mine, f)
+                + slow * checkpoint_overhead_s(mine, profile.recompute_overhead_s, profile.recompute_tensor_s)
+                for mine, f in regions[s]) for s in range(S)]
 
 
 def _param_tensors(graph: Graph, names: Sequence[str], assignment: Sequence[int], S: int) -> list[int]:

@@ -158,6 +158,7 @@ def assemble_plan(graph: Graph, profile: HardwareProfile, problem: Problem, assi
         devices=devices,
         chunks=config.chunks,
         recompute=bool(config.recompute),
+        recompute_granularity=config.recompute_granularity if config.recompute else "stage",
         optimizer=request.optimizer,
         optimizer_kernels=request.optimizer_kernels,
         dtype=request.training_dtype,

@@ -8,16 +8,22 @@ ONE microbatch on the target device, in the graph's execution (topological) orde
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from pipeplan.choices import DEFAULT_MIXED_PRECISION
 from pipeplan.costmodels.compute import layer_times_s
 from pipeplan.costmodels.graph import AUTOCAST_FIELDS, Graph
-from pipeplan.costmodels.memory import activation_bytes_scale, is_mixed_precision
+from pipeplan.costmodels.memory import RangeMemory, activation_bytes_scale, is_mixed_precision
 from pipeplan.costmodels.recompute import weight_passes_added
 from pipeplan.hardware_profiles.profile import HardwareProfile
+
+if TYPE_CHECKING:
+    from pipeplan.planner.configs import Config
+    from pipeplan.planner.request import PlanRequest
 
 
 @dataclass(frozen=True)
@@ -36,13 +42,18 @@ class Problem:
     loss_saved_bytes: int = 0  # what the loss saves, per microbatch (memory._held_activations)
     nonweight_saved_bytes: tuple[int, ...] = ()  # of saved_bytes, what ops other than weight ops save; (): none
     weight_passes: tuple[int, ...] = ()  # parameter groups each layer adds (costmodels.recompute.weight_grad_passes)
+    # recomputed per block (pipeplan.choices.RecomputeGranularity): each layer's block, numbered 0.. in execution
+    # order (`checkpoint_units`), and what it passes to other blocks; (): each layer a block, passing its outputs
+    block_of: tuple[int, ...] = ()
+    passed_bytes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
         for field_name in ("fwd_s", "bwd_s", "param_bytes", "saved_bytes", "output_bytes"):
             if len(getattr(self, field_name)) != n:
                 raise ValueError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries for {n} layers")
-        for field_name in ("transient_bytes", "deferred_grad_bytes", "nonweight_saved_bytes", "weight_passes"):
+        for field_name in ("transient_bytes", "deferred_grad_bytes", "nonweight_saved_bytes", "weight_passes",
+                           "block_of", "passed_bytes"):
             if getattr(self, field_name) and len(getattr(self, field_name)) != n:
                 raise ValueError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries for {n} layers")
         if len(self.cut_bytes) != max(n - 1, 0):
@@ -54,6 +65,17 @@ class Problem:
     @property
     def n(self) -> int:
         return len(self.names)
+
+    def blocks(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """(each layer's block, what each layer passes to other blocks, the last layer reading its outputs: -1 for
+        none) for recomputation per block; a problem without blocks (built by hand) has each layer a block of its
+        own, passing on its outputs."""
+        last = [-1] * self.n
+        for s, d, _ in self.edges:
+            last[s] = max(last[s], d)
+        if self.block_of:
+            return self.block_of, self.passed_bytes, tuple(last)
+        return tuple(range(self.n)), self.output_bytes, tuple(last)
 
     @cached_property
     def compute_s(self) -> tuple[float, ...]:
@@ -163,7 +185,32 @@ def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_s
         loss_saved_bytes=act(nbytes[-1]["loss_saved_bytes"]) if graph.layers else 0,
         nonweight_saved_bytes=per_layer("nonweight_saved_bytes"),
         weight_passes=tuple(weight_passes_added(graph.layers)),
+        **_blocks(graph, per_layer("output_bytes")),
     )
+
+
+def checkpoint_units(names: Sequence[str], param_bytes: Sequence[int]) -> list[int]:
+    """Each layer's block for recomputation per block, numbered 0.. in execution order: the units the frameworks
+    place and checkpoint (planner/frameworks/names.py: each decoder block with its layers, the embedding, final norm
+    and head with the weightless layers beside them), or each layer its own where the names show no numbered
+    block list (or one no framework could express). `pipeplan run` cuts its stages' checkpoints by the same call."""
+    from pipeplan.planner.frameworks.names import Inexpressible, model_units
+
+    try:
+        units = model_units(names, lambda i: param_bytes[i] > 0).unit_of_layer()
+    except Inexpressible:
+        return list(range(len(names)))
+    return units if all(a <= b for a, b in itertools.pairwise(units)) else list(range(len(names)))
+
+
+def _blocks(graph: Graph, output_bytes: Sequence[int]) -> dict[str, tuple[int, ...]]:
+    """`Problem.block_of` and `passed_bytes`: a layer passes its outputs (`output_bytes`, as the step holds them) to
+    other blocks when any layer of another block reads it (its edges), else nothing."""
+    names = [layer.name for layer in graph.layers]
+    block = checkpoint_units(names, [layer.param_bytes for layer in graph.layers])
+    index = {name: i for i, name in enumerate(names)}
+    leaves = {index[e.src] for e in graph.edges if block[index[e.dst]] != block[index[e.src]]}
+    return {"block_of": tuple(block), "passed_bytes": tuple(b if i in leaves else 0 for i, b in enumerate(output_bytes))}
 
 
 def _autocast_bytes(graph: Graph, profile: HardwareProfile | None, dtype: str,
@@ -177,3 +224,19 @@ def _autocast_bytes(graph: Graph, profile: HardwareProfile | None, dtype: str,
     if any(device not in layer.autocast for layer in graph.layers):
         return None
     return [layer.autocast[device] for layer in graph.layers]
+
+
+def range_memory(problem: Problem, config: Config, request: PlanRequest,
+                 shared: Sequence[tuple[int, Sequence[int]]] = ()) -> RangeMemory:
+    """The partitioner's memory of a layer range under `config` (costmodels.memory.RangeMemory), from the problem's
+    per-layer bytes: one place that says which of its numbers the memory model reads."""
+    p, req = problem, request
+    return RangeMemory(
+        param_bytes=p.param_bytes, saved_bytes=p.saved_bytes, cut_bytes=p.cut_bytes, input_bytes=p.input_bytes,
+        schedule=config.schedule, stages=config.stages, microbatches=config.microbatches, chunks=config.chunks,
+        recompute=config.recompute, optimizer=req.optimizer, dtype=req.training_dtype, shared=shared,
+        mixed_precision=req.mixed_precision, sharding=config.sharding, shards=config.data_parallel,
+        transient_bytes=p.transient_bytes, model_output_bytes=p.output_bytes[-1] if p.n else 0,
+        deferred_grad_bytes=p.deferred_grad_bytes, loss_saved_bytes=p.loss_saved_bytes,
+        nonweight_saved_bytes=p.nonweight_saved_bytes, weight_passes=p.weight_passes,
+        blocks=p.blocks() if config.recompute_granularity == "block" else None)

@@ -35,6 +35,7 @@ def config_of(plan: Plan) -> Config:
     stage_replicas = () if rule.replicates_whole_pipeline else tuple(st.replicas for st in plan.stages)
     return Config(schedule=rule.name, stages=len(plan.stages) // plan.chunks, data_parallel=plan.data_parallel,
                   microbatches=plan.microbatches, chunks=plan.chunks, recompute=plan.recompute,
+                  recompute_granularity=plan.recompute_granularity,
                   stage_replicas=stage_replicas, layout=plan.solver.get("layout", "stage-major"), sharding=plan.sharding)
 
 

@@ -20,6 +20,7 @@ from pipeplan.choices import (
     OPTIMIZER_KERNELS,
     OPTIMIZERS,
     RECOMPUTE_CHOICES,
+    RECOMPUTE_GRANULARITIES,
     SHARDING_CHOICES,
     SOLVERS,
     TIMES,
@@ -29,6 +30,7 @@ from pipeplan.choices import (
     Optimizer,
     OptimizerKernels,
     Recompute,
+    RecomputeGranularity,
     ShardingRequest,
     Solver,
     Times,
@@ -41,6 +43,7 @@ from pipeplan.schedules import (
     ScheduleName,
     ScheduleRequest,
     microbatch_problem,
+    runs_block_checkpoints,
 )
 
 if TYPE_CHECKING:
@@ -71,6 +74,8 @@ class PlanRequest:
     """Model chunks per device for the interleaved schedule (default: 2, 4 and 8 are tried)."""
     recompute: Recompute = "auto"
     """Activation recomputation: tried both ways ("auto"), always ("on") or never ("off")."""
+    recompute_granularity: RecomputeGranularity = "stage"
+    """What one checkpoint covers: a whole stage, or each block as the frameworks recompute (pipeplan.choices)."""
     dtype: DtypeRequest = "fp32"
     """Training precision; "auto" is resolved per profile by `for_profile`."""
     optimizer: Optimizer = "adam"
@@ -109,6 +114,8 @@ class PlanRequest:
                 raise UserError(f"unknown {what} {value!r}", f"use one of {', '.join(allowed)}")
         if self.recompute not in RECOMPUTE_CHOICES:
             raise UserError(f"unknown recompute setting {self.recompute!r}", "use auto, on or off")
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            raise UserError(f"unknown recompute granularity {self.recompute_granularity!r}", "use stage or layer")
 
     def _check_counts(self) -> None:
         for what, value in (("--devices", self.devices), ("--batch-size", self.batch_size), ("--stages", self.stages),
@@ -137,6 +144,11 @@ class PlanRequest:
         d = self.data_parallel
         if d is not None and d * (K or 1) > N:
             raise UserError(f"--data-parallel {d} does not fit on {N} devices")
+        if (self.recompute_granularity == "block" and self.recompute == "on" and self.schedule in SCHEDULE_NAMES
+                and not runs_block_checkpoints(self.schedule)):
+            raise UserError(f"--recompute-granularity block does not run under --schedule {self.schedule}: it "
+                            "checkpoints whole stages", "use --recompute-granularity stage or pick gpipe, 1f1b or "
+                            "interleaved")
         if self.schedule in ("pipedream", "pipedream-2bw") and self.sharding not in ("auto", "none"):
             raise UserError(f"--sharding {self.sharding} needs a schedule that flushes; {self.schedule} never does",
                             "drop --sharding or pick gpipe, 1f1b or interleaved")

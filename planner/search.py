@@ -35,7 +35,7 @@ from pipeplan.planner.partition import Partitioner, ilp_info, ilp_partition, lin
 from pipeplan.planner.pipedream import partition_pipedream
 from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import graph_summary, predict
-from pipeplan.planner.problem import Problem, build_problem
+from pipeplan.planner.problem import Problem, build_problem, range_memory
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.runnable import split_backward_conflict
 from pipeplan.schedules import facts, stage_device
@@ -117,19 +117,10 @@ class _Search:
         return tuple(facts(cfg.schedule).inflight(cfg.stages, p, cfg.microbatches, cfg.chunks) for p in range(cfg.stages))
 
     def memory(self, cfg: Config, prob: Problem) -> RangeMemory:
-        key = (id(prob), cfg.schedule, cfg.stages, cfg.chunks, cfg.recompute, self.memory_signature(cfg),
-               *self.sharding_key(cfg))
+        key = (id(prob), cfg.schedule, cfg.stages, cfg.chunks, cfg.recompute, cfg.recompute_granularity,
+               self.memory_signature(cfg), *self.sharding_key(cfg))
         if key not in self._memory:
-            req = self.request
-            self._memory[key] = RangeMemory(
-                param_bytes=prob.param_bytes, saved_bytes=prob.saved_bytes, cut_bytes=prob.cut_bytes,
-                input_bytes=prob.input_bytes, schedule=cfg.schedule, stages=cfg.stages,
-                microbatches=cfg.microbatches, chunks=cfg.chunks, recompute=cfg.recompute,
-                optimizer=req.optimizer, dtype=req.training_dtype, shared=self.shared,
-                mixed_precision=req.mixed_precision, sharding=cfg.sharding, shards=cfg.data_parallel,
-                transient_bytes=prob.transient_bytes, model_output_bytes=prob.output_bytes[-1] if prob.n else 0,
-                deferred_grad_bytes=prob.deferred_grad_bytes, loss_saved_bytes=prob.loss_saved_bytes,
-                nonweight_saved_bytes=prob.nonweight_saved_bytes, weight_passes=prob.weight_passes)
+            self._memory[key] = range_memory(prob, cfg, self.request, self.shared)
         return self._memory[key]
 
     @staticmethod

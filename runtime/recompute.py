@@ -9,12 +9,18 @@ equals one without recomputation:
   running statistics (and `num_batches_tracked`) a second time per microbatch. Its output does not depend on them
   (training mode normalises with the batch's own statistics), so only the double update is undone.
 Patching the instance's `forward` keeps the module itself (its parameter names, state dict and optimizer) as it was.
+
+A plan recomputed per block (`recompute_granularity: block`, as the frameworks checkpoint each decoder layer) gets
+a checkpoint per block instead (`recompute_blocks`): the stage runs as one module per block (runtime/split.py cuts
+the program at every block by the rule it cuts stages by), each checkpointed as above, so a microbatch keeps every
+block's inputs and its backward re-runs one block at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Sequence
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -51,6 +57,25 @@ def recompute(module: torch.nn.Module) -> torch.nn.Module:
     """Make `module` recompute its forward during backward instead of keeping its activations; returns it."""
     module.forward = functools.partial(  # type: ignore[method-assign]
         checkpoint, module.forward, use_reentrant=False, context_fn=functools.partial(_contexts, module))
+    return module
+
+
+def recompute_blocks(module: torch.nn.Module, blocks: Sequence[torch.nn.Module]) -> torch.nn.Module:
+    """Make the stage `module` run as its `blocks` (runtime/split.Split.block_modules: one module per block, holding
+    the stage module's own parameters and buffers), each checkpointed as `recompute` does; returns it.
+
+    A microbatch then keeps every block's inputs (a value passed on through several blocks is one tensor, kept
+    once) and its backward re-runs one block at a time. The stage module still owns, names and steps the
+    parameters; `_BuffersKept` of each block restores the very buffers its re-run updates.
+    """
+    steps = [recompute(block) for block in blocks]
+
+    def forward(*values: torch.Tensor) -> tuple:
+        for step in steps:
+            values = step(*values)
+        return values
+
+    module.forward = forward  # type: ignore[method-assign]  (the layers stay unregistered: no new state-dict keys)
     return module
 
 

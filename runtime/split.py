@@ -137,20 +137,28 @@ def plan_stages(gm: fx.GraphModule, stage_of: dict[str, int], num_stages: int) -
     return infos
 
 
+def _non_tensor_output(nodes: dict[str, fx.Node], info: StageInfo) -> tuple[str, str] | None:
+    """(name, type) of a value `info` would send that is not a tensor, or None (`nodes`: the graph's, by name)."""
+    for v in info.outputs:
+        val = nodes[v].meta.get("val")
+        if val is not None and not isinstance(val, torch.Tensor):
+            return v, type(val).__name__
+    return None
+
+
 def _check_tensor_values(gm: fx.GraphModule, infos: list[StageInfo]) -> None:
     nodes = {n.name: n for n in gm.graph.nodes}
     for info in infos[:-1]:
-        for v in info.outputs:
-            val = nodes[v].meta.get("val")
-            if val is not None and not isinstance(val, torch.Tensor):
-                raise UserError(
-                    f"value {v!r} ({type(val).__name__}) would cross from stage {info.index} to {info.index + 1}; only tensors can",
-                    "move the cut so that this value stays inside one stage",
-                )
+        bad = _non_tensor_output(nodes, info)
+        if bad is not None:
+            raise UserError(
+                f"value {bad[0]!r} ({bad[1]}) would cross from stage {info.index} to {info.index + 1}; only tensors can",
+                "move the cut so that this value stays inside one stage",
+            )
 
 
 def build_stage_module(gm: fx.GraphModule, info: StageInfo, num_stages: int, *, copy: bool = False,
-                       own_outputs: bool = False) -> fx.GraphModule:
+                       own_outputs: bool = False, attrs_from: torch.nn.Module | None = None) -> fx.GraphModule:
     """One stage as a GraphModule: forward(*info.inputs) -> tuple(info.outputs).
 
     The last stage returns the model's flat output leaves as a tuple; `unflatten_output`
@@ -163,6 +171,8 @@ def build_stage_module(gm: fx.GraphModule, info: StageInfo, num_stages: int, *, 
     weight-gradient pass of an op that saved that very tensor (a LayerNorm on a residual stream cut
     right after it: "saved tensor that has been detached in-place"). A copy of what is sent anyway is
     small beside the stage's compute.
+    attrs_from: the module whose parameters and buffers the new one holds (default `gm`): a block of a stage takes
+    the stage module's own, which moving it to a device may have replaced (`Split.block_modules`).
     """
     nodes = {n.name: n for n in gm.graph.nodes}
     graph = fx.Graph()
@@ -196,7 +206,7 @@ def build_stage_module(gm: fx.GraphModule, info: StageInfo, num_stages: int, *, 
         graph.output(tuple(sent(v) for v in info.outputs))
     root: dict[str, Any] = {}
     for target in info.attrs:
-        t = _get_attr(gm, target)
+        t = _get_attr(gm if attrs_from is None else attrs_from, target)
         if copy:
             if isinstance(t, torch.nn.Parameter):
                 t = torch.nn.Parameter(t.detach().clone(), requires_grad=t.requires_grad)
@@ -250,6 +260,9 @@ class Split:
     gm: fx.GraphModule
     stage_of: dict[str, int]
     infos: list[StageInfo]
+    layer_nodes: dict[str, list[str]] = field(default_factory=dict)  # the plan's layers, in execution order
+    layer_stage: dict[str, int] = field(default_factory=dict)
+    layer_block: dict[str, int] = field(default_factory=dict)  # recomputed per block: each layer's (`block_modules`)
 
     @property
     def num_stages(self) -> int:
@@ -257,6 +270,35 @@ class Split:
 
     def module(self, stage: int, *, copy: bool = False, own_outputs: bool = False) -> fx.GraphModule:
         return build_stage_module(self.gm, self.infos[stage], self.num_stages, copy=copy, own_outputs=own_outputs)
+
+    def block_modules(self, stage: int, owner: torch.nn.Module) -> list[fx.GraphModule]:
+        """`stage` as one module per block of it, in execution order, holding `owner`'s (the stage module's)
+        parameters and buffers: run one after the other they compute what the stage module computes.
+
+        Blocks: `layer_block` (planner/problem.checkpoint_units; each layer its own where it is empty), a block the
+        stage boundary cuts counting as its part inside the stage. The program is cut at every block by the same
+        wiring rule as at the stages' boundaries (the module docstring), so the first block of a stage takes the
+        stage's inputs and its last returns the stage's outputs, in the same order: the blocks refine the stages (a
+        glue node goes to the earliest block reading it, in the earliest stage reading it, and never before what it
+        reads). A block that would pass on a value other than a tensor is merged with the next, as a stage boundary
+        could not be there either. runtime/recompute.recompute_blocks.
+        """
+        region: dict[str, int] = {}  # a region: a run of layers with one stage and one block
+        index, previous = -1, None
+        for layer in self.layer_nodes:
+            key = (self.layer_stage[layer], self.layer_block.get(layer, index + 1))
+            if key != previous:
+                index, previous = index + 1, key
+            region[layer] = index
+        nodes = {n.name: n for n in self.gm.graph.nodes}
+        while True:
+            count = max(region.values()) + 1
+            infos = plan_stages(self.gm, node_stages(self.gm, self.layer_nodes, region), count)
+            mine = sorted({region[layer] for layer, s in self.layer_stage.items() if s == stage})
+            bad = next((k for k in mine[:-1] if _non_tensor_output(nodes, infos[k]) is not None), None)
+            if bad is None:
+                return [build_stage_module(self.gm, infos[k], count, attrs_from=owner) for k in mine]
+            region = {layer: r - (r > bad) for layer, r in region.items()}
 
     def shared_attrs(self) -> dict[str, list[int]]:
         """Parameter FQN -> stages holding it, for parameters held by more than one stage."""
@@ -280,7 +322,7 @@ def split_program(gm: fx.GraphModule, layer_nodes: dict[str, list[str]], layer_s
     stage_of = node_stages(gm, layer_nodes, layer_stage)
     infos = plan_stages(gm, stage_of, num_stages)
     _check_tensor_values(gm, infos)
-    return Split(gm=gm, stage_of=stage_of, infos=infos)
+    return Split(gm=gm, stage_of=stage_of, infos=infos, layer_nodes=dict(layer_nodes), layer_stage=dict(layer_stage))
 
 
 def run_sequential(modules: list[fx.GraphModule], inputs: tuple) -> tuple:

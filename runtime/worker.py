@@ -50,7 +50,7 @@ from pipeplan.runtime.measure import (
     timed_loss,
     weight_storages,
 )
-from pipeplan.runtime.recompute import recompute
+from pipeplan.runtime.recompute import recompute, recompute_blocks
 from pipeplan.runtime.sharding import ShardedParams, wrap_stage
 from pipeplan.runtime.split import Split, flat_inputs, split_program, unflatten_output
 from pipeplan.schedules import facts, stage_device
@@ -342,7 +342,9 @@ def setup(opts: Options, plan_path: str) -> RunState:
     own = facts(plan.schedule).splits_backward
     copy = any(len([s for s in holders if s in mine]) > 1 for holders in shared.values())
     modules = {s: on_device(split.module(s, own_outputs=own, copy=copy), device) for s in mine}
-    if plan.recompute:
+    if plan.recompute and plan.recompute_granularity == "block":
+        modules = {s: recompute_blocks(m, split.block_modules(s, m)) for s, m in modules.items()}
+    elif plan.recompute:
         modules = {s: recompute(m) for s, m in modules.items()}
     sharded = shard_stages(opts, plan, modules, shared, dp_groups, dp)
     optimizers = make_optimizers(opts, plan, modules, sharded)
@@ -407,6 +409,7 @@ def load_split_model(plan) -> tuple[Any, Any, Split]:
     """
     from pipeplan.costmodels.model_file import load_model_file
     from pipeplan.costmodels.trace import export_structure
+    from pipeplan.planner.problem import checkpoint_units
 
     spec = load_model_file(plan.graph["model_file"], plan.graph.get("entry") or "build_model",
                            seq_len=plan.graph.get("seq_len"))
@@ -429,7 +432,11 @@ def load_split_model(plan) -> tuple[Any, Any, Split]:
     missing = [n for n in layer_nodes if n not in layer_stage]
     if missing:
         raise UserError(f"the plan assigns no stage to layer {missing[0]!r}", "re-plan")
-    return spec, gm, split_program(gm, layer_nodes, layer_stage, len(plan.stages))
+    split = split_program(gm, layer_nodes, layer_stage, len(plan.stages))
+    # each layer's block where the plan recomputes per block: the planner's own call on the same layers
+    blocks = checkpoint_units([layer.name for layer in graph.layers], [layer.param_bytes for layer in graph.layers])
+    split.layer_block = {layer.name: b for layer, b in zip(graph.layers, blocks, strict=True)}
+    return spec, gm, split
 
 
 def data_parallel_groups(ranks: dict[int, list[int]], dp: int) -> tuple[list[Any], dict[int, Any]]:

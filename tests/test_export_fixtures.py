@@ -46,7 +46,9 @@ def counts_assignment(counts: list[int]) -> list[int]:
 
 def make_plan(graph: Graph, assignment: list[int], *, schedule: str = "1f1b", microbatches: int = 8,
               batch_size: int = 16, data_parallel: int = 1, chunks: int = 1, recompute: bool = False,
-              sharding: str = "none", dtype: str = "bf16", mixed_precision: str = "deepspeed") -> Plan:
+              sharding: str = "none", dtype: str = "bf16", mixed_precision: str = "deepspeed",
+              recompute_granularity: str = "stage") -> Plan:
     return evaluate(graph, PROFILE, assignment, schedule=schedule, microbatches=microbatches, batch_size=batch_size,
                     data_parallel=data_parallel, chunks=chunks, recompute=recompute, sharding=sharding,  # type: ignore[arg-type]
-                    dtype=dtype, mixed_precision=mixed_precision)  # type: ignore[arg-type]
+                    dtype=dtype, mixed_precision=mixed_precision,  # type: ignore[arg-type]
+                    recompute_granularity=recompute_granularity)  # type: ignore[arg-type]

@@ -90,14 +90,17 @@ def test_a_plan_file_without_a_recipe_reads_as_the_one_it_was_planned_with(tmp_p
 @pytest.mark.parametrize("framework,setting", [("deepspeed", "activation_checkpoint_interval=1"),
                                                ("megatron", "--recompute-num-layers 1"), ("torchtitan", '"full"')])
 def test_an_export_with_recomputation_says_the_framework_checkpoints_every_layer(framework, setting):
-    """The exports turn recomputation on per layer (each framework's only full-recompute form), where the plan
-    priced one checkpoint per stage, as pipeplan run recomputes: the note says its memory differs."""
-    for recompute in (False, True):
+    """The exports turn recomputation on per decoder layer (each framework's only full-recompute form): a plan priced with
+    one checkpoint per stage (pipeplan's default) gets a note that its memory differs and how to re-plan; a plan
+    priced per block, as the framework runs it, none."""
+    for recompute, granularity in ((False, "stage"), (True, "stage"), (True, "block")):
         plan = make_plan(llama_graph(6), counts_assignment([4, 2, 4]), recompute=recompute,
-                         mixed_precision=FRAMEWORK_RECIPE[framework])
+                         mixed_precision=FRAMEWORK_RECIPE[framework], recompute_granularity=granularity)
         exp = export_plan(plan, framework)
         notes = [n for n in exp.notes if n.startswith("recomputation:")]
-        assert len(notes) == int(recompute)
-        if recompute:
+        assert len(notes) == int(recompute and granularity == "stage")
+        if notes:
             assert setting in notes[0] and "one checkpoint per stage" in notes[0]
+            assert "--recompute-granularity block" in notes[0]
+        if recompute:
             assert setting.strip('"') in json.dumps(exp.settings) or setting in " ".join(exp.snippets.values())

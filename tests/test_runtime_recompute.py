@@ -3,7 +3,9 @@
 Every stage module's forward runs under non-reentrant checkpointing, so its backward re-runs the forward; the
 cases cover a one-stage-a-rank schedule, a V schedule with split backwards and skip connections, dropout (the
 re-run must draw the same masks) and asynchronous PipeDream (the re-run must use the stashed weight version).
-One torchrun for all plans, like tests/test_runtime_equivalence.py.
+Plans recomputed per block (`recompute_granularity: block`, runtime/recompute.recompute_blocks) run a checkpoint per
+block: the same training again, with skip connections passed between a stage's blocks (what they hold: the "Peak
+memory" rows of benchmarks/memory_bench.py). One torchrun for all plans, like tests/test_runtime_equivalence.py.
 """
 
 from __future__ import annotations
@@ -20,16 +22,20 @@ from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_st
 
 TESTS = REPO / "tests"
 STEPS = 2
-# name -> (model file, batch, microbatches, stages, pipeline devices, schedule, recompute)
+# name -> (model file, batch, microbatches, stages, pipeline devices, schedule, recompute: off, per stage, per block)
 PLANS = {
     "mlp-1f1b": (EXAMPLES / "mlp.py", 8, 4, 2, 2, "1f1b", True),
     "unet-zbv": (TESTS / "runtime_model_unet.py", 8, 4, 4, 2, "zb-v", True),
     "dropout-off": (TESTS / "runtime_model_dropout.py", 8, 4, 2, 2, "1f1b", False),
     "dropout-on": (TESTS / "runtime_model_dropout.py", 8, 4, 2, 2, "1f1b", True),
+    "dropout-block": (TESTS / "runtime_model_dropout.py", 8, 4, 2, 2, "1f1b", "block"),
+    "unet-gpipe-block": (TESTS / "runtime_model_unet.py", 8, 4, 2, 2, "gpipe", "block"),
+    "gpt-1f1b-block": (TESTS / "runtime_model_gpt.py", 8, 4, 2, 2, "1f1b", "block"),
     "gpt-pipedream-off": (TESTS / "runtime_model_gpt.py", 8, 4, 2, 2, "pipedream", False),
     "gpt-pipedream-on": (TESTS / "runtime_model_gpt.py", 8, 4, 2, 2, "pipedream", True),
 }
 NAMES = list(PLANS)
+CUTS = {"gpt-1f1b-block": [6]}  # the stage boundary inside blocks.0: its two parts are two checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +45,9 @@ def runs(tmp_path_factory):
     for name in NAMES:
         model_file, batch, m, stages, devices, schedule, rc = PLANS[name]
         plan = hand_plan(str(model_file), stages=stages, devices=devices, schedule=schedule, microbatches=m,
-                         batch_size=batch)
-        plan.recompute = rc
+                         batch_size=batch, cuts=CUTS.get(name))
+        plan.recompute = bool(rc)
+        plan.recompute_granularity = "block" if rc == "block" else "stage"
         paths.append(tmp / f"{name}.json")
         plan.save(paths[-1])
     run_dir, dump = tmp / "run", tmp / "params"
@@ -66,8 +73,11 @@ def _assert_same(a, b, what: str) -> None:
             torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7, msg=lambda s, fqn=fqn: f"{what} {fqn}: {s}")
 
 
-@pytest.mark.parametrize("name", ["mlp-1f1b", "unet-zbv"])
+@pytest.mark.parametrize("name", ["mlp-1f1b", "unet-zbv", "unet-gpipe-block", "gpt-1f1b-block"])
 def test_recomputed_steps_equal_single_process(name, runs):
+    """The steps of one process without recomputation. Per block: the U-Net's skip connections passing between a
+    stage's blocks (each of its layers a block: no numbered block list), the GPT's blocks (`blocks.N`) one checkpoint
+    each and the one the stage boundary cuts two."""
     model_file, batch, m, *_ = PLANS[name]
     losses, dumped, _ = runs[name]
     ref_losses, ref_state, _ = reference_steps(str(model_file), batch, STEPS, microbatches=m, lr=0.001)
@@ -88,3 +98,8 @@ def test_recomputation_changes_memory_not_training(model, runs):
     if model == "dropout":  # torch's schedules: the step's log also holds the re-run's activations, and less
         peak = {k: sum(st["activation_bytes"] for st in runs[f"{model}-{k}"][2]) for k in ("off", "on")}
         assert saved["on"] < peak["on"] < peak["off"], (saved, peak)
+
+
+def test_per_block_redraws_dropout(runs):
+    """Dropout's masks drawn again block by block in the re-runs: the steps without recomputation."""
+    _assert_same(runs["dropout-off"], runs["dropout-block"], "dropout per block")

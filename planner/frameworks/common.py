@@ -87,16 +87,17 @@ def framework_notes(plan: Plan, framework: str) -> list[str]:
 
 
 def recompute_notes(plan: Plan, framework: str, setting: str) -> list[str]:
-    """A plan with recomputation: pipeplan prices (and its runtime runs, runtime/recompute.py) one checkpoint per
-    stage, where the frameworks checkpoint every layer, so the framework's activation memory is not the plan's:
-    every layer's input kept per microbatch in flight, one layer re-run at a time, against the stage's input kept
-    and the whole stage re-run at once (docs/cost-models.md §3.3). The time is the same forward re-run."""
-    if not plan.recompute:
+    """A plan recomputed with one checkpoint per stage (`recompute_granularity: stage`, pipeplan's default), where
+    the frameworks checkpoint every decoder layer: the framework's activation memory is not the plan's (every block's
+    input kept per microbatch in flight, one block re-run at a time, against the stage's input kept and the whole
+    stage re-run at once; docs/cost-models.md §3.3), so the note says to re-plan per block. None for a plan counted
+    per block, as the export writes it."""
+    if not plan.recompute or plan.recompute_granularity == "block":
         return []
     return [f"recomputation: {framework} checkpoints every layer ({setting}), where this plan's memory was counted "
-            "with one checkpoint per stage (as pipeplan run recomputes): each microbatch in flight keeps every "
-            "layer's input there, and one layer is re-run at a time, so its activation memory differs from the "
-            "plan's (the re-run's time does not)"]
+            "with one checkpoint per stage: each microbatch in flight keeps every layer's input there, and one "
+            "layer is re-run at a time, so its activation memory differs from the plan's; re-plan with "
+            "--recompute-granularity block to count it as the framework runs it (a checkpoint per decoder layer)"]
 
 
 def recipe_notes(plan: Plan, framework: str, recipe: str, how: str) -> list[str]:

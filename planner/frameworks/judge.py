@@ -22,7 +22,7 @@ from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import predict
 from pipeplan.planner.replay import config_of
 from pipeplan.planner.request import PlanRequest
-from pipeplan.schedules import ScheduleName, stage_device
+from pipeplan.schedules import ScheduleName, runs_block_checkpoints, stage_device
 
 __all__ = ["Judgement", "judge_split", "config_for_split"]
 
@@ -64,13 +64,16 @@ def config_for_split(graph: Graph, profile: HardwareProfile, request: PlanReques
     if P > request.devices:
         raise ValueError(f"the split has {P} pipeline stages but --gpus is {request.devices}")
     schedule = schedule or ("interleaved" if chunks > 1 else (best.schedule if best.chunks == 1 else "1f1b"))
+    # a schedule that splits its backward checkpoints whole stages (pipeplan.schedules.runs_block_checkpoints)
+    granularity = request.recompute_granularity if runs_block_checkpoints(schedule) else "stage"
     narrowed = replace(request, stages=P, chunks=chunks if chunks > 1 else None, schedule=schedule,
-                       data_parallel=None, top=1)
+                       data_parallel=None, top=1, recompute_granularity=granularity)
     try:
         other = config_of(search(graph, profile, narrowed).best)
     except InfeasibleError:
         other = Config(schedule=schedule, stages=P, data_parallel=1, microbatches=cfg.microbatches,
-                       chunks=chunks, recompute=cfg.recompute, sharding="none")
+                       chunks=chunks, recompute=cfg.recompute,
+                       recompute_granularity=granularity if cfg.recompute else "stage", sharding="none")
         return other, (f"no configuration with {P} pipeline stages fits; judged with 1 replica, "
                        f"{cfg.microbatches} microbatches, {schedule}")
     why = (f"its settings name {schedule}" if cfg.virtual_stages == virtual_stages and cfg.chunks == chunks
