@@ -24,7 +24,7 @@ from pipeplan.choices import (
     OPTIMIZER_KERNELS,
     OPTIMIZERS,
     RECOMPUTE_CHOICES,
-    RECOMPUTE_GRANULARITIES,
+    RECOMPUTE_GRANULARITY_CHOICES,
     SHARDING_CHOICES,
     SOLVERS,
     TIMES,
@@ -100,12 +100,12 @@ def planning_options(*, with_profile: bool = True, with_cluster: bool = False) -
                               "or foreach (torch.optim's default passes: torch without fused=True, Composer); auto = "
                               "how `pipeplan run` steps on the profile's device (CPU: torch's defaults; GPU: fused)."),
             click.option("--recompute", type=_choice(RECOMPUTE_CHOICES), default="auto", show_default=True, help="Activation recomputation."),
-            click.option("--recompute-granularity", type=_choice(RECOMPUTE_GRANULARITIES), default="stage",
+            click.option("--recompute-granularity", type=_choice(RECOMPUTE_GRANULARITY_CHOICES), default="stage",
                          show_default=True,
                          help="What one checkpoint covers: a stage (keeps each microbatch's stage input, re-runs the "
                               "stage) or each block (keeps every decoder block's input, re-runs one block at a time, "
                               "as Megatron-LM, DeepSpeed and torchtitan recompute; each layer of a model without "
-                              "numbered blocks; gpipe, 1f1b and interleaved only)."),
+                              "numbered blocks; gpipe, 1f1b and interleaved only); auto tries both."),
             click.option("--sharding", type=_choice(SHARDING_CHOICES), default="auto", show_default=True,
                          help="Sharded data parallelism over each stage's replicas: auto = the fastest ZeRO level that "
                               "fits wherever there are replicas (ZeRO-1 moves no more than an all-reduce); on a local "

@@ -293,7 +293,8 @@ def alternatives_table(plan, limit: int = 5) -> Table | None:
         sps = a.get("samples_per_s")
         if a.get("sharding", "none") != "none":
             sched += f", {SHARDING_NAMES[a['sharding']]}"
-        t.add_row(sched, f"{a.get('stages')}×{d}", str(a.get("microbatches")), "on" if a.get("recompute") else "off",
+        rc = ("per block" if a.get("recompute_granularity") == "block" else "on") if a.get("recompute") else "off"
+        t.add_row(sched, f"{a.get('stages')}×{d}", str(a.get("microbatches")), rc,
                   f"{sps:,.1f}" if isinstance(sps, (int, float)) else "—", fmt_bytes(a.get("peak_memory_bytes")),
                   *((a.get("layout", "stage-major"),) if placements else ()),
                   *((_type_runs(a.get("device_types") or []),) if mixed else ()))

@@ -14,6 +14,7 @@ __all__ = [
     "Dtype", "DTYPES", "DtypeRequest", "DTYPE_CHOICES",
     "Optimizer", "OPTIMIZERS", "OptimizerKernels", "OPTIMIZER_KERNELS",
     "Recompute", "RECOMPUTE_CHOICES", "RecomputeGranularity", "RECOMPUTE_GRANULARITIES",
+    "RecomputeGranularityRequest", "RECOMPUTE_GRANULARITY_CHOICES",
     "Solver", "SOLVERS",
     "Times", "TIMES",
     "Layout", "LAYOUTS",
@@ -54,6 +55,9 @@ stage input and re-runs the stage at once) or each block, the unit a framework c
 block list. It keeps every block's input and re-runs one block at a time. Only schedules whose backward is one pass
 and that flush run per-block checkpoints (`pipeplan.schedules.runs_block_checkpoints`)."""
 RECOMPUTE_GRANULARITIES: Final[tuple[RecomputeGranularity, ...]] = get_args(RecomputeGranularity)
+RecomputeGranularityRequest = Literal["auto", "stage", "block"]
+"""A granularity, or "auto": the search tries both for each configuration it recomputes (block only where it runs)."""
+RECOMPUTE_GRANULARITY_CHOICES: Final[tuple[RecomputeGranularityRequest, ...]] = get_args(RecomputeGranularityRequest)
 
 Solver = Literal["auto", "dp", "ilp"]
 """Partitioner: the DP for every configuration; "ilp"/"auto" re-partition the best with the ILP (DAGs)."""

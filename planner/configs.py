@@ -135,13 +135,13 @@ def configurations(request: PlanRequest, K: int, d: int, n_layers: int) -> Itera
         for M in ([request.microbatches] if request.microbatches else divisors(base)):
             if base % M or microbatch_problem(sched, K, M) or _skipped(request, sched, K, M):
                 continue
-            per_block = request.recompute_granularity == "block"
             for v in _chunk_options(request, sched, K, M, n_layers):
                 for rc in request.recompute_options:
-                    if rc and per_block and not runs_block_checkpoints(sched):
-                        continue  # the runtime checkpoints whole stages there: not what was asked
-                    yield Config(schedule=sched, stages=K, data_parallel=d, microbatches=M, chunks=v, recompute=rc,
-                                 recompute_granularity=request.recompute_granularity if rc else "stage")
+                    for g in (request.recompute_granularities if rc else ("stage",)):
+                        if g == "block" and not runs_block_checkpoints(sched):
+                            continue  # the runtime checkpoints whole stages there
+                        yield Config(schedule=sched, stages=K, data_parallel=d, microbatches=M, chunks=v,
+                                     recompute=rc, recompute_granularity=g)
 
 
 def _skipped(request: PlanRequest, sched: ScheduleName, K: int, M: int) -> bool:

@@ -20,7 +20,7 @@ from pipeplan.choices import (
     OPTIMIZER_KERNELS,
     OPTIMIZERS,
     RECOMPUTE_CHOICES,
-    RECOMPUTE_GRANULARITIES,
+    RECOMPUTE_GRANULARITY_CHOICES,
     SHARDING_CHOICES,
     SOLVERS,
     TIMES,
@@ -31,6 +31,7 @@ from pipeplan.choices import (
     OptimizerKernels,
     Recompute,
     RecomputeGranularity,
+    RecomputeGranularityRequest,
     ShardingRequest,
     Solver,
     Times,
@@ -74,8 +75,9 @@ class PlanRequest:
     """Model chunks per device for the interleaved schedule (default: 2, 4 and 8 are tried)."""
     recompute: Recompute = "auto"
     """Activation recomputation: tried both ways ("auto"), always ("on") or never ("off")."""
-    recompute_granularity: RecomputeGranularity = "stage"
-    """What one checkpoint covers: a whole stage, or each block as the frameworks recompute (pipeplan.choices)."""
+    recompute_granularity: RecomputeGranularityRequest = "stage"
+    """What one checkpoint covers: a whole stage, or each block as the frameworks recompute (pipeplan.choices); "auto"
+    tries both."""
     dtype: DtypeRequest = "fp32"
     """Training precision; "auto" is resolved per profile by `for_profile`."""
     optimizer: Optimizer = "adam"
@@ -114,8 +116,8 @@ class PlanRequest:
                 raise UserError(f"unknown {what} {value!r}", f"use one of {', '.join(allowed)}")
         if self.recompute not in RECOMPUTE_CHOICES:
             raise UserError(f"unknown recompute setting {self.recompute!r}", "use auto, on or off")
-        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
-            raise UserError(f"unknown recompute granularity {self.recompute_granularity!r}", "use stage or layer")
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITY_CHOICES:
+            raise UserError(f"unknown recompute granularity {self.recompute_granularity!r}", "use stage, block or auto")
 
     def _check_counts(self) -> None:
         for what, value in (("--devices", self.devices), ("--batch-size", self.batch_size), ("--stages", self.stages),
@@ -174,6 +176,11 @@ class PlanRequest:
     def recompute_options(self) -> tuple[bool, ...]:
         """Recomputation settings the search tries (without first: cheaper plans found early)."""
         return {"auto": (False, True), "on": (True,), "off": (False,)}[self.recompute]
+
+    @property
+    def recompute_granularities(self) -> tuple[RecomputeGranularity, ...]:
+        """Granularities the search tries for a configuration it recomputes (per stage first)."""
+        return ("stage", "block") if self.recompute_granularity == "auto" else (self.recompute_granularity,)
 
     @property
     def training_dtype(self) -> Dtype:

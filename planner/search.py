@@ -328,6 +328,7 @@ def _summary(plan: Plan) -> dict[str, Any]:
         "microbatches": plan.microbatches,
         "microbatch_size": plan.microbatch_size,
         "recompute": plan.recompute,
+        "recompute_granularity": plan.recompute_granularity,
         "sharding": plan.sharding,
         "layer_counts": [len(s.layers) for s in plan.stages],
         "layout": plan.solver.get("layout", "stage-major"),

@@ -162,6 +162,20 @@ def test_search_emits_per_block_recomputation_only_where_it_runs():
     assert {facts(name).splits_backward or not facts(name).flushes for name in unrunnable} == {True}
 
 
+def test_auto_tries_both_and_keeps_the_better():
+    """`auto` searches stage and block granularity per configuration: its best is at least as fast as the best of
+    either alone, and is one of them."""
+    g = llama_graph(6, halves=True, hidden=512, vocab=8000)
+    best = {}
+    for granularity in ("stage", "block", "auto"):
+        best[granularity] = search(g, profile(0.4), PlanRequest(devices=4, batch_size=32, recompute="on",
+                                                                 recompute_granularity=granularity)).best
+    rates = {k: p.predicted.samples_per_s for k, p in best.items()}
+    assert rates["auto"] == max(rates["stage"], rates["block"]), rates
+    assert rates["stage"] != rates["block"]  # the case tells them apart
+    assert best["auto"].recompute_granularity == max(("stage", "block"), key=rates.__getitem__)
+
+
 def test_a_searched_plan_replays_to_its_own_prediction():
     g = gpt_like(blocks=4, hidden=512, seq=1024, vocab=1000, batch=8)
     best = search(g, profile(1.0), PlanRequest(devices=4, batch_size=16, recompute="on",

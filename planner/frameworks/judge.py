@@ -71,9 +71,10 @@ def config_for_split(graph: Graph, profile: HardwareProfile, request: PlanReques
     try:
         other = config_of(search(graph, profile, narrowed).best)
     except InfeasibleError:
+        concrete = cfg.recompute_granularity if granularity == "auto" or not cfg.recompute else granularity
         other = Config(schedule=schedule, stages=P, data_parallel=1, microbatches=cfg.microbatches,
                        chunks=chunks, recompute=cfg.recompute,
-                       recompute_granularity=granularity if cfg.recompute else "stage", sharding="none")
+                       recompute_granularity=concrete if runs_block_checkpoints(schedule) else "stage", sharding="none")
         return other, (f"no configuration with {P} pipeline stages fits; judged with 1 replica, "
                        f"{cfg.microbatches} microbatches, {schedule}")
     why = (f"its settings name {schedule}" if cfg.virtual_stages == virtual_stages and cfg.chunks == chunks
