@@ -158,7 +158,8 @@ def _check_tensor_values(gm: fx.GraphModule, infos: list[StageInfo]) -> None:
 
 
 def build_stage_module(gm: fx.GraphModule, info: StageInfo, num_stages: int, *, copy: bool = False,
-                       own_outputs: bool = False, attrs_from: torch.nn.Module | None = None) -> fx.GraphModule:
+                       own_outputs: bool = False, attrs_from: torch.nn.Module | None = None,
+                       block: bool = False) -> fx.GraphModule:
     """One stage as a GraphModule: forward(*info.inputs) -> tuple(info.outputs).
 
     The last stage returns the model's flat output leaves as a tuple; `unflatten_output`
@@ -172,7 +173,8 @@ def build_stage_module(gm: fx.GraphModule, info: StageInfo, num_stages: int, *, 
     right after it: "saved tensor that has been detached in-place"). A copy of what is sent anyway is
     small beside the stage's compute.
     attrs_from: the module whose parameters and buffers the new one holds (default `gm`): a block of a stage takes
-    the stage module's own, which moving it to a device may have replaced (`Split.block_modules`).
+    the stage module's own, which moving it to a device may have replaced (`Split.block_modules`, which also passes
+    `block`: a block's inputs come from its own stage, so their gradients need no contiguous copy for gloo).
     """
     nodes = {n.name: n for n in gm.graph.nodes}
     graph = fx.Graph()
@@ -215,7 +217,7 @@ def build_stage_module(gm: fx.GraphModule, info: StageInfo, num_stages: int, *, 
         root[target] = t
     graph.lint()
     module = fx.GraphModule(root, graph, class_name=f"Stage{info.index}")
-    if info.index > 0:
+    if info.index > 0 and not block:  # a block's input gradients stay in its stage: none go to gloo
         module.register_forward_pre_hook(_contiguous_input_grads)
     return module
 
@@ -297,7 +299,7 @@ class Split:
             mine = sorted({region[layer] for layer, s in self.layer_stage.items() if s == stage})
             bad = next((k for k in mine[:-1] if _non_tensor_output(nodes, infos[k]) is not None), None)
             if bad is None:
-                return [build_stage_module(self.gm, infos[k], count, attrs_from=owner) for k in mine]
+                return [build_stage_module(self.gm, infos[k], count, attrs_from=owner, block=True) for k in mine]
             region = {layer: r - (r > bad) for layer, r in region.items()}
 
     def shared_attrs(self) -> dict[str, list[int]]:
