@@ -75,7 +75,7 @@ def recompute_blocks(module: torch.nn.Module, blocks: Sequence[torch.nn.Module])
             values = step(*values)
         return values
 
-    module.forward = forward  # type: ignore[method-assign]  (the layers stay unregistered: no new state-dict keys)
+    module.forward = forward  # type: ignore[method-assign]  (the blocks stay unregistered: no new state-dict keys)
     return module
 
 
