@@ -31,11 +31,14 @@ PLANS = {
     "dropout-block": (TESTS / "runtime_model_dropout.py", 8, 4, 2, 2, "1f1b", "block"),
     "unet-gpipe-block": (TESTS / "runtime_model_unet.py", 8, 4, 2, 2, "gpipe", "block"),
     "gpt-1f1b-block": (TESTS / "runtime_model_gpt.py", 8, 4, 2, 2, "1f1b", "block"),
+    "gpt-interleaved-block": (TESTS / "runtime_model_gpt.py", 8, 4, 4, 2, "interleaved", "block"),
+    "gpt-zero3-block": (TESTS / "runtime_model_gpt.py", 8, 2, 1, 1, "1f1b", "block"),
     "gpt-pipedream-off": (TESTS / "runtime_model_gpt.py", 8, 4, 2, 2, "pipedream", False),
     "gpt-pipedream-on": (TESTS / "runtime_model_gpt.py", 8, 4, 2, 2, "pipedream", True),
 }
 NAMES = list(PLANS)
 CUTS = {"gpt-1f1b-block": [6]}  # the stage boundary inside blocks.0: its two parts are two checkpoints
+REPLICAS = {"gpt-zero3-block": {"data_parallel": 2, "sharding": "zero3"}}  # gathers around every block's re-run
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def runs(tmp_path_factory):
     for name in NAMES:
         model_file, batch, m, stages, devices, schedule, rc = PLANS[name]
         plan = hand_plan(str(model_file), stages=stages, devices=devices, schedule=schedule, microbatches=m,
-                         batch_size=batch, cuts=CUTS.get(name))
+                         batch_size=batch, cuts=CUTS.get(name), **REPLICAS.get(name, {}))
         plan.recompute = bool(rc)
         plan.recompute_granularity = "block" if rc == "block" else "stage"
         paths.append(tmp / f"{name}.json")
@@ -60,7 +63,11 @@ def runs(tmp_path_factory):
     out = {}
     for i, name in enumerate(NAMES):
         result = json.loads((run_dir / str(i) / "result.json").read_text())
-        losses = next(x["losses"] for x in result["ranks"] if x["losses"] is not None)
+        # each replica's last stage logs its own slice's losses: a step's loss is their mean (or sum), as in
+        # tests/test_runtime_sharding.py
+        per_replica = [x["losses"] for x in result["ranks"] if x["losses"] is not None]
+        mean = result["ranks"][0]["loss_reduction"] == "mean"
+        losses = [sum(v) / len(v) if mean else sum(v) for v in zip(*per_replica, strict=True)]
         stages = [st for x in result["ranks"] for st in x["stages"]]
         out[name] = (losses, load_dumped(dump / str(i)), stages)
     return out
@@ -73,14 +80,17 @@ def _assert_same(a, b, what: str) -> None:
             torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7, msg=lambda s, fqn=fqn: f"{what} {fqn}: {s}")
 
 
-@pytest.mark.parametrize("name", ["mlp-1f1b", "unet-zbv", "unet-gpipe-block", "gpt-1f1b-block"])
+@pytest.mark.parametrize("name", ["mlp-1f1b", "unet-zbv", "unet-gpipe-block", "gpt-1f1b-block",
+                                  "gpt-interleaved-block", "gpt-zero3-block"])
 def test_recomputed_steps_equal_single_process(name, runs):
     """The steps of one process without recomputation. Per block: the U-Net's skip connections passing between a
     stage's blocks (each of its layers a block: no numbered block list), the GPT's blocks (`blocks.N`) one checkpoint
-    each and the one the stage boundary cuts two."""
+    each and the one the stage boundary cuts two, the GPT interleaved (two chunks a rank, each cut in blocks), and
+    one stage sharded ZeRO-3 over two replicas (its parameters gathered for every block's re-run)."""
     model_file, batch, m, *_ = PLANS[name]
     losses, dumped, _ = runs[name]
-    ref_losses, ref_state, _ = reference_steps(str(model_file), batch, STEPS, microbatches=m, lr=0.001)
+    slices = m * REPLICAS.get(name, {}).get("data_parallel", 1)
+    ref_losses, ref_state, _ = reference_steps(str(model_file), batch, STEPS, microbatches=slices, lr=0.001)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-6)
     for fqn, copies in dumped.items():
         for t in copies:
