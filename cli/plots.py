@@ -210,7 +210,7 @@ def schedule_png(plan, sim, *, capacity_bytes: int | None = None, title: str = "
              f"microbatches: {plan.microbatches} × {plan.microbatch_size}",
              f"data-parallel replicas: {getattr(plan, 'data_parallel', 1)}",
              f"dtype: {plan.dtype}, optimizer: {plan.optimizer}",
-             f"recomputation: {'on' if plan.recompute else 'off'}",
+             f"recomputation: {('per block' if plan.recompute_granularity == 'block' else 'on') if plan.recompute else 'off'}",
              f"sharding: {SHARDING_NAMES[plan.sharding]}"]
     info.text(0.0, 0.0, "\n".join(lines), va="bottom", ha="left", fontsize=9, family="monospace", transform=info.transAxes)
     return _png(fig)
