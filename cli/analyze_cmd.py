@@ -145,12 +145,10 @@ def framework_recipe(request: PlanRequest, split_from: str | None) -> PlanReques
         return request
     from pipeplan.planner.frameworks.common import FRAMEWORK_RECIPE
     from pipeplan.planner.frameworks.split import source_framework
-    from pipeplan.schedules import SCHEDULE_NAMES, runs_block_checkpoints
 
     if not option_given("mixed_precision"):
         request = replace(request, mixed_precision=FRAMEWORK_RECIPE[source_framework(split_from)])
-    fixed = request.schedule in SCHEDULE_NAMES and request.recompute == "on"
-    if not option_given("recompute_granularity") and not (fixed and not runs_block_checkpoints(request.schedule)):
+    if not option_given("recompute_granularity") and not request.recomputes_whole_stages:
         request = replace(request, recompute_granularity="block")
     return request
 

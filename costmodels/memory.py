@@ -32,6 +32,7 @@ from pipeplan.choices import (
     OPTIMIZERS,
     SHARDINGS,
 )
+from pipeplan.costmodels.recompute import block_runs
 from pipeplan.errors import UserError
 from pipeplan.schedules import facts, inflight_microbatches, stage_device, stashed_weight_versions, weight_pass_points
 from pipeplan.v_orders import walk
@@ -233,12 +234,7 @@ def checkpointed_bytes(input_bytes: int, passed_bytes: Sequence[int], saved_byte
     (`transient_over_saved` per block; the last layer's is the loss's, which runs after the last checkpoint), less
     the re-run already counted.
     """
-    runs: list[tuple[int, int]] = []
-    for i, b in enumerate(block_of):
-        if runs and block_of[runs[-1][0]] == b:
-            runs[-1] = (runs[-1][0], i + 1)
-        else:
-            runs.append((i, i + 1))
+    runs = block_runs(block_of)
     if not runs:
         return input_bytes, 0, 0
     leaves = sent or [False] * len(block_of)

@@ -37,6 +37,19 @@ def rerun_forward_s(layers: Sequence[Layer], fwd_s: Sequence[float]) -> float:
     return 0.0
 
 
+def block_runs(block_of: Sequence[object]) -> list[tuple[int, int]]:
+    """[start, stop) of each run of equal block ids in `block_of` (layers in execution order): the regions a stage
+    recomputed per block checkpoints apart (a block the stage boundary cuts is its part inside; the runtime passes
+    (stage, block) pairs for the whole model)."""
+    runs: list[tuple[int, int]] = []
+    for i, b in enumerate(block_of):
+        if runs and block_of[runs[-1][0]] == b:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
+
+
 def weight_grad_passes(layers: Sequence[Layer]) -> int:
     """How often a zero-bubble W re-runs a recomputed stage made of `layers`: once per parameter group.
 

@@ -27,7 +27,7 @@ from pipeplan.costmodels.memory import (
     walked_held_bytes,
 )
 from pipeplan.costmodels.optimizer_step import optimizer_step_s, stash_copy_s
-from pipeplan.costmodels.recompute import checkpoint_overhead_s, rerun_forward_s, weight_grad_passes
+from pipeplan.costmodels.recompute import block_runs, checkpoint_overhead_s, rerun_forward_s, weight_grad_passes
 from pipeplan.costmodels.split_backward import split_backward_extra_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
@@ -395,7 +395,7 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
 def block_checkpoints(problem: Problem, assignment: Sequence[int], in_bytes: Sequence[int]) -> list[tuple[int, int, int]]:
     """Each stage's `checkpointed_bytes` (kept per microbatch, one re-run, in flight beyond it) with a checkpoint per
     block (`Problem.blocks`)."""
-    block_of, passed, last_reader = problem.blocks()
+    block_of, passed, last_reader = problem.blocks
     transient = problem.transient_bytes or (0,) * problem.n
     members: list[list[int]] = [[] for _ in in_bytes]
     for i, s in enumerate(assignment):
@@ -534,16 +534,12 @@ def rerun_times(problem: Problem, profile: HardwareProfile, assignment: Sequence
     (costmodels/recompute.py). `blocks`: a checkpoint per block (`Problem.blocks`), each re-run up to its own last
     save and each with the checkpoint's host time."""
     S = len(layers)
-    block_of = problem.blocks()[0] if blocks else (0,) * problem.n
-    regions: list[list[tuple[list[Layer], list[float]]]] = [[] for _ in range(S)]
-    seen = [0] * S  # layers of each stage so far: the index into layers[s]
+    fwd: list[list[float]] = [[] for _ in range(S)]
+    blocks_of: list[list[int]] = [[] for _ in range(S)]
     for i, s in enumerate(assignment):
-        mine = regions[s]
-        if not mine or block_of[i] != block_of[i - 1]:
-            mine.append(([], []))
-        mine[-1][0].append(layers[s][seen[s]])
-        mine[-1][1].append(slow * problem.fwd_s[i])
-        seen[s] += 1
+        fwd[s].append(slow * problem.fwd_s[i])
+        blocks_of[s].append(problem.blocks[0][i] if blocks else 0)
+    regions = [[(layers[s][a:b], fwd[s][a:b]) for a, b in block_runs(blocks_of[s])] for s in range(S)]
     return [sum(rerun_forward_s(mine, f)
                 + slow * checkpoint_overhead_s(mine, profile.recompute_overhead_s, profile.recompute_tensor_s)
                 for mine, f in regions[s]) for s in range(S)]

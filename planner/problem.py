@@ -66,10 +66,11 @@ class Problem:
     def n(self) -> int:
         return len(self.names)
 
+    @cached_property
     def blocks(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         """(each layer's block, what each layer passes to other blocks, the last layer reading its outputs: -1 for
         none) for recomputation per block; a problem without blocks (built by hand) has each layer a block of its
-        own, passing on its outputs."""
+        own, passing on its outputs. Cached: the search reads it for every configuration it recomputes per block."""
         last = [-1] * self.n
         for s, d, _ in self.edges:
             last[s] = max(last[s], d)
@@ -239,4 +240,4 @@ def range_memory(problem: Problem, config: Config, request: PlanRequest,
         transient_bytes=p.transient_bytes, model_output_bytes=p.output_bytes[-1] if p.n else 0,
         deferred_grad_bytes=p.deferred_grad_bytes, loss_saved_bytes=p.loss_saved_bytes,
         nonweight_saved_bytes=p.nonweight_saved_bytes, weight_passes=p.weight_passes,
-        blocks=p.blocks() if config.recompute_granularity == "block" else None)
+        blocks=p.blocks if config.recompute_granularity == "block" else None)

@@ -146,8 +146,7 @@ class PlanRequest:
         d = self.data_parallel
         if d is not None and d * (K or 1) > N:
             raise UserError(f"--data-parallel {d} does not fit on {N} devices")
-        if (self.recompute_granularity == "block" and self.recompute == "on" and self.schedule in SCHEDULE_NAMES
-                and not runs_block_checkpoints(self.schedule)):
+        if self.recompute_granularity == "block" and self.recomputes_whole_stages:
             raise UserError(f"--recompute-granularity block does not run under --schedule {self.schedule}: it "
                             "checkpoints whole stages", "use --recompute-granularity stage or pick gpipe, 1f1b or "
                             "interleaved")
@@ -176,6 +175,13 @@ class PlanRequest:
     def recompute_options(self) -> tuple[bool, ...]:
         """Recomputation settings the search tries (without first: cheaper plans found early)."""
         return {"auto": (False, True), "on": (True,), "off": (False,)}[self.recompute]
+
+    @property
+    def recomputes_whole_stages(self) -> bool:
+        """Whether recomputation is fixed on under a schedule whose runtime checkpoints whole stages (split
+        backwards, PipeDream: pipeplan.schedules.runs_block_checkpoints), where no plan could recompute per block."""
+        return (self.recompute == "on" and self.schedule in SCHEDULE_NAMES
+                and not runs_block_checkpoints(self.schedule))
 
     @property
     def recompute_granularities(self) -> tuple[RecomputeGranularity, ...]:

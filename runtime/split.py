@@ -29,6 +29,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from pipeplan.costmodels.recompute import block_runs
 from pipeplan.errors import UserError
 
 
@@ -285,13 +286,9 @@ class Split:
         reads). A block that would pass on a value other than a tensor is merged with the next, as a stage boundary
         could not be there either. runtime/recompute.recompute_blocks.
         """
-        region: dict[str, int] = {}  # a region: a run of layers with one stage and one block
-        index, previous = -1, None
-        for layer in self.layer_nodes:
-            key = (self.layer_stage[layer], self.layer_block.get(layer, index + 1))
-            if key != previous:
-                index, previous = index + 1, key
-            region[layer] = index
+        names = list(self.layer_nodes)  # a region: a run of layers with one stage and one block
+        keys = [(self.layer_stage[layer], self.layer_block.get(layer, k)) for k, layer in enumerate(names)]
+        region = {layer: r for r, (a, b) in enumerate(block_runs(keys)) for layer in names[a:b]}
         nodes = {n.name: n for n in self.gm.graph.nodes}
         while True:
             count = max(region.values()) + 1

@@ -55,12 +55,12 @@ def test_range_memory_per_block_equals_stage_memory(schedule, chunks):
     rng = random.Random(1)
     prob = build_problem(g, profile(), microbatch_size=2)
     prob = dataclasses.replace(prob, transient_bytes=tuple(rng.randrange(4 * s + 1) for s in prob.saved_bytes))
-    block_of, passed, last_reader = prob.blocks()
+    block_of, passed, last_reader = prob.blocks
     assert len(set(block_of)) < prob.n  # blocks of two layers
     P, M, n = 3, 6, prob.n
     model = RangeMemory(param_bytes=prob.param_bytes, saved_bytes=prob.saved_bytes, cut_bytes=prob.cut_bytes,
                         input_bytes=prob.input_bytes, schedule=schedule, stages=P, microbatches=M, chunks=chunks,
-                        recompute=True, optimizer="adam", dtype="fp32", blocks=prob.blocks(),
+                        recompute=True, optimizer="adam", dtype="fp32", blocks=prob.blocks,
                         transient_bytes=prob.transient_bytes)
     for _ in range(60):
         a = rng.randrange(n)
@@ -91,10 +91,10 @@ def test_range_memory_per_block_on_random_dags():
         prob = dataclasses.replace(prob, saved_bytes=tuple(rng.randrange(100) for _ in range(n)),
                                    transient_bytes=tuple(rng.randrange(100) for _ in range(n)),
                                    block_of=tuple(block_of), passed_bytes=tuple(rng.randrange(50) for _ in range(n)))
-        blocks, passed, last_reader = prob.blocks()
+        blocks, passed, last_reader = prob.blocks
         model = RangeMemory(param_bytes=prob.param_bytes, saved_bytes=prob.saved_bytes, cut_bytes=prob.cut_bytes,
                             input_bytes=prob.input_bytes, schedule="gpipe", stages=2, microbatches=3, chunks=1,
-                            recompute=True, optimizer="sgd", dtype="fp32", blocks=prob.blocks(),
+                            recompute=True, optimizer="sgd", dtype="fp32", blocks=prob.blocks,
                             transient_bytes=prob.transient_bytes)
         for a in range(n):
             for b in range(a + 1, n + 1):

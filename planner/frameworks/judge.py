@@ -73,8 +73,7 @@ def config_for_split(graph: Graph, profile: HardwareProfile, request: PlanReques
     except InfeasibleError:
         concrete = cfg.recompute_granularity if granularity == "auto" or not cfg.recompute else granularity
         other = Config(schedule=schedule, stages=P, data_parallel=1, microbatches=cfg.microbatches,
-                       chunks=chunks, recompute=cfg.recompute,
-                       recompute_granularity=concrete if runs_block_checkpoints(schedule) else "stage", sharding="none")
+                       chunks=chunks, recompute=cfg.recompute, recompute_granularity=concrete, sharding="none")
         return other, (f"no configuration with {P} pipeline stages fits; judged with 1 replica, "
                        f"{cfg.microbatches} microbatches, {schedule}")
     why = (f"its settings name {schedule}" if cfg.virtual_stages == virtual_stages and cfg.chunks == chunks
