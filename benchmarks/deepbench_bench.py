@@ -49,6 +49,7 @@ def gemm_rows() -> list[dict[str, str]]:
 
 def conv_part(row: dict[str, str], *, weight_grad_only: bool):
     """The cost part `pipeplan trace` records for this convolution (costmodels/export.cost_parts)."""
+    from pipeplan.costmodels.export import WINOGRAD_MIN_OUTPUT_SIDE
     from pipeplan.costmodels.graph import CostPart
 
     n, c, k, hw, r = (int(row[x]) for x in ("n", "c", "k", "h", "r"))
@@ -57,7 +58,7 @@ def conv_part(row: dict[str, str], *, weight_grad_only: bool):
     flops = 2 * n * k * out * out * c * r * r
     weight = k * c * r * r * FP32_BYTES
     moved = (n * c * hw * hw + n * k * out * out) * FP32_BYTES + weight
-    winograd = r == 3 and stride == 1
+    winograd = r == 3 and stride == 1 and out >= WINOGRAD_MIN_OUTPUT_SIDE
     return CostPart(kind="conv3x3" if winograd else "conv", fwd_flops=flops,
                     bwd_flops=flops if weight_grad_only else 2 * flops, bytes_moved=moved, param_bytes=weight,
                     ops=1, channels=min(c, k))
@@ -139,6 +140,11 @@ def conv_detail(convs: list[dict], profile: str, dtype: str) -> list[str]:
     return lines
 
 
+def _unit_3x3(conv: dict) -> bool:
+    """A 3x3 stride-1 convolution, whatever its kind (on small outputs `trace` records it as `conv`)."""
+    return conv["r"] == "3" and conv["stride_h"] == "1"
+
+
 def backward_rates(convs: list[dict]) -> list[str]:
     """Published 2 x forward time / backward time per GPU and kind: the backward kernels' FLOP rate over the
     forward's (both gradients do the forward's FLOPs; 1.0 is what pipeplan's pricing assumes)."""
@@ -149,8 +155,7 @@ def backward_rates(convs: list[dict]) -> list[str]:
             groups.setdefault((c["profile"], c["dtype"]), []).append(c)
     for (prof, dtype), cs in sorted(groups.items()):
         cells = []
-        for sel in (lambda c: c["r"] == "1", lambda c: c["kind"] == "conv" and c["r"] != "1",
-                    lambda c: c["kind"] == "conv3x3"):
+        for sel in (lambda c: c["r"] == "1", lambda c: c["r"] != "1" and not _unit_3x3(c), _unit_3x3):
             rates = [2 * c["pub_fwd"] / c["pub_bwd"] for c in cs if sel(c)]
             cells.append(f"{_stats(rates)}, {len(rates)} kernels" if rates else "—")
         lines.append(f"| {prof}, {dtype} | " + " | ".join(cells) + " |")
@@ -160,11 +165,14 @@ def backward_rates(convs: list[dict]) -> list[str]:
 # Written from the run recorded in benchmarks/RESULTS.md (the predictions are deterministic: no timing is involved).
 ANALYSIS = """
 **What it shows.** Forward, the catalogue's convolution pricing is about right at the median on the two Pascal
-cards and the V100 in fp32 (0.90-1.10), with a wide spread per shape: 3x3 convolutions of 128-512 channels run
+cards and the V100 in fp32 (0.92-1.09), with a wide spread per shape: 3x3 convolutions of 128-512 channels run
 faster than priced on the 1080 Ti (cuDNN 6's Winograd and FFT kernels reach up to 2.2x the FP32 peak in direct
-FLOPs where pipeplan prices 1.35x), 7x7 ones slower than priced (cuDNN picks implicit GEMM there: no Winograd
-gain), and the V100's fp16 tensor-core convolutions slower than priced too (0.69-0.76 median). Backward is priced too fast
-everywhere (0.53-0.88 median): pipeplan prices a convolution's backward at twice its forward, while DeepBench's
+FLOPs where pipeplan prices 1.35x), and the V100's fp16 tensor-core convolutions slower than priced (0.68-0.83
+median). 3x3 stride-1 convolutions on 7x7 outputs ran at the implicit GEMM's rate whatever algorithm cuDNN
+picked, 0.44-0.88 of the FP32 peak in direct FLOPs against 1.0-2.35 on 14x14 and larger outputs: no Winograd
+gain, so `trace` records them as `conv` (costmodels/export.py `WINOGRAD_MIN_OUTPUT_SIDE`; before, priced at
+1.35x, the fp32 ones read 0.33-0.64 forward, now 0.75-1.45). Backward is priced too fast
+everywhere (0.53-0.91 median): pipeplan prices a convolution's backward at twice its forward, while DeepBench's
 backward kernels run below the forward's FLOP rate, least for 1x1 convolutions (0.71 over 180 kernels, every
 GPU and dtype alike: a weight gradient with few outputs sums over batch x positions, and a strided convolution's
 input gradient is as large as its input) and for 3x3 ones varying with the cuDNN version and channels (0.75 on
@@ -174,7 +182,7 @@ hardware_profiles/measured/). GEMMs: the fixed 0.70 efficiency is too low for la
 at 0.82-0.95 of peak, ratios 1.17-1.35) and too high for small ones (< 1 GFLOP: 0.46-0.77), the curve by size
 that a calibrated profile has and the catalogue's Pascal and V100 profiles do not.
 
-**Why the cost model is not changed by it (yet).** Pricing convolution backward at the measured rates (0.72 for
+**Why the backward rates are not in the cost model (yet).** (Tried before the 7x7 change above.) Pricing convolution backward at the measured rates (0.72 for
 the `conv` part kind, 0.88 for `conv3x3`, the medians over these kernels) was tried against the published
 step times (published_bench.py): the Pascal memory efficiency that published_fit.py fits then moves from 0.58 to
 0.82, the catalogue's default, which says the 0.58 was in part standing in for underpriced convolution

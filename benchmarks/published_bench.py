@@ -180,20 +180,34 @@ pipeline8); the one-GPU pipeline rows read 1.04 and 1.00 only because two errors
    container and scripts) has 512-token rows too, added with it: 1.14 and 1.17, beside its 128-token rows'
    1.18 and 1.21, so per token the published 512/128 ratio (1.34) and the predicted one (1.29) agree there.
 
+14. *No Winograd gain on small images.* DeepBench's per-kernel times (RESULTS, "Per kernel") show cuDNN's 3x3
+   stride-1 convolutions on 7x7 outputs (ResNet's last stage, 256-512 channels) running at the implicit GEMM's
+   rate whatever algorithm cudnnFind picked, 0.44-0.88 of the FP32 peak in direct FLOPs on both Pascal cards
+   and the V100 (cuDNN 5, 6 and 7.6), where the same channels on 14x14 and larger outputs reach 1.0-2.35: too
+   few output tiles per image to spread Winograd's transforms over. `trace` now records a 3x3 convolution with
+   an output side under 8 as `conv` (direct FLOPs; costmodels/export.py `WINOGRAD_MIN_OUTPUT_SIDE`). The rows
+   that have such layers move: resnet18 1.32 and 1.40 -> 1.18 and 1.26, resnet34 1.25 and 1.27 -> 1.12 and
+   1.14, resnet50 1.14 -> 1.11-1.12, the U-Net (its 6x6 bottleneck) pipeline-8 1.23 -> 1.17 and baseline
+   1.06 -> 0.99, ResNet-50 in fp32 on V100s 0.89 and 0.90 -> 0.86 and 0.88; the fp16 and tf32 rows do not
+   move (no Winograd there). The Pascal fit's minimum stays at 0.58
+   (median 4.4%; 15.0% at 0.80; torchgpipe held out: 4.1%, worst 17%), and the split torchgpipe tuned for 8
+   P40s now prices more evenly (stage compute 51-134 ms a microbatch, 45-134 before: its 6x6 stage was the
+   one priced at half the others).
+
 Still missing (the rows above 1.15 or below 0.85):
-- *Small ResNets on Pascal.* ResNet-18 and -34 read 1.25-1.40, ResNet-50 1.13, the deeper ones 0.99-1.03.
-  cnn-benchmarks times forward and backward apart (the "Forward and backward apart" table above): the miss is
-  mostly in the backward, a roughly fixed 5.5-10 ms in ResNet-18, -34 and -50 (1.5-2.3 ms in their forwards),
-  against -4 to +6 ms for VGG and the deeper ResNets. A fixed cost in what the three share fits the stem: its
+- *Small ResNets on Pascal.* ResNet-18 reads 1.18-1.26, ResNet-34 and -50 1.11-1.14, the deeper ones
+  0.99-1.02. cnn-benchmarks times forward and backward apart (the "Forward and backward apart" table above):
+  the miss is mostly in the backward, a roughly fixed 4-9 ms in ResNet-18, -34 and -50 (0.6-1.7 ms in their
+  forwards), against -4 to +5 ms for VGG and the deeper ResNets (before 14: 6-10 ms and 1.5-2.3 ms). A fixed cost in what the three share fits the stem: its
   7x7 convolution over 3 input channels is a GEMM with a reduction of only 147 (forward, weight gradient), but
   Torch7 + cuDNN's per-layer times of a 3-channel first layer (soumith/convnet-benchmarks,
   torch7/layerwise_benchmarks/output.log, 11x11 over 3 channels on a Maxwell Titan X) put its forward near 60%
   of peak and its weight gradient at 1.07x its forward, as priced: under 0.2 ms here. Differences between rows
-  place the miss: ResNet-34 minus ResNet-18 (its extra basic blocks at every resolution) is predicted 1.2-1.8
-  ms under the published backward difference of 12.3-13.2 ms, where ResNet-18 alone misses 6.1-7.4, so most
+  place the miss: ResNet-34 minus ResNet-18 (its extra basic blocks at every resolution) is predicted 0.0-0.6
+  ms under the published backward difference of 12.3-13.2 ms, where ResNet-18 alone misses 4.2-5.6, so most
   of the miss is in what every ResNet shares (the stem's batch norm, ReLU and pooling over 64x112x112, the
-  stage transitions, the head), not a per-block cost of small 3x3 convolutions (Winograd's tile waste at 7x7,
-  8x8 tiles computed for 7x7 outputs, is worth about 0.7 ms a batch on ResNet-18). The high-resolution
+  stage transitions, the head), not a per-block cost of small 3x3 convolutions (14 has priced those at the
+  implicit GEMM's rate since). The high-resolution
   blocks, whose batch norms have 64-256 channels, are the other candidate:
   PyTorch's NCHW batch-norm kernels reduce one channel per thread block (Normalization.cuh,
   `blocks(input.size(1))`), so few channels would mean a poorly filled GPU; cuDNN's kernels, which Torch7 ran,
@@ -201,14 +215,14 @@ Still missing (the rows above 1.15 or below 0.85):
   show the convolutions' backward priced too fast (their backward kernels run below the forward's FLOP rate:
   1x1 ones at 0.66-0.72 on every GPU, 3x3 ones at 0.75-1.10 by cuDNN version), which the 0.58 partly stands
   in for; priced at those rates, the fit moves to 0.82 and the ResNets' memory-bound layers carry the miss
-  (resnet18/1080ti 1.46). The deeper ResNets show that one
+  (resnet18/1080ti 1.46, before 14). The deeper ResNets show that one
   memory efficiency cannot be right for every layer either:
   ResNet-101 minus ResNet-50 (17 more 14x14 blocks of 1024 channels) is predicted at 61.5 ms per batch against
   52.9 published (+16%, Titan X), ResNet-152 minus ResNet-101 at +8%. Telling which needs per-layer CUDA times.
-- *torchgpipe's U-Net at 8 stages* (1.23, the worst of its rows; 1.44 on pipeplan's own split): with
-  torchgpipe's split the predicted stages are unequal (45 to 130 ms per microbatch) and pipeplan's balanced
-  split predicts more; either the split torchgpipe tuned on P40s is as unequal as predicted, or per-layer costs
-  at the extremes (the 6x6 bottleneck at 2048 channels, the decoder at 192x192) are off relative to each other,
+- *torchgpipe's U-Net at 8 stages* (1.17, the worst of its rows): with
+  torchgpipe's split the predicted stages are unequal (51 to 134 ms per microbatch); either the split
+  torchgpipe tuned on P40s is as unequal as predicted, or per-layer costs at the extremes (the encoder's and
+  the decoder's 192x192 blocks against the rest) are off relative to each other,
   as the ResNets above suggest. Its skip tensors (up to 300 MB a microbatch) cross PCIe beside compute, priced
   at 16 GB/s on every link (copies hidden, as torchgpipe runs them); a server whose 8 GPUs hang off two CPU
   sockets would move them slower, and pipeplan prices a skip on every cut it crosses where torchgpipe's portals

@@ -273,8 +273,19 @@ def node_kind(node: torch.fx.Node) -> str | None:
     return None
 
 
+# The smallest output side at which cuDNN's Winograd convolutions beat the direct FLOP rate. DeepBench's 3x3 stride-1
+# convolutions (benchmarks/published/deepbench/conv.csv; cuDNN 5, 6 and 7.6 on a Titan X Pascal, a GTX 1080 Ti and
+# a V100, fp32): on 7x7 outputs (ResNet's last stage, 256-512 channels, batch 8 and 16) they ran at 0.44-0.88 of
+# the FP32 peak in direct FLOPs, whatever algorithm cudnnFind picked (WINOGRAD or IMPLICIT_PRECOMP_GEMM), the
+# implicit GEMM's rate; on 14x14 and larger outputs of as many channels at 1.0-2.35. An output that small has few
+# of Winograd's output tiles per image to spread its input and output transforms over (Lavin & Gray 2016, §4), and
+# too few output positions to fill the GPU either way. Judgement: the side between the two measured sizes.
+WINOGRAD_MIN_OUTPUT_SIDE = 8
+
+
 def _winograd_eligible(node: torch.fx.Node) -> bool:
-    """A dense 3x3 convolution with stride 1 and no dilation: the shapes Winograd's F(2x2, 3x3) applies to.
+    """A dense 3x3 convolution with stride 1 and no dilation: the shapes Winograd's F(2x2, 3x3) applies to, on an
+    output image of at least `WINOGRAD_MIN_OUTPUT_SIDE` per side (smaller ones run at the direct rate).
 
     Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks" (CVPR 2016), §4:
     F(m x m, 3 x 3) for unit stride; cuDNN's WINOGRAD algorithms take 3x3 filters, stride 1.
@@ -284,6 +295,9 @@ def _winograd_eligible(node: torch.fx.Node) -> bool:
     args = list(node.args)
     weight = getattr(args[1], "meta", {}).get("val") if len(args) > 1 else None
     if not isinstance(weight, torch.Tensor) or weight.dim() != 4 or tuple(weight.shape[2:]) != (3, 3):
+        return False
+    out = node.meta.get("val")
+    if isinstance(out, torch.Tensor) and out.dim() == 4 and min(out.shape[2:]) < WINOGRAD_MIN_OUTPUT_SIDE:
         return False
     stride: Any = args[3] if len(args) > 3 else [1, 1]
     dilation: Any = args[5] if len(args) > 5 else [1, 1]

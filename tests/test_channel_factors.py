@@ -81,7 +81,8 @@ def test_the_trace_records_each_convolutions_narrower_channel_count(tmp_path):
     layers = {l["name"]: {p["kind"]: p.get("channels") for p in l.get("parts", [])}
               for l in json.loads(out.read_text())["layers"]}
     assert layers["stem.0"] == {"conv3x3": 3}
-    assert layers["blocks.0.conv1"]["conv3x3"] == 16 and layers["blocks.7.conv2"]["conv3x3"] == 128
+    assert layers["blocks.0.conv1"]["conv3x3"] == 16 and layers["blocks.5.conv2"]["conv3x3"] == 64  # 8x8 outputs
+    assert layers["blocks.7.conv2"] == {"conv": 128}  # 4x4 outputs: below Winograd's WINOGRAD_MIN_OUTPUT_SIDE
     assert layers["blocks.2.conv1"]["conv"] == 16  # 16 -> 32, stride 2
     assert layers["blocks.2.shortcut.0"]["conv"] == 16  # 1x1, 16 -> 32
     assert "conv3x3" not in layers["fc"] and "channels" not in json.dumps(layers["fc"])

@@ -60,11 +60,12 @@ CONV = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("shape", [
-    dict(c=8, k=16, r=3, stride=1, pad=1, hw=14),  # Winograd-eligible: conv3x3
-    dict(c=16, k=8, r=1, stride=2, pad=0, hw=14),  # a strided 1x1: conv
+@pytest.mark.parametrize("shape, kind", [
+    (dict(c=8, k=16, r=3, stride=1, pad=1, hw=14), "conv3x3"),  # Winograd-eligible
+    (dict(c=8, k=16, r=3, stride=1, pad=1, hw=7), "conv"),  # a 7x7 output: no Winograd gain (DeepBench)
+    (dict(c=16, k=8, r=1, stride=2, pad=0, hw=14), "conv"),  # a strided 1x1
 ])
-def test_a_kernel_is_the_cost_part_pipeplan_traces_for_it(tmp_path, shape):
+def test_a_kernel_is_the_cost_part_pipeplan_traces_for_it(tmp_path, shape, kind):
     import pipeplan
 
     out = (shape["hw"] + 2 * shape["pad"] - shape["r"]) // shape["stride"] + 1
@@ -78,6 +79,7 @@ def test_a_kernel_is_the_cost_part_pipeplan_traces_for_it(tmp_path, shape):
            "r": str(shape["r"]), "pad_h": str(shape["pad"]), "stride_h": str(shape["stride"])}
     built = db.conv_part(row, weight_grad_only=False)
     got = traced[0]
+    assert got.kind == kind
     assert (built.kind, built.fwd_flops, built.bytes_moved, built.param_bytes, built.channels) == (
         got.kind, got.fwd_flops, got.bytes_moved, got.param_bytes, got.channels)
     assert built.bwd_flops == 2 * got.fwd_flops  # input and weight gradients (the traced input needs no gradient)

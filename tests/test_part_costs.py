@@ -20,7 +20,7 @@ from pipeplan.errors import UserError
 from pipeplan.hardware_profiles import load_profile
 from pipeplan.hardware_profiles.loader import parse_profile, profile_to_dict
 
-B, IN, OUT = 4, 16, 32
+B, IN, OUT = 4, 16, 128
 
 BLOCK = textwrap.dedent(f"""
     import torch, torch.nn as nn
@@ -43,11 +43,12 @@ BLOCK = textwrap.dedent(f"""
             self.down = nn.Conv2d(2, 2, 3, stride=2, padding=1)
             self.point = nn.Conv2d(2, 2, 1)
             self.grouped = nn.Conv2d(2, 2, 3, padding=1, groups=2)
+            self.small = nn.Conv2d(2, 2, 3, padding=1)
 
         def forward(self, x):
             y = self.block(x)
-            img = y.reshape(x.shape[0], 2, 4, 4)
-            return self.grouped(self.point(self.down(self.conv(img)))).flatten(1)
+            img = y.reshape(x.shape[0], 2, 8, 8)
+            return self.small(self.grouped(self.point(self.down(self.conv(img))))).flatten(1)
 
     def build_model():
         return Net()
@@ -56,7 +57,7 @@ BLOCK = textwrap.dedent(f"""
         return (torch.randn(batch_size, {IN}),)
 
     def example_target(batch_size):
-        return torch.randn(batch_size, 8)
+        return torch.randn(batch_size, 32)
 
     def loss_fn(out, target):
         return torch.nn.functional.mse_loss(out, target)
@@ -91,8 +92,9 @@ def test_a_grouped_block_keeps_each_kind_of_op(graph):
 
 
 def test_only_dense_unit_stride_3x3_convolutions_count_as_winograd(graph):
+    """... on outputs of at least WINOGRAD_MIN_OUTPUT_SIDE (8) per side: `conv` makes 8x8, `small` 4x4."""
     assert set(parts_of(graph, "conv")) == {"conv3x3"}
-    for name in ("down", "point", "grouped"):
+    for name in ("down", "point", "grouped", "small"):
         assert set(parts_of(graph, name)) - {"other"} == {"conv"}, name  # "other": the loss, on the last layer
 
 
