@@ -182,8 +182,8 @@ hardware_profiles/measured/). GEMMs: the fixed 0.70 efficiency is too low for la
 at 0.82-0.95 of peak, ratios 1.17-1.35) and too high for small ones (< 1 GFLOP: 0.46-0.77), the curve by size
 that a calibrated profile has and the catalogue's Pascal and V100 profiles do not.
 
-**Why the backward rates are not in the cost model (yet).** (Tried before the 7x7 change above.) Pricing convolution backward at the measured rates (0.72 for
-the `conv` part kind, 0.88 for `conv3x3`, the medians over these kernels) was tried against the published
+**Why the backward rates are not in the cost model (yet).** (Tried before the 7x7 change above.) Pricing
+convolution backward at the measured rates (0.72 for the `conv` part kind, 0.88 for `conv3x3`, the medians over these kernels) was tried against the published
 step times (published_bench.py): the Pascal memory efficiency that published_fit.py fits then moves from 0.58 to
 0.82, the catalogue's default, which says the 0.58 was in part standing in for underpriced convolution
 backwards; but the table's worst row gets worse (resnet18/1080ti 1.40 -> 1.46; cnn-benchmarks median 4.7% ->
@@ -197,7 +197,12 @@ channel in one thread block (PyTorch's Normalization.cuh, Torch7's cunn SpatialB
 bandwidth depends on how many channels and how many elements per channel a layer has: cunn's kernel, forward and
 backward at batch 64 on a Maxwell Titan X (soumith/cudnn.torch#100), took 2.5-2.6 ms per 12.8M elements at
 128-512 channels, 3.7 ms at 64 channels and 4.8 ms at 16. Landing the backward rates together with a price for
-that is the next step; alone they trade one error for a larger one.
+that is the next step; alone they trade one error for a larger one. Per channel count instead (after the 7x7
+change: each card's medians above as the profile's `channel_factors`, forward and backward by kind, the
+mechanism the H200's calibration uses, and their mean for the P40), the Pascal fit's minimum moves to 0.62 with
+its median |log ratio| unchanged (0.043 against 0.045), VGG on the Titan X Pascal falls to 0.74-0.80 (its
+cuDNN 5 rows are the slowest), and torchgpipe's held-out rows read median 7.2%, worst 16% (4.1%, 17% without):
+no better either.
 """
 
 
