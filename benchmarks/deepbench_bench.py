@@ -169,7 +169,8 @@ cards and the V100 in fp32 (0.92-1.09), with a wide spread per shape: 3x3 convol
 faster than priced on the 1080 Ti (cuDNN 6's Winograd and FFT kernels reach up to 2.2x the FP32 peak in direct
 FLOPs where pipeplan prices 1.35x), and the V100's fp16 tensor-core convolutions slower than priced (0.68-0.83
 median). 3x3 stride-1 convolutions on 7x7 outputs ran at the implicit GEMM's rate whatever algorithm cuDNN
-picked, 0.44-0.88 of the FP32 peak in direct FLOPs against 1.0-2.35 on 14x14 and larger outputs: no Winograd
+picked, forward and input gradient at 0.38-0.88 of the FP32 peak in direct FLOPs against 1.04-2.35 for 256-512
+channels on 14x14 and 28x28 outputs: no Winograd
 gain, so `trace` records them as `conv` (costmodels/export.py `WINOGRAD_MIN_OUTPUT_SIDE`; before, priced at
 1.35x, the fp32 ones read 0.33-0.64 forward, now 0.75-1.45). Backward is priced too fast
 everywhere (0.53-0.91 median): pipeplan prices a convolution's backward at twice its forward, while DeepBench's

@@ -182,8 +182,9 @@ pipeline8); the one-GPU pipeline rows read 1.04 and 1.00 only because two errors
 
 14. *No Winograd gain on small images.* DeepBench's per-kernel times (RESULTS, "Per kernel") show cuDNN's 3x3
    stride-1 convolutions on 7x7 outputs (ResNet's last stage, 256-512 channels) running at the implicit GEMM's
-   rate whatever algorithm cudnnFind picked, 0.44-0.88 of the FP32 peak in direct FLOPs on both Pascal cards
-   and the V100 (cuDNN 5, 6 and 7.6), where the same channels on 14x14 and larger outputs reach 1.0-2.35: too
+   rate whatever algorithm cudnnFind picked, forward and input gradient at 0.38-0.88 of the FP32 peak in direct
+   FLOPs on both Pascal cards and the V100 (cuDNN 5, 6 and 7.6), where the same channels on 14x14 and 28x28
+   outputs reach 1.04-2.35: too
    few output tiles per image to spread Winograd's transforms over. `trace` now records a 3x3 convolution with
    an output side under 8 as `conv` (direct FLOPs; costmodels/export.py `WINOGRAD_MIN_OUTPUT_SIDE`). The rows
    that have such layers move: resnet18 1.32 and 1.40 -> 1.18 and 1.26, resnet34 1.25 and 1.27 -> 1.12 and

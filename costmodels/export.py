@@ -275,9 +275,10 @@ def node_kind(node: torch.fx.Node) -> str | None:
 
 # The smallest output side at which cuDNN's Winograd convolutions beat the direct FLOP rate. DeepBench's 3x3 stride-1
 # convolutions (benchmarks/published/deepbench/conv.csv; cuDNN 5, 6 and 7.6 on a Titan X Pascal, a GTX 1080 Ti and
-# a V100, fp32): on 7x7 outputs (ResNet's last stage, 256-512 channels, batch 8 and 16) they ran at 0.44-0.88 of
-# the FP32 peak in direct FLOPs, whatever algorithm cudnnFind picked (WINOGRAD or IMPLICIT_PRECOMP_GEMM), the
-# implicit GEMM's rate; on 14x14 and larger outputs of as many channels at 1.0-2.35. An output that small has few
+# a V100, fp32): on 7x7 outputs (ResNet's last stage, 256-512 channels, batch 8 and 16; 15 kernels) their forward
+# and input gradient ran at 0.38-0.88 of the FP32 peak in direct FLOPs, whatever algorithm cudnnFind picked
+# (WINOGRAD or IMPLICIT_PRECOMP_GEMM), the implicit GEMM's rate; with 256-512 channels on 14x14 and 28x28 outputs
+# (18 kernels) at 1.04-2.35. (Weight gradients: 0.20-1.32 against 0.55-2.46.) An output that small has few
 # of Winograd's output tiles per image to spread its input and output transforms over (Lavin & Gray 2016, §4), and
 # too few output positions to fill the GPU either way. Judgement: the side between the two measured sizes.
 WINOGRAD_MIN_OUTPUT_SIDE = 8
