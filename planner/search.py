@@ -39,6 +39,7 @@ from pipeplan.planner.problem import Problem, build_problem, range_memory
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.runnable import split_backward_conflict
 from pipeplan.schedules import facts, stage_device
+from pipeplan.units import GIB
 
 __all__ = ["search", "SearchResult", "Candidate", "Progress", "pipedream_levels"]
 
@@ -309,6 +310,54 @@ def _refine_with_ilp(sr: _Search) -> None:
         new.solver["warm_start"] = "dp"
 
 
+def _enumerate(graph: Graph, profile: HardwareProfile, request: PlanRequest, progress: Progress | None) -> _Search:
+    """Every configuration of `request` (resolved for `profile`) partitioned and evaluated: the kept plans in
+    `top`, the rejected ones in `failures`."""
+    n = len(graph.layers)
+    request.check_graph(n, grouped=graph.source.get("depth") is not None)
+    sr = _Search(graph, profile, request)
+    if not any(sr.problem(1).compute_s):
+        raise UserError(f"graph {graph.name!r} has no layer times under --times {request.times} "
+                        "(every layer takes 0 s)", "use --times model, or trace the model to measure it")
+    pairs = shape_pairs(request, n)
+    for step, (K, d) in enumerate(pairs):
+        if progress:
+            progress(f"{K} stages x {d} replicas", step, len(pairs))
+        for cfg in configurations(request, K, d, n):
+            sr.try_config(cfg)
+    if "pipedream" in request.schedules and not request.stages and not request.data_parallel:
+        for M in pipedream_microbatch_counts(request):
+            _pipedream_optimizer(sr, M)
+    if progress:
+        progress("done", len(pairs), len(pairs))
+    return sr
+
+
+def _with_block_hint(graph: Graph, profile: HardwareProfile, request: PlanRequest,
+                     message: tuple[str, str]) -> tuple[str, str]:
+    """The infeasible message, its hint led by per-block recomputation where that fits.
+
+    Why: a checkpoint per stage (the default granularity, `pipeplan run`'s) keeps each microbatch's stage input but
+    re-runs the whole stage at once, holding all it saves; a checkpoint per block (as Megatron-LM, DeepSpeed and
+    torchtitan recompute) holds one block's. A model that fits only that way would otherwise be reported as
+    needing more devices. The hint is a plan the search found, not a guess: it costs a second enumeration (not its
+    diagnosis), only when nothing fits."""
+    if request.recompute == "off" or request.recompute_granularity != "stage":
+        return message
+    try:
+        sr = _enumerate(graph, profile, replace(request, recompute_granularity="block", top=1), None)
+    except UserError:  # no schedule asked for runs block checkpoints
+        return message
+    if not sr.top:
+        return message
+    best, cfg = sr.top[0].plan, sr.top[0].config
+    peak_gib = max(st.predicted.memory_bytes for st in best.stages) / GIB
+    found = (f"--recompute-granularity block ({cfg.describe()}: {peak_gib:.1f} GiB at the fullest device, "
+             f"{best.predicted.samples_per_s:.4g} samples/s)")
+    msg, hint = message
+    return msg, hint.replace("would fit with: ", f"would fit with: {found}; ", 1)
+
+
 def _wants_ilp(sr: _Search) -> bool:
     first = sr.top[0].config
     solver = sr.request.solver
@@ -367,30 +416,14 @@ def search(graph: Graph, profile: HardwareProfile, request: PlanRequest, *,
     """
     t0 = time.perf_counter()
     request = request.for_profile(profile)
-    n = len(graph.layers)
-    request.check_graph(n, grouped=graph.source.get("depth") is not None)
-    sr = _Search(graph, profile, request)
-    if not any(sr.problem(1).compute_s):
-        raise UserError(f"graph {graph.name!r} has no layer times under --times {request.times} "
-                        "(every layer takes 0 s)", "use --times model, or trace the model to measure it")
-    pairs = shape_pairs(request, n)
-    for step, (K, d) in enumerate(pairs):
-        if progress:
-            progress(f"{K} stages x {d} replicas", step, len(pairs))
-        for cfg in configurations(request, K, d, n):
-            sr.try_config(cfg)
-    if "pipedream" in request.schedules and not request.stages and not request.data_parallel:
-        for M in pipedream_microbatch_counts(request):
-            _pipedream_optimizer(sr, M)
-    if progress:
-        progress("done", len(pairs), len(pairs))
+    sr = _enumerate(graph, profile, request, progress)
     if not sr.top and sr.unrunnable and not sr.failures:
         cfg, stage = sr.unrunnable[0]
         raise UserError(f"{cfg.schedule}: the balanced splits put two uses of a shared parameter in one stage past the "
                         f"first (stage {stage} of {cfg.describe()}), which torch's split backward cannot run "
                         "(docs/schedules.md)", "choose a schedule without split backwards, such as --schedule 1f1b")
     if not sr.top:
-        raise InfeasibleError(*infeasible_message(sr.view()))
+        raise InfeasibleError(*_with_block_hint(graph, profile, request, infeasible_message(sr.view())))
     if _wants_ilp(sr):
         _refine_with_ilp(sr)
     return _result(sr, t0)

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from pipeplan.costmodels.memory import RangeMemory, checkpointed_bytes, stage_memory
-from pipeplan.errors import UserError
+from pipeplan.errors import InfeasibleError, UserError
 from pipeplan.planner.plan import Plan, load_plan
 from pipeplan.planner.predict import evaluate
 from pipeplan.planner.problem import build_problem, checkpoint_units, dag_problem
@@ -174,6 +174,27 @@ def test_auto_tries_both_and_keeps_the_better():
     assert rates["auto"] == max(rates["stage"], rates["block"]), rates
     assert rates["stage"] != rates["block"]  # the case tells them apart
     assert best["auto"].recompute_granularity == max(("stage", "block"), key=rates.__getitem__)
+
+
+def test_nothing_fits_names_per_block_recomputation_where_it_fits():
+    """One device, one microbatch of 64: a checkpoint per stage re-runs the whole model at once and needs ~2.9 GiB,
+    one per block ~0.9. At 1 GiB the one line leads with per-block recomputation and the plan a per-block search
+    finds, which fits; at 0.5 GiB, where that does not fit either, it does not offer it."""
+    g = llama_graph(6, halves=True, hidden=512, vocab=8000)
+    req = PlanRequest(devices=1, batch_size=64, microbatches=1, recompute="on")
+    with pytest.raises(InfeasibleError) as err:
+        search(g, profile(1.0), req)
+    assert err.value.hint.startswith("would fit with: --recompute-granularity block (1 stage x 1 replica"), err.value
+    best = search(g, profile(1.0), dataclasses.replace(req, recompute_granularity="block")).best
+    assert best.recompute_granularity == "block"
+    assert max(s.predicted.memory_bytes for s in best.stages) <= profile(1.0).usable_memory_bytes
+    assert f"{best.predicted.samples_per_s:.4g} samples/s" in err.value.hint
+    with pytest.raises(InfeasibleError) as err:
+        search(g, profile(0.5), req)
+    assert "--recompute-granularity" not in err.value.hint and "more devices" in err.value.hint
+    with pytest.raises(InfeasibleError) as err:  # not offered where the user asked for no recomputation
+        search(g, profile(1.0), dataclasses.replace(req, recompute="off"))
+    assert "--recompute-granularity" not in err.value.hint
 
 
 def test_a_searched_plan_replays_to_its_own_prediction():
