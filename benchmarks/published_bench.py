@@ -191,7 +191,8 @@ pipeline8); the one-GPU pipeline rows read 1.04 and 1.00 only because two errors
    1.14, resnet50 1.14 -> 1.11-1.12, the U-Net (its 6x6 bottleneck) pipeline-8 1.23 -> 1.17 and baseline
    1.06 -> 0.99, ResNet-50 in fp32 on V100s 0.89 and 0.90 -> 0.86 and 0.88; the fp16 and tf32 rows do not
    move (no Winograd there). The Pascal fit's minimum stays at 0.58
-   (median 4.4%; 15.0% at 0.80; torchgpipe held out: 4.1%, worst 17%), and the split torchgpipe tuned for 8
+   (median 4.4%; 15.0% at 0.80; torchgpipe held out: 4.1%, worst 17%; 5.0%, 17% since its timeline benchmark's row
+   joined them), and the split torchgpipe tuned for 8
    P40s now prices more evenly (stage compute 51-134 ms a microbatch, 45-134 before: its 6x6 stage was the
    one priced at half the others).
 
@@ -227,7 +228,16 @@ Still missing (the rows above 1.15 or below 0.85):
   as the ResNets above suggest. Its skip tensors (up to 300 MB a microbatch) cross PCIe beside compute, priced
   at 16 GB/s on every link (copies hidden, as torchgpipe runs them); a server whose 8 GPUs hang off two CPU
   sockets would move them slower, and pipeplan prices a skip on every cut it crosses where torchgpipe's portals
-  copy it straight to the stage that pops it. Needs this U-Net's per-layer CUDA times (`trace --device cuda`).
+  copy it straight to the stage that pops it. torchgpipe's timeline benchmark (the same U-Net on 4 of the P40s,
+  its own split, 8 microbatches of 16: row unet/p40-timeline4) narrows it. On its split the predicted stages
+  are unequal too (161-234 ms) and the row reads 0.91; the split that balances the predicted stages (the
+  "balanced split" columns: the search's, memory unbounded) predicts 58.3 samples/s against 58.5 published,
+  and does as well on the 4-GPU speed rows (U-Net 67.3 against 67.0, ResNet-101 260 against 266; on 2 GPUs
+  1.13 and 0.95). So on 4 GPUs torchgpipe's splits behave as if balanced on the P40s (its `balance_by_time`
+  times every layer) and the predicted per-layer costs sum right; on 8 GPUs the same balanced prediction
+  overshoots both models (U-Net 119 against 88.5, ResNet-101 484 against 412): something the 8-GPU runs pay
+  that no split of the predicted costs shows, U-Net more with its larger copies. Needs the U-Net's per-layer CUDA times (`trace --device cuda`) and the server's GPU-to-GPU bandwidth
+  across its sockets.
 - *H100 at small microbatches* (mpt-13b/h100x8, mb 2: 1.24, the worst of its source; the other H100 rows
   1.00-1.15). The overlap slowdown above is a published average, not this run's; the H100 rows' remaining gap
   is H100-wide (mpt-1b 1.15, mpt-7b 1.14 on 8 GPUs), which points at the H100 profile's GEMM and attention
@@ -745,12 +755,14 @@ def run(args) -> str:
             "split by `pipeplan.search`, which plans for pipeplan's runtime; both splits predicted as the row's "
             "framework runs them, e.g. torchgpipe's `checkpoint` and `copies`; the last column is the plan's own "
             "prediction, for pipeplan's runtime: every microbatch re-run, each receive waited for): per-stage "
-            "compute is one microbatch's forward + backward + recompute on each stage, as predicted.",
+            "compute is one microbatch's forward + backward + recompute on each stage, as predicted. The last two "
+            "columns split by the search with memory unbounded (`memory_unbounded`): the split that balances the "
+            "predicted stage times, predicted as the row's framework runs it.",
             "",
             "| row | published | predicted, source's split | stage compute ms, source's split | "
             "predicted, pipeplan's split | stage compute ms, pipeplan's split | pipeplan's split on pipeplan's "
-            "runtime |",
-            "|---|---:|---:|---|---:|---|---:|",
+            "runtime | predicted, balanced split | stage compute ms, balanced split |",
+            "|---|---:|---:|---|---:|---|---:|---:|---|",
             *split_lines,
         ]
     pass_lines = pass_split_lines(predicted)
@@ -785,8 +797,11 @@ def source_split_lines(predicted: list[dict[str, Any]], graphs: dict[str, Any]) 
         c = r["case"]
         if not c.get("balance") or c["pp"] == 1:
             continue
-        own = predict_case({k: v for k, v in c.items() if k != "balance"}, graphs[c["model"]])
+        unsplit = {k: v for k, v in c.items() if k != "balance"}
+        own = predict_case(unsplit, graphs[c["model"]])
         own_metric = to_metric(c, r["model"], own["samples_per_s"])
+        free = predict_case(unsplit, graphs[c["model"]], memory_unbounded(c["gpu"]))
+        free_metric = to_metric(c, r["model"], free["samples_per_s"])
 
         def ms(plan) -> str:
             return ", ".join(f"{s.predicted.compute_s * 1e3:.0f}" for s in plan.stages)
@@ -794,8 +809,19 @@ def source_split_lines(predicted: list[dict[str, Any]], graphs: dict[str, Any]) 
         runtime = to_metric(c, r["model"], own["plan"].predicted.samples_per_s)
         out.append(f"| {r['id']} | {fmt_num(r['published'])} | {fmt_num(r['predicted'])} ({r['ratio']:.2f}) | "
                    f"{ms(r['plan'])} | {fmt_num(own_metric)} ({own_metric / r['published']:.2f}) | {ms(own['plan'])} "
-                   f"| {fmt_num(runtime)} |")
+                   f"| {fmt_num(runtime)} | {fmt_num(free_metric)} ({free_metric / r['published']:.2f}) | "
+                   f"{ms(free['plan'])} |")
     return out
+
+
+def memory_unbounded(gpu: str):
+    """The catalogue profile of `gpu` with memory no plan fills: the search's split then balances the predicted
+    stage times alone, as a split tuned by timing the layers on the GPU (torchgpipe's `balance_by_time`) would."""
+    import dataclasses
+
+    import pipeplan
+
+    return dataclasses.replace(pipeplan.load_profile(gpu), memory_bytes=2**60, usable_memory_bytes=2**60)
 
 
 def pass_split_lines(predicted: list[dict[str, Any]]) -> list[str]:
