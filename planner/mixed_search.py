@@ -51,13 +51,14 @@ class MixedCandidate:
 
 
 def cluster_request(request: PlanRequest, cluster: Cluster) -> PlanRequest:
-    """The request on the whole cluster, dtype "auto" resolved once for all groups: fp16 if any group has no
-    bf16 (V100, T4), else each group's default (`request.default_dtype`); every device trains in one precision."""
+    """The request on the whole cluster, dtype "auto" resolved once for all groups: fp32 if any group has no
+    16-bit rate (Pascal), else fp16 if any group has no bf16 (V100, T4), else each group's default
+    (`request.default_dtype`); every device trains in one precision."""
     request = replace(request, devices=cluster.devices)
     if request.dtype != "auto":
         return request
     dtypes = {default_dtype(g.profile) for g in cluster.groups}
-    return replace(request, dtype="fp16" if "fp16" in dtypes else sorted(dtypes)[0])
+    return replace(request, dtype=next((d for d in ("fp32", "fp16") if d in dtypes), sorted(dtypes)[0]))
 
 
 def placements(cluster: Cluster, stages: int, replicas: int) -> list[tuple[int, ...]]:

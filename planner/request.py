@@ -203,16 +203,28 @@ class PlanRequest:
 
 
 def default_dtype(profile: HardwareProfile) -> Dtype:
-    """fp32 on a calibrated local profile; elsewhere bf16 mixed precision, or fp16 where the device has no bf16.
+    """fp32 on a calibrated local profile; elsewhere bf16 mixed precision, or fp16 where the device has no bf16, or
+    fp32 where it has no 16-bit rate above its fp32 one.
 
     Accelerators are trained in mixed precision in practice (bf16 where the
     tensor cores have it; fp16 with loss scaling on V100/T4, which would run
     bf16 at their fp32 rate), and a CPU calibration measures fp32, so each
-    default matches how the target would really run.
+    default matches how the target would really run. Pascal cards (P40, GTX
+    1080 Ti, Titan X Pascal) have neither: no bf16, fp16 arithmetic at 1/64 of
+    fp32 on GP102 (their catalogue profiles list no 16-bit peak; torch only
+    emulates bf16 before compute capability 8.0:
+    `torch.cuda.is_bf16_supported(including_emulation=False)`), so they train in
+    fp32, as torchgpipe's and cnn-benchmarks' published runs on them did. A bf16
+    default priced a P40 as if it had tensor cores (16-bit activations, no
+    Winograd): torchgpipe's one-GPU U-Net and ResNet-101 at 0.71x and 1.08x of
+    their published fp32 throughput, where fp32 reads 0.99 and 0.97.
     """
     if profile.local:
         return "fp32"
     peaks = profile.peak_flops or {}
-    if not peaks.get("bf16") and peaks.get("fp16"):
-        return "fp16"
-    return "bf16"
+    fp32 = peaks.get("fp32") or 0.0
+    sixteen_bit: tuple[Dtype, ...] = ("bf16", "fp16")
+    for dtype in sixteen_bit:
+        if (peaks.get(dtype) or 0.0) > fp32:
+            return dtype
+    return "fp32" if fp32 else "bf16"

@@ -258,6 +258,10 @@ def test_dtype_auto():
     assert resolve("auto", v100) == "fp16"  # Volta has fp16 tensor cores, no bf16
     assert resolve("auto", tpu) == "bf16"
     assert resolve("auto", replace(a100, local=True)) == "fp32"
+    for pascal in ("p40", "gtx-1080-ti", "titan-x-pascal"):  # no bf16, fp16 at 1/64 of fp32: the datasheets'
+        assert resolve("auto", load_profile(pascal)) == "fp32", pascal
+    slow_fp16 = replace(a100, peak_flops={"fp32": 11e12, "tf32": None, "fp16": 11e12 / 64, "bf16": None})
+    assert resolve("auto", slow_fp16) == "fp32"  # a 16-bit rate is no reason to train in 16 bits unless it is faster
     assert resolve("tf32", a100) == "tf32"
 
 

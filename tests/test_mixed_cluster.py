@@ -82,6 +82,8 @@ def test_dtype_auto_is_shared_fp16_when_a_group_has_no_bf16():
     v100_like = replace(SLOW, peak_flops={"fp32": 15.7e12, "tf32": None, "fp16": 125e12, "bf16": None})
     assert cluster_request(request(dtype="auto"), cluster(slow=v100_like)).dtype == "fp16"
     assert cluster_request(request(dtype="auto"), cluster()).dtype == "bf16"
+    pascal_like = replace(SLOW, peak_flops={"fp32": 11.76e12, "tf32": None, "fp16": None, "bf16": None})
+    assert cluster_request(request(dtype="auto"), cluster(slow=pascal_like)).dtype == "fp32"  # it cannot run 16-bit
 
 
 # -- prediction -----------------------------------------------------------------------------------------------------
