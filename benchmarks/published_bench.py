@@ -200,7 +200,8 @@ Still missing (the rows above 1.15 or below 0.85):
 - *Small ResNets on Pascal.* ResNet-18 reads 1.18-1.26, ResNet-34 and -50 1.11-1.14, the deeper ones
   0.99-1.02. cnn-benchmarks times forward and backward apart (the "Forward and backward apart" table above):
   the miss is mostly in the backward, a roughly fixed 4-9 ms in ResNet-18, -34 and -50 (0.6-1.7 ms in their
-  forwards), against -4 to +5 ms for VGG and the deeper ResNets (before 14: 6-10 ms and 1.5-2.3 ms). A fixed cost in what the three share fits the stem: its
+  forwards), against -4 to +5 ms for VGG and the deeper ResNets (before 14: 6-10 ms and 1.5-2.3 ms). A fixed
+  cost in what the three share fits the stem: its
   7x7 convolution over 3 input channels is a GEMM with a reduction of only 147 (forward, weight gradient), but
   Torch7 + cuDNN's per-layer times of a 3-channel first layer (soumith/convnet-benchmarks,
   torch7/layerwise_benchmarks/output.log, 11x11 over 3 channels on a Maxwell Titan X) put its forward near 60%
@@ -236,8 +237,8 @@ Still missing (the rows above 1.15 or below 0.85):
   1.13 and 0.95). So on 4 GPUs torchgpipe's splits behave as if balanced on the P40s (its `balance_by_time`
   times every layer) and the predicted per-layer costs sum right; on 8 GPUs the same balanced prediction
   overshoots both models (U-Net 119 against 88.5, ResNet-101 484 against 412): something the 8-GPU runs pay
-  that no split of the predicted costs shows, U-Net more with its larger copies. Needs the U-Net's per-layer CUDA times (`trace --device cuda`) and the server's GPU-to-GPU bandwidth
-  across its sockets.
+  that no split of the predicted costs shows, U-Net more with its larger copies. Needs the U-Net's per-layer
+  CUDA times (`trace --device cuda`) and the server's GPU-to-GPU bandwidth across its sockets.
 - *H100 at small microbatches* (mpt-13b/h100x8, mb 2: 1.24, the worst of its source; the other H100 rows
   1.00-1.15). The overlap slowdown above is a published average, not this run's; the H100 rows' remaining gap
   is H100-wide (mpt-1b 1.15, mpt-7b 1.14 on 8 GPUs), which points at the H100 profile's GEMM and attention

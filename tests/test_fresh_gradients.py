@@ -66,13 +66,8 @@ def _backward_s(model, x, y, fresh: bool) -> float:
     return time.perf_counter() - t0
 
 
-def test_traced_adds_match_a_fresh_backward_against_an_accumulating_one(graph):
-    """The reference is autograd itself: the same model's backward into fresh gradients against into existing ones,
-    alternating, in this process (the trace's allocator setting and threads)."""
-    adds = [layer.grad_accumulate_s for layer in graph.layers]
-    with_params = [layer.param_bytes > 0 for layer in graph.layers]
-    assert all(a is not None and 0 <= a <= layer.bwd_s for a, layer in zip(adds, graph.layers, strict=True))
-    assert [a > 0 for a in adds] == with_params  # a ReLU has nothing to add
+def _fresh_saving_s() -> float:
+    """Median over 61 alternating pairs of the backward into existing gradients minus into fresh ones."""
     spec = load_model_file(str(MODEL))
     model = spec.build()
     (x,), y = spec.example_inputs(BATCH), spec.example_target(BATCH)
@@ -80,10 +75,27 @@ def test_traced_adds_match_a_fresh_backward_against_an_accumulating_one(graph):
     for _ in range(3):
         _backward_s(model, x, y, fresh=False)
     # 61 pairs: with 15 the median swung 123-280 µs between runs here (ratios 0.39-0.97)
-    diffs = [_backward_s(model, x, y, fresh=False) - _backward_s(model, x, y, fresh=True) for _ in range(61)]
-    measured = statistics.median(diffs)
-    assert measured > 0
-    assert 0.4 < sum(adds) / measured < 2.5, (sum(adds), measured)
+    return statistics.median(_backward_s(model, x, y, fresh=False) - _backward_s(model, x, y, fresh=True)
+                             for _ in range(61))
+
+
+def test_traced_adds_match_a_fresh_backward_against_an_accumulating_one(graph):
+    """The reference is autograd itself: the same model's backward into fresh gradients against into existing ones,
+    alternating, in this process (the trace's allocator setting and threads). Two timings of ~100 µs compared: on a
+    host busy with other work one read 0.25 of the other, so a miss traces and times again, up to three tries."""
+    adds = [layer.grad_accumulate_s for layer in graph.layers]
+    with_params = [layer.param_bytes > 0 for layer in graph.layers]
+    assert all(a is not None and 0 <= a <= layer.bwd_s for a, layer in zip(adds, graph.layers, strict=True))
+    assert [a > 0 for a in adds] == with_params  # a ReLU has nothing to add
+    tries = []
+    for attempt in range(3):
+        if attempt:
+            adds = [layer.grad_accumulate_s for layer in trace(str(MODEL), BATCH, repeats=3, fvcore_check=False).layers]
+        measured = _fresh_saving_s()
+        tries.append((sum(adds), measured))
+        if measured > 0 and 0.4 < sum(adds) / measured < 2.5:
+            return
+    pytest.fail(f"traced adds against measured saving, 3 tries (s): {tries}")
 
 
 def test_a_plan_takes_the_adds_off_the_first_backward(graph):
