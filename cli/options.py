@@ -93,7 +93,8 @@ def planning_options(*, with_profile: bool = True, with_cluster: bool = False) -
             click.option("--stages", "-k", type=count(MAX_DEVICES), default=None, help="Pipeline stages (default: searched)."),
             click.option("--solver", type=_choice(SOLVERS), default="auto", show_default=True, help="Partitioner: DP for chains, ILP for DAGs."),
             click.option("--dtype", type=_choice(DTYPE_CHOICES), default="auto", show_default=True,
-                         help="Training precision; auto = fp32 on a local profile, else bf16 mixed precision (fp16 where there is no bf16)."),
+                         help="Training precision; auto = fp32 on a local profile, else bf16 mixed precision (fp16 where there is no "
+                              "bf16; fp32 where no 16-bit rate beats fp32, as on Pascal)."),
             click.option("--optimizer", type=_choice(OPTIMIZERS), default="adam", show_default=True, help="Optimizer (sets its state memory)."),
             click.option("--optimizer-kernels", type=_choice(OPTIMIZER_KERNELS), default="auto", show_default=True,
                          help="How the framework steps the optimizer: fused (one pass: torchtitan, Megatron, DeepSpeed) "

@@ -28,7 +28,8 @@ Dtype = Literal["fp32", "tf32", "fp16", "bf16"]
 DTYPES: Final[tuple[Dtype, ...]] = get_args(Dtype)
 MIXED_PRECISION_DTYPES: Final[tuple[Dtype, ...]] = ("bf16", "fp16")
 DtypeRequest = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
-"""A dtype, or "auto": fp32 on a calibrated local profile, else bf16 (fp16 where the device has no bf16)."""
+"""A dtype, or "auto": fp32 on a calibrated local profile, else bf16 (fp16 where the device has no bf16; fp32 where
+it has no 16-bit rate above fp32's, as Pascal)."""
 DTYPE_CHOICES: Final[tuple[DtypeRequest, ...]] = get_args(DtypeRequest)
 
 Optimizer = Literal["sgd", "momentum", "adam", "adamw"]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pipeplan.choices import (
     DEFAULT_MIXED_PRECISION,
     DTYPE_CHOICES,
+    MIXED_PRECISION_DTYPES,
     MIXED_PRECISIONS,
     OPTIMIZER_KERNELS,
     OPTIMIZERS,
@@ -223,8 +224,7 @@ def default_dtype(profile: HardwareProfile) -> Dtype:
         return "fp32"
     peaks = profile.peak_flops or {}
     fp32 = peaks.get("fp32") or 0.0
-    sixteen_bit: tuple[Dtype, ...] = ("bf16", "fp16")
-    for dtype in sixteen_bit:
+    for dtype in MIXED_PRECISION_DTYPES:  # bf16 first: no loss scaling
         if (peaks.get(dtype) or 0.0) > fp32:
             return dtype
     return "fp32" if fp32 else "bf16"
