@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -826,8 +827,6 @@ def source_split_lines(predicted: list[dict[str, Any]], graphs: dict[str, Any]) 
 def memory_unbounded(gpu: str):
     """The catalogue profile of `gpu` with memory no plan fills: the search's split then balances the predicted
     stage times alone, as a split tuned by timing the layers on the GPU (torchgpipe's `balance_by_time`) would."""
-    import dataclasses
-
     import pipeplan
 
     return dataclasses.replace(pipeplan.load_profile(gpu), memory_bytes=2**60, usable_memory_bytes=2**60)

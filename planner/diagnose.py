@@ -133,8 +133,9 @@ def _hints(view: SearchView, f: Failure, need: int) -> list[str]:
     return hints
 
 
-def infeasible_message(view: SearchView) -> tuple[str, str]:
-    """One line saying by how much the least-overflowing configuration misses, and what would fit it."""
+def infeasible_message(view: SearchView, lead: str | None = None) -> tuple[str, str]:
+    """One line saying by how much the least-overflowing configuration misses, and what would fit it (`lead`, where
+    given, first: a change the caller found a fitting plan for)."""
     req, cap, profile = view.request, int(view.profile.usable_memory_bytes), view.profile
     if not view.failures:
         return (f"no pipeline configuration of {req.devices} devices and batch {req.batch_size} could be built",
@@ -144,4 +145,4 @@ def infeasible_message(view: SearchView) -> tuple[str, str]:
     over = need - cap
     msg = (f"nothing fits: the smallest plan ({f.config.describe()}) needs {need / GIB:.1f} GiB{stage_txt} but "
            f"{profile.name} has {cap / GIB:.1f} GiB usable ({over / GIB:.1f} GiB, {100 * over / cap:.0f}% over)")
-    return msg, "would fit with: " + "; ".join(_hints(view, f, need))
+    return msg, "would fit with: " + "; ".join(([lead] if lead else []) + _hints(view, f, need))

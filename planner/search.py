@@ -333,9 +333,8 @@ def _enumerate(graph: Graph, profile: HardwareProfile, request: PlanRequest, pro
     return sr
 
 
-def _with_block_hint(graph: Graph, profile: HardwareProfile, request: PlanRequest,
-                     message: tuple[str, str]) -> tuple[str, str]:
-    """The infeasible message, its hint led by per-block recomputation where that fits.
+def _block_hint(graph: Graph, profile: HardwareProfile, request: PlanRequest) -> str | None:
+    """Per-block recomputation and the plan it gives, where nothing fits under per-stage recomputation but that does.
 
     Why: a checkpoint per stage (the default granularity, `pipeplan run`'s) keeps each microbatch's stage input but
     re-runs the whole stage at once, holding all it saves; a checkpoint per block (as Megatron-LM, DeepSpeed and
@@ -343,19 +342,16 @@ def _with_block_hint(graph: Graph, profile: HardwareProfile, request: PlanReques
     needing more devices. The hint is a plan the search found, not a guess: it costs a second enumeration (not its
     diagnosis), only when nothing fits."""
     if request.recompute == "off" or request.recompute_granularity != "stage":
-        return message
+        return None
     try:
         sr = _enumerate(graph, profile, replace(request, recompute_granularity="block", top=1), None)
     except UserError:  # no schedule asked for runs block checkpoints
-        return message
+        return None
     if not sr.top:
-        return message
+        return None
     best, cfg = sr.top[0].plan, sr.top[0].config
-    peak_gib = max(st.predicted.memory_bytes for st in best.stages) / GIB
-    found = (f"--recompute-granularity block ({cfg.describe()}: {peak_gib:.1f} GiB at the fullest device, "
-             f"{best.predicted.samples_per_s:.4g} samples/s)")
-    msg, hint = message
-    return msg, hint.replace("would fit with: ", f"would fit with: {found}; ", 1)
+    return (f"--recompute-granularity block ({cfg.describe()}: {best.predicted.peak_memory_bytes / GIB:.1f} GiB at "
+            f"the fullest device, {best.predicted.samples_per_s:.4g} samples/s)")
 
 
 def _wants_ilp(sr: _Search) -> bool:
@@ -423,7 +419,7 @@ def search(graph: Graph, profile: HardwareProfile, request: PlanRequest, *,
                         f"first (stage {stage} of {cfg.describe()}), which torch's split backward cannot run "
                         "(docs/schedules.md)", "choose a schedule without split backwards, such as --schedule 1f1b")
     if not sr.top:
-        raise InfeasibleError(*_with_block_hint(graph, profile, request, infeasible_message(sr.view())))
+        raise InfeasibleError(*infeasible_message(sr.view(), _block_hint(graph, profile, request)))
     if _wants_ilp(sr):
         _refine_with_ilp(sr)
     return _result(sr, t0)

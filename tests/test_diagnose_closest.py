@@ -38,9 +38,9 @@ def closest_by_sizing_all(view: diagnose.SearchView) -> diagnose.Failure:
 def test_the_closest_failure_is_the_one_sizing_every_failure_finds(monkeypatch, gib, kw):
     views = []
 
-    def keep(view):
+    def keep(view, lead=None):
         views.append(view)
-        return diagnose.infeasible_message(view)
+        return diagnose.infeasible_message(view, lead)
 
     monkeypatch.setattr(search_module, "infeasible_message", keep)
     with pytest.raises(InfeasibleError):
