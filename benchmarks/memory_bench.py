@@ -14,7 +14,8 @@ sharding; its memory model does not depend on the device's speed) and trains it 
 machine's CPU cores (gloo): each stage's measured device peak (model state plus the most bytes its step held
 at once, logged op by op on the step the runtime meters, runtime/measure.py; PipeDream's own loop logs its
 first step's forwards and backwards the same way, its updates between them left out) against the plan's
-prediction.
+prediction. GPipe runs the runtime's own loop (pipeplan/lean_gpipe.py: buffers made per microbatch, sent outputs
+freed); its 3-stage plans (3 processes on the 2 cores; memory, not time, is measured) show a middle stage.
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ PLANS = [
           ("gpt", GPT, "32", "bf16", "1f1b 2 stages, M=4", "1f1b"),
           ("unet", {}, "32", "", "1f1b 2 stages, M=4", "1f1b"), ("resnet", {}, "64", "", "gpipe 2 stages, M=4", "gpipe"),
           ("mlp", {}, "256", "", "1f1b 2 stages, M=4", "1f1b"))],
+    # GPipe's middle stage (pipeplan/lean_gpipe.py): its inputs kept, one gradient buffer, its outputs freed once sent
+    *[(f"{name}, gpipe 3 stages, M=4{label}", f"examples/{name}.py", env,
+       ["--gpus", "3", "-b", batch, "-k", "3", "--schedule", "gpipe", "-m", "4", *flags])
+      for name, env, batch in (("gpt", GPT, "32"), ("resnet", {}, "64"), ("unet", {}, "32"))
+      for label, flags in (("", []), (", recompute", ["--recompute", "on"]))],
 ]
 
 
@@ -165,7 +171,7 @@ def planned_run(flags: list[str], path: str, env_extra: dict) -> dict:
     dtype = [] if "--dtype" in flags else ["--dtype", "fp32"]
     with tempfile.TemporaryDirectory() as tmp:
         plan = str(Path(tmp) / "plan.json")
-        subprocess.run(["pipeplan", "analyze", path, "--profile", "a100-80gb-sxm", "--gpus", "2", *dtype,
+        subprocess.run(["pipeplan", "analyze", path, "--profile", "a100-80gb-sxm", "--gpus", "2", *dtype,  # flags may say 3
                         "--recompute", "off", "--sharding", "none", "--optimizer", "adam", *flags, "-o", plan],
                        env=env, cwd=REPO, check=True, capture_output=True)
         r = subprocess.run(["pipeplan", "run", plan, "--steps", "3", "--json"], env=env, cwd=REPO, check=True,

@@ -264,15 +264,16 @@ Still missing (the rows above 1.15 or below 0.85):
   cross-entropy (llmfoundry/models/mpt/modeling_mpt.py: `loss_fn` 'fused_crossentropy'), one kernel that makes
   neither the fp32 log-softmax nor a second gradient. Pricing the framework's loss, like its attention, would
   take its kernels' memory (not done). torchgpipe's U-Net and ResNet-101 pipelines on P40s read out of memory
-  for the same reason of runtime: the model prices pipeplan's runtime, torch.distributed.pipelining, whose
-  stages allocate a receive buffer per microbatch each way for a step (the U-Net's skip tensors cross its cuts
-  at up to 300 MB a microbatch), where torchgpipe hands each microbatch's tensors over as they come. They also
-  keep each microbatch's input gradient until the step ends and, under GPipe, every sent output until the last
-  forward: on ResNet-101's stage 1 (torchgpipe's 4-GPU split) 185 MiB a microbatch where torchgpipe keeps its
-  76 MiB input. That memory is what makes pipeplan's own split of these rows unequal (ResNet-101 on 4 and 8
-  GPUs: 0.59 and 0.58 on its runtime); the balanced split on the same runtime reads 0.88-1.18 (the table's last
-  column). A runtime that frees those tensors as torchgpipe and Megatron-LM do (`deallocate_output_tensor`)
-  would let the search take it (not done).
+  until GPipe ran pipeplan's own loop (pipeplan/lean_gpipe.py): torch's GPipe allocated a receive buffer per
+  microbatch each way for a step (the U-Net's skip tensors cross its cuts at up to 300 MB a microbatch), kept
+  each input gradient until the step ended and every sent output until the last forward: on ResNet-101's stage 1
+  (torchgpipe's 4-GPU split) 185 MiB a microbatch where torchgpipe keeps its 76 MiB input. That memory made
+  pipeplan's own split of these rows unequal (ResNet-101 on 4 and 8 GPUs: 0.59 and 0.58 on its runtime). The
+  loop now makes each buffer when its microbatch needs it and frees each sent output and input gradient once
+  sent (as torchgpipe hands tensors over and Megatron-LM's `deallocate_output_tensor` frees them), the memory
+  model prices that (docs/cost-models.md §3.5; on the CPU runtime -7% to +16% a stage but one of 2.3 MiB, RESULTS'
+  "Peak memory"), and every torchgpipe row fits: pipeplan's own split reads 0.95 and 0.98 on 2 and 4 GPUs for ResNet-101, and on
+  pipeplan's runtime 0.88-1.18 of all seven pipeline rows (the source-split table).
 
 Rows and assumptions: LLM Foundry's rows quote the benchmark README at commit c90b9b31 (MPT configs from the
 same repository; the traced parameter counts equal the table's NumParams exactly); Megatron 1.7B's microbatch

@@ -43,6 +43,9 @@ __all__ = [
     "inflight_microbatches", "stashed_weight_versions", "interleaved_activation_factor", "OPTIMIZERS", "DTYPES",
 ]
 
+# the schedule pipeplan's runtime runs with its own loop over torch's stage (pipeplan/lean_gpipe.py): per-microbatch
+# receive buffers, sent outputs freed (`receive_buffers`, `kept_outputs`)
+LEAN_GPIPE = "gpipe"
 # fp32 optimizer-state buffers per parameter (SGD: none; momentum: the velocity;
 # Adam/AdamW: first and second moments). Source: ZeRO (Rajbhandari et al. 2019) §3.1.
 _STATE_BUFFERS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
@@ -298,7 +301,10 @@ def kept_outputs(schedule: str, inflight: int) -> int:
     """Microbatches whose stage output the stage still holds: torch.distributed.pipelining keeps each forward's
     output in the stage's `fwd_cache` until that microbatch's backward (torch 2.13 stage.py,
     `forward_one_chunk`/`backward_one_chunk`), one per microbatch in flight (the last stage's, the model's
-    output: `kept_model_outputs`). PipeDream's own loops: 0."""
+    output: `kept_model_outputs`). PipeDream's own loops: 0. GPipe (pipeplan/lean_gpipe.py): 0, each output's data
+    freed once sent (what autograd saves of it stays, in the saved bytes)."""
+    if schedule == LEAN_GPIPE:
+        return 0
     return inflight if facts(schedule).torch_class is not None else 0
 
 
@@ -340,8 +346,16 @@ def accumulating_grad_bytes(largest_layer_param_bytes: int, *, schedule: str, mi
 
 
 def receive_buffers(schedule: str, stages: int, stage: int, microbatches: int, chunks: int,
-                    inflight: int) -> tuple[int, int]:
+                    inflight: int, recompute: bool = False) -> tuple[int, int]:
     """(input buffers, output-gradient buffers) pipeline device `stage` holds through a step.
+
+    GPipe (pipeplan/lean_gpipe.py, which makes each buffer when its receive is posted and drops it after its
+    microbatch's backward): the inputs of the microbatches in flight, which a recomputed stage's activations
+    already count (its checkpoints' inputs); the gradient of one sent while the next backward runs takes the place
+    of that microbatch's input, released by then. One output-gradient buffer, for the backward that runs. The
+    first stage: the microbatch, counted once. Without recomputation a stage whose first op saves its input holds
+    it once where this counts it twice (saved and kept): GPT's middle stage, which starts at a GELU, +8% on the
+    CPU runtime (benchmarks/RESULTS.md, "Peak memory"), on the side of caution.
 
     torch's schedules: torch 2.13's PipelineStage allocates one receive buffer per microbatch and direction
     when the step sets up and keeps them all through it (stage.py `_setup_forward_recv_info`,
@@ -354,6 +368,8 @@ def receive_buffers(schedule: str, stages: int, stage: int, microbatches: int, c
     """
     if facts(schedule).torch_class is None:
         return 1, (max(1, inflight) if stage < stages - 1 else 0)
+    if schedule == LEAN_GPIPE:
+        return (1 if stage == 0 else (0 if recompute else inflight)), (0 if stage == stages - 1 else 1)
     # the device runs `chunks` virtual stages; stage 0 is device 0's under every placement (the search asks this
     # for every configuration, so not by listing the device's stages)
     first_here = stage == 0
@@ -429,7 +445,7 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     acts, deferred, transient_bytes = held_bytes or held_with_deferred(
         saved_bytes_per_mb, kept, points, recompute, chunks, deferred_grad_bytes_per_mb, transient_bytes,
         loss_saved_bytes_per_mb, losses_waiting(schedule, stages, microbatches), w_rerun_bytes, rerun)
-    ins, grads = receive_buffers(schedule, stages, stage, microbatches, chunks, inflight)
+    ins, grads = receive_buffers(schedule, stages, stage, microbatches, chunks, inflight, recompute)
     buffers = int(input_bytes_per_mb) * ins + int(output_bytes_per_mb) * grads
     buffers += (kept_outputs(schedule, inflight) * int(output_bytes_per_mb)
                 + kept_model_outputs(schedule, stages, microbatches) * int(model_output_bytes_per_mb))
@@ -484,7 +500,8 @@ class RangeMemory:
         self.input = input_bytes
         self.inflight = [inflight_microbatches(schedule, P, p, microbatches, self.ch) for p in range(P)]
         self.versions = [stashed_weight_versions(schedule, x) for x in self.inflight]
-        self.receives = [receive_buffers(schedule, P, p, microbatches, self.ch, x) for p, x in enumerate(self.inflight)]
+        self.receives = [receive_buffers(schedule, P, p, microbatches, self.ch, x, recompute)
+                         for p, x in enumerate(self.inflight)]
         self.points = [weight_pass_points(schedule, P, p, microbatches, self.ch, x) for p, x in enumerate(self.inflight)]
         # only a split backward keeps gradients for W: other schedules skip the prefix sums and their range sums
         self.dp = list(itertools.accumulate(deferred_grad_bytes, initial=0)) \

@@ -125,6 +125,8 @@ def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors:
     import torch.distributed as dist
     from torch.distributed import pipelining
 
+    from pipeplan.lean_gpipe import single_stage_schedule
+
     n_stages = 2 * CHUNKS[name]
     mine = device_stages(name, rank, 2, CHUNKS[name])  # the runtime's placement (runtime/worker.stage_ranks)
     events: list[Event] = []
@@ -152,7 +154,8 @@ def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors:
     # as runtime/worker.build_schedule: the multi-stage classes (interleaving, zero bubble) take the rank's stage
     # list, the others its one stage
     multi = facts(name).interleaves or facts(name).splits_backward
-    schedule = cls(stages if multi else stages[0], MICROBATCHES, loss_fn=loss)
+    schedule = cls(stages, MICROBATCHES, loss_fn=loss) if multi else \
+        single_stage_schedule(cls, stages[0], MICROBATCHES, loss_fn=loss)  # GPipe: the runtime's loop
     # the rank with stage 0 feeds the inputs, the one with the last stage the targets (ZB-V's rank 0: both)
     args = (torch.randn(rows * MICROBATCHES, WIDTH),) if 0 in mine else ()
     kwargs = {"target": torch.zeros(rows * MICROBATCHES)} if n_stages - 1 in mine else {}

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from pipeplan._io import atomic_write_bytes, atomic_write_json
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.local_device import become_local_device
+from pipeplan.lean_gpipe import single_stage_schedule
 from pipeplan.optimizers import DEFAULT_LR, make_optimizer
 from pipeplan.precision import scales_loss, training_precision
 from pipeplan.runtime import checkpoint as ckpt
@@ -194,7 +195,8 @@ def build_schedule(plan, stages: list, loss_fn, *, scale_grads: bool = True):
     if len(stages) != 1:
         raise UserError(f"schedule {plan.schedule} runs one stage per device, but the plan puts {len(stages)} on one device",
                         "use the interleaved schedule or re-plan")
-    return cls(stages[0], m, loss_fn=loss_fn, scale_grads=scale_grads)
+    # GPipe: torch's order, keeping per microbatch what torchgpipe keeps (pipeplan/lean_gpipe.py)
+    return single_stage_schedule(cls, stages[0], m, loss_fn=loss_fn, scale_grads=scale_grads)
 
 
 # ---------------------------------------------------------------- data
