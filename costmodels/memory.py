@@ -43,9 +43,10 @@ __all__ = [
     "inflight_microbatches", "stashed_weight_versions", "interleaved_activation_factor", "OPTIMIZERS", "DTYPES",
 ]
 
-# the schedule pipeplan's runtime runs with its own loop over torch's stage (pipeplan/lean_gpipe.py): per-microbatch
-# receive buffers, sent outputs freed (`receive_buffers`, `kept_outputs`)
+# the schedule pipeplan's runtime runs with its own loop over torch's stage (pipeplan/lean_gpipe.py): sent outputs
+# freed (`kept_outputs`), each receive buffer made when its microbatch needs it (`receive_buffers`)
 LEAN_GPIPE = "gpipe"
+LAZY_RECEIVE_SCHEDULES = (LEAN_GPIPE,)
 # fp32 optimizer-state buffers per parameter (SGD: none; momentum: the velocity;
 # Adam/AdamW: first and second moments). Source: ZeRO (Rajbhandari et al. 2019) §3.1.
 _STATE_BUFFERS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
@@ -349,7 +350,7 @@ def receive_buffers(schedule: str, stages: int, stage: int, microbatches: int, c
                     inflight: int, recompute: bool = False) -> tuple[int, int]:
     """(input buffers, output-gradient buffers) pipeline device `stage` holds through a step.
 
-    GPipe (pipeplan/lean_gpipe.py, which makes each buffer when its receive is posted and drops it after its
+    GPipe (pipeplan/lean_gpipe.py `receive_lazily`: each buffer made when its receive is posted, dropped after its
     microbatch's backward): the inputs of the microbatches in flight, which a recomputed stage's activations
     already count (its checkpoints' inputs); the gradient of one sent while the next backward runs takes the place
     of that microbatch's input, released by then. One output-gradient buffer, for the backward that runs. The
@@ -357,7 +358,7 @@ def receive_buffers(schedule: str, stages: int, stage: int, microbatches: int, c
     it once where this counts it twice (saved and kept): GPT's middle stage, which starts at a GELU, +8% on the
     CPU runtime (benchmarks/RESULTS.md, "Peak memory"), on the side of caution.
 
-    torch's schedules: torch 2.13's PipelineStage allocates one receive buffer per microbatch and direction
+    The other torch schedules: torch 2.13's PipelineStage allocates one receive buffer per microbatch and direction
     when the step sets up and keeps them all through it (stage.py `_setup_forward_recv_info`,
     `_setup_backward_recv_info`; pytorch/pytorch#136380 asks to reuse a few instead; NVIDIA NeMo Automodel
     PR #3780 measured ~52 GiB of them on a middle stage). Per virtual stage of the device: M input buffers
@@ -368,7 +369,7 @@ def receive_buffers(schedule: str, stages: int, stage: int, microbatches: int, c
     """
     if facts(schedule).torch_class is None:
         return 1, (max(1, inflight) if stage < stages - 1 else 0)
-    if schedule == LEAN_GPIPE:
+    if schedule in LAZY_RECEIVE_SCHEDULES:
         return (1 if stage == 0 else (0 if recompute else inflight)), (0 if stage == stages - 1 else 1)
     # the device runs `chunks` virtual stages; stage 0 is device 0's under every placement (the search asks this
     # for every configuration, so not by listing the device's stages)

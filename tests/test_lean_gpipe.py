@@ -79,15 +79,17 @@ def test_outputs_held_elsewhere_are_kept():
 def test_gpipe_buffers_are_the_loops(stages):
     """Per stage (input buffers, gradient buffers): the first stage its microbatch once; a later one every input
     it keeps until its backward (M under GPipe), which recomputation already counts as its checkpoints' inputs;
-    one gradient buffer except on the last stage. No output kept past its send."""
+    one gradient buffer except on the last stage. No output kept past its send. Torch's own loops (1F1B here):
+    M buffers each way but the first stage's inputs and the last's gradients, each output kept in fwd_cache."""
     M = 8
     for s in range(stages):
         last = s == stages - 1
         for recompute in (False, True):
             ins = 1 if s == 0 else (0 if recompute else M)
             assert receive_buffers("gpipe", stages, s, M, 1, M, recompute) == (ins, 0 if last else 1)
+        assert receive_buffers("1f1b", stages, s, M, 1, stages - s) == (1 if s == 0 else M, 0 if last else M)
     assert kept_outputs("gpipe", M) == 0
-    assert kept_outputs("1f1b", 3) == 3  # torch's own loop keeps each output in fwd_cache
+    assert kept_outputs("1f1b", 3) == 3
 
 
 @pytest.mark.slow
