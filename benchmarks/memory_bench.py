@@ -14,8 +14,9 @@ sharding; its memory model does not depend on the device's speed) and trains it 
 machine's CPU cores (gloo): each stage's measured device peak (model state plus the most bytes its step held
 at once, logged op by op on the step the runtime meters, runtime/measure.py; PipeDream's own loop logs its
 first step's forwards and backwards the same way, its updates between them left out) against the plan's
-prediction. GPipe runs the runtime's own loop (pipeplan/lean_gpipe.py: buffers made per microbatch, sent outputs
-freed); its 3-stage plans (3 processes on the 2 cores; memory, not time, is measured) show a middle stage.
+prediction. GPipe and 1F1B run the runtime's own loops (pipeplan/lean_gpipe.py: buffers made per microbatch;
+GPipe's sent outputs freed); their 3-stage plans (3 processes on the 2 cores; memory, not time, is measured) show
+a middle stage.
 """
 
 from __future__ import annotations
@@ -86,9 +87,11 @@ PLANS = [
           ("gpt", GPT, "32", "bf16", "1f1b 2 stages, M=4", "1f1b"),
           ("unet", {}, "32", "", "1f1b 2 stages, M=4", "1f1b"), ("resnet", {}, "64", "", "gpipe 2 stages, M=4", "gpipe"),
           ("mlp", {}, "256", "", "1f1b 2 stages, M=4", "1f1b"))],
-    # GPipe's middle stage (pipeplan/lean_gpipe.py): its inputs kept, one gradient buffer, its outputs freed once sent
-    *[(f"{name}, gpipe 3 stages, M=4{label}", f"examples/{name}.py", env,
-       ["--gpus", "3", "-b", batch, "-k", "3", "--schedule", "gpipe", "-m", "4", *flags])
+    # a middle stage under pipeplan's GPipe and 1F1B loops (pipeplan/lean_gpipe.py): its inputs in flight kept, one
+    # gradient buffer; GPipe's outputs freed once sent
+    *[(f"{name}, {schedule} 3 stages, M=4{label}", f"examples/{name}.py", env,
+       ["--gpus", "3", "-b", batch, "-k", "3", "--schedule", schedule, "-m", "4", *flags])
+      for schedule in ("gpipe", "1f1b")
       for name, env, batch in (("gpt", GPT, "32"), ("resnet", {}, "64"), ("unet", {}, "32"))
       for label, flags in (("", []), (", recompute", ["--recompute", "on"]))],
 ]

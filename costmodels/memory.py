@@ -44,9 +44,9 @@ __all__ = [
 ]
 
 # the schedule pipeplan's runtime runs with its own loop over torch's stage (pipeplan/lean_gpipe.py): sent outputs
-# freed (`kept_outputs`), each receive buffer made when its microbatch needs it (`receive_buffers`)
+# freed (`kept_outputs`); it and 1F1B make each receive buffer when its microbatch needs it (`receive_buffers`)
 LEAN_GPIPE = "gpipe"
-LAZY_RECEIVE_SCHEDULES = (LEAN_GPIPE,)
+LAZY_RECEIVE_SCHEDULES = (LEAN_GPIPE, "1f1b")
 # fp32 optimizer-state buffers per parameter (SGD: none; momentum: the velocity;
 # Adam/AdamW: first and second moments). Source: ZeRO (Rajbhandari et al. 2019) §3.1.
 _STATE_BUFFERS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
@@ -350,10 +350,12 @@ def receive_buffers(schedule: str, stages: int, stage: int, microbatches: int, c
                     inflight: int, recompute: bool = False) -> tuple[int, int]:
     """(input buffers, output-gradient buffers) pipeline device `stage` holds through a step.
 
-    GPipe (pipeplan/lean_gpipe.py `receive_lazily`: each buffer made when its receive is posted, dropped after its
-    microbatch's backward): the inputs of the microbatches in flight, which a recomputed stage's activations
-    already count (its checkpoints' inputs); the gradient of one sent while the next backward runs takes the place
-    of that microbatch's input, released by then. One output-gradient buffer, for the backward that runs. The
+    GPipe and 1F1B (pipeplan/lean_gpipe.py `receive_lazily`: each buffer made when its receive is posted, dropped
+    after its microbatch's backward): the inputs of the microbatches in flight, which a recomputed stage's activations
+    already count (its checkpoints' inputs). Under GPipe the gradient of one sent while the next backward runs takes
+    the place of that microbatch's input, released by then; torch's 1F1B loop keeps the last gradient it sent in its
+    send list through the next backward, beside the inputs in flight (one more). One output-gradient buffer, for
+    the backward that runs. The
     first stage: the microbatch, counted once. Without recomputation a stage whose first op saves its input holds
     it once where this counts it twice (saved and kept): GPT's middle stage, which starts at a GELU, +8% on the
     CPU runtime (benchmarks/RESULTS.md, "Peak memory"), on the side of caution.
@@ -370,7 +372,9 @@ def receive_buffers(schedule: str, stages: int, stage: int, microbatches: int, c
     if facts(schedule).torch_class is None:
         return 1, (max(1, inflight) if stage < stages - 1 else 0)
     if schedule in LAZY_RECEIVE_SCHEDULES:
-        return (1 if stage == 0 else (0 if recompute else inflight)), (0 if stage == stages - 1 else 1)
+        # 1F1B's loop holds the gradient it sent last in its send list through the next backward
+        ins = 1 if stage == 0 else (0 if recompute else inflight) + (schedule != LEAN_GPIPE)
+        return ins, (0 if stage == stages - 1 else 1)
     # the device runs `chunks` virtual stages; stage 0 is device 0's under every placement (the search asks this
     # for every configuration, so not by listing the device's stages)
     first_here = stage == 0

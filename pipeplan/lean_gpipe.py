@@ -1,4 +1,5 @@
-"""GPipe that holds, per microbatch in flight, what torchgpipe holds: the stage's input and what autograd saves.
+"""GPipe that holds, per microbatch in flight, what torchgpipe holds: the stage's input and what autograd saves;
+1F1B with the same receive buffers.
 
 Why not torch's `ScheduleGPipe` as it is (torch 2.13, schedules.py and stage.py): a stage allocates a receive
 buffer per microbatch for its input and another for its output's gradient when the step is first set up, and
@@ -16,6 +17,8 @@ output's data is replaced by a one-element stand-in once the send is done, as Me
 `deallocate_output_tensor` does (its autograd node stays for the backward); one send per direction is in flight at
 a time (the previous microbatch's is waited before the next is posted, as torch's 1F1B does); the input's gradient
 is freed once sent. costmodels/memory.py prices this (`receive_buffers`, `kept_outputs` for "gpipe").
+1F1B (`Lean1F1B`) runs torch's own loop over stages whose buffers live the same way (`receive_lazily`); both let
+go of each loss's graph after its backward (`_LossesLetGo`).
 
 It lives here, not in runtime/, because `profiles calibrate` times the runtime's schedules on this machine
 (hardware_profiles/pipeline_ops.py, below runtime/ in the import order) and must time this loop.
@@ -30,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.distributed.pipelining import ScheduleGPipe
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 from torch.distributed.pipelining import stage as stage_module
 from torch.distributed.pipelining.schedules import _sorted_batch_p2p, _wait_batch_p2p
 
@@ -78,14 +81,12 @@ def release(infos: Sequence[Any], device: torch.device) -> None:
 
 
 def receive_lazily(stage: Any) -> None:
-    """Give the stage's receive buffers the life of their microbatch under `LeanGPipe`: each is made when its
+    """Give the stage's receive buffers the life of their microbatch (`LeanGPipe`, `Lean1F1B`): each is made when its
     receive is asked for (`get_fwd_recv_ops`, `get_bwd_recv_ops`), an output gradient's dropped after its
     backward, an input's (with its gradient, which the send ops then hold until sent) once its gradient's sends
     are made (`get_bwd_send_ops`). Patches the instance's methods, as runtime/measure.py's timing does.
 
-    Not under torch's 1F1B yet: tried there, its first stage held what the memory model then predicted, but its
-    last stage's measured peak did not fall with the buffers (examples/mlp.py's 2-stage plan: 32.1 MiB with and
-    without, 28.1 predicted), for a reason not found; a model that under-predicts is worse than M buffers."""
+    Under torch's 1F1B too (`Lean1F1B`), whose loop calls the same methods in its own order."""
     defer_receive_buffers(stage)
     fwd_recv, bwd_recv = stage.get_fwd_recv_ops, stage.get_bwd_recv_ops
     backward, bwd_send = stage.backward_one_chunk, stage.get_bwd_send_ops
@@ -151,7 +152,30 @@ def _free(t: torch.Tensor) -> None:
     t.data = torch.empty((), dtype=t.dtype, device=t.device).expand(t.shape)
 
 
-class LeanGPipe(ScheduleGPipe):
+class _LossesLetGo:
+    """A last stage's microbatch lets go of its inputs once its backward is done.
+
+    torch keeps each microbatch's loss for the step's end (`_internal_losses`, for `_update_losses`); a loss holds
+    its autograd graph's nodes, and the node that accumulates into a received input (a leaf) holds that input, so
+    the last stage kept every microbatch's input until the step ended however its buffers were released (1F1B's
+    2-stage MLP: 32.1 MiB measured, 29.1 with this and as predicted). The backward gets the loss with its graph;
+    the list keeps a detached copy, whose value is all `_update_losses` reads.
+    """
+
+    _internal_losses: list[Any]
+
+    def _maybe_get_loss(self, stage: Any, mb_index: int) -> Any:
+        loss = super()._maybe_get_loss(stage, mb_index)  # type: ignore[misc]
+        if isinstance(loss, torch.Tensor):
+            self._internal_losses[mb_index] = loss.detach()
+        return loss
+
+
+class Lean1F1B(_LossesLetGo, Schedule1F1B):
+    """torch's 1F1B loop over stages that receive lazily (`receive_lazily`) and let go of their losses' graphs."""
+
+
+class LeanGPipe(_LossesLetGo, ScheduleGPipe):
     """torch's GPipe order with per-microbatch buffers, sent outputs freed and sends waited one behind."""
 
     def _step_microbatches(self, arg_mbs: list[Any] | None = None, kwarg_mbs: list[Any] | None = None,
@@ -173,7 +197,7 @@ class LeanGPipe(ScheduleGPipe):
             for i in range(M):
                 with torch.profiler.record_function(f"Backward {i}"):
                     _wait_all(_sorted_batch_p2p(stage.get_bwd_recv_ops(i), desc="bwd_recv"))
-                    loss = self._maybe_get_loss(stage, i)  # type: ignore[no-untyped-call]
+                    loss = self._maybe_get_loss(stage, i)
                     stage.backward_one_chunk(i, loss=loss, last_backward=i == M - 1)
                     del loss
                     send(stage.get_bwd_send_ops(i), None)
@@ -207,13 +231,15 @@ def _one_behind() -> Iterator[Callable[[list[Any], Callable[[], None] | None], N
     finish()
 
 
-# the torch classes whose stages `receive_lazily` (costmodels/memory.py LAZY_RECEIVE_SCHEDULES names them)
-LAZY_RECEIVES = (ScheduleGPipe,)
+# torch's class -> what the runtime runs instead, over stages that `receive_lazily` (costmodels/memory.py
+# LAZY_RECEIVE_SCHEDULES names them)
+LEAN_CLASSES: dict[type, type] = {ScheduleGPipe: LeanGPipe, Schedule1F1B: Lean1F1B}
 
 
 def single_stage_schedule(cls: type, stage: Any, microbatches: int, **kwargs: Any) -> Any:
-    """The schedule object the runtime runs for a one-stage-a-rank torch schedule class: GPipe as `LeanGPipe`,
-    the others as torch has them; GPipe's stages receive lazily (`receive_lazily`)."""
-    if cls in LAZY_RECEIVES:
+    """The schedule object the runtime runs for a one-stage-a-rank torch schedule class: GPipe and 1F1B as
+    `LEAN_CLASSES` say, their stages receiving lazily; the others as torch has them."""
+    if cls in LEAN_CLASSES:
         receive_lazily(stage)
-    return (LeanGPipe if cls is ScheduleGPipe else cls)(stage, microbatches, **kwargs)
+        cls = LEAN_CLASSES[cls]
+    return cls(stage, microbatches, **kwargs)
