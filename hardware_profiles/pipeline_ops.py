@@ -155,7 +155,7 @@ def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors:
     # list, the others its one stage
     multi = facts(name).interleaves or facts(name).splits_backward
     schedule = cls(stages, MICROBATCHES, loss_fn=loss) if multi else \
-        single_stage_schedule(cls, stages[0], MICROBATCHES, loss_fn=loss)  # GPipe: the runtime's loop
+        single_stage_schedule(cls, stages[0], MICROBATCHES, loss_fn=loss)  # GPipe, 1F1B: the runtime's loops
     # the rank with stage 0 feeds the inputs, the one with the last stage the targets (ZB-V's rank 0: both)
     args = (torch.randn(rows * MICROBATCHES, WIDTH),) if 0 in mine else ()
     kwargs = {"target": torch.zeros(rows * MICROBATCHES)} if n_stages - 1 in mine else {}

@@ -195,7 +195,7 @@ def build_schedule(plan, stages: list, loss_fn, *, scale_grads: bool = True):
     if len(stages) != 1:
         raise UserError(f"schedule {plan.schedule} runs one stage per device, but the plan puts {len(stages)} on one device",
                         "use the interleaved schedule or re-plan")
-    # GPipe: torch's order, keeping per microbatch what torchgpipe keeps (pipeplan/lean_gpipe.py)
+    # GPipe and 1F1B: pipeplan's loops, each receive buffer living as long as its microbatch (pipeplan/lean_gpipe.py)
     return single_stage_schedule(cls, stages[0], m, loss_fn=loss_fn, scale_grads=scale_grads)
 
 

@@ -200,17 +200,23 @@ def test_stage_memory_hand_computed():
     kw = dict(param_bytes=400, saved_bytes_per_mb=1000, input_bytes_per_mb=100, output_bytes_per_mb=50,
               stages=4, microbatches=8, optimizer="adam", dtype="fp32")
     m = memory.stage_memory(schedule="1f1b", stage=1, recompute=False, **kw)
-    # buffers under torch's schedules: a receive buffer per microbatch each way (8 x 100 in, 8 x 50 for the
-    # gradients) and the output of each of the 3 microbatches in flight, kept until its backward (3 x 50)
-    assert (m.weights_bytes, m.optimizer_bytes, m.activation_bytes, m.buffer_bytes) == (400, 1200, 3000, 1350)
-    assert m.total_bytes == 5950
+    # buffers under pipeplan's 1F1B (pipeplan/lean_gpipe.py): the inputs of the 3 microbatches in flight and the
+    # gradient its send list still holds (4 x 100), one gradient buffer (50), and the output of each microbatch in
+    # flight, kept until its backward (3 x 50)
+    assert (m.weights_bytes, m.optimizer_bytes, m.activation_bytes, m.buffer_bytes) == (400, 1200, 3000, 600)
+    assert m.total_bytes == 5200
+    z = memory.stage_memory(schedule="zb-h1", stage=1, recompute=False, **kw)
+    # torch's own loops: a receive buffer per microbatch each way (8 x 100 in, 8 x 50 for the gradients), and the
+    # kept outputs of the microbatches in flight (4 under ZB-H1 on every stage)
+    assert z.buffer_bytes == 8 * 100 + 8 * 50 + z.inflight * 50
     r = memory.stage_memory(schedule="1f1b", stage=1, recompute=True, **kw)
     assert r.activation_bytes == 3 * 100 + 1000  # 3 in-flight inputs + one microbatch's activations
     g = memory.stage_memory(schedule="gpipe", stage=1, recompute=False, **kw)
     assert g.activation_bytes == 8000
     last = memory.stage_memory(schedule="1f1b", stage=3, recompute=False, **kw)
-    # no gradient arrives at the last stage: 8 input buffers, and its one microbatch's output kept
-    assert last.buffer_bytes == 8 * 100 + 50 and last.activation_bytes == 1000
+    # no gradient arrives at the last stage: its one input in flight and the gradient sent before it, and its one
+    # microbatch's output kept
+    assert last.buffer_bytes == 2 * 100 + 50 and last.activation_bytes == 1000
     pd0 = memory.stage_memory(schedule="pipedream", stage=0, recompute=False, **kw)
     # weight stashing: K versions on stage 0, each a copy beside the module's own weights (pipeplan's runtime)
     assert pd0.weight_versions == 5 and pd0.weights_bytes == 2000

@@ -29,10 +29,10 @@ def closest_by_sizing_all(view: diagnose.SearchView) -> diagnose.Failure:
 
 
 @pytest.mark.parametrize("gib,kw", [
-    (1.0, dict(devices=8, batch_size=64, dtype="fp32")),
-    (1.0, dict(devices=8, batch_size=64, dtype="fp32", schedule="gpipe")),
-    (1.0, dict(devices=8, batch_size=64, dtype="bf16", recompute="off")),
-    (1.0, dict(devices=8, batch_size=64, dtype="fp32", sharding="none")),
+    (0.75, dict(devices=8, batch_size=64, dtype="fp32")),
+    (0.75, dict(devices=8, batch_size=64, dtype="fp32", schedule="gpipe")),
+    (0.75, dict(devices=8, batch_size=64, dtype="bf16", recompute="off")),
+    (0.75, dict(devices=8, batch_size=64, dtype="fp32", sharding="none")),
     (2.0, dict(devices=2, batch_size=8, dtype="fp32", recompute="off")),
 ])
 def test_the_closest_failure_is_the_one_sizing_every_failure_finds(monkeypatch, gib, kw):

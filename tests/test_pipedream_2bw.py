@@ -116,8 +116,9 @@ def test_1f1b_order_needs_only_two_versions(K, M):
 def test_memory_keeps_two_versions_on_every_stage():
     """weights = 2 x one copy (ICML 2021 §3.1) on every stage, activations of 1F1B's K - s microbatches;
     PipeDream keeps K - s versions instead. The asynchronous loop holds a gradient receive buffer per in-flight
-    microbatch (runtime/pipedream_comm.post_grad_recvs); torch's 1F1B one per microbatch each way, and each
-    in-flight microbatch's output (memory.receive_buffers, kept_outputs). RangeMemory agrees with stage_memory."""
+    microbatch (runtime/pipedream_comm.post_grad_recvs); pipeplan's 1F1B (pipeplan/lean_gpipe.py) the inputs in
+    flight, the gradient it sent last and one gradient buffer, and each in-flight microbatch's output
+    (memory.receive_buffers, kept_outputs). RangeMemory agrees with stage_memory."""
     K, M = 4, 8
     kw = dict(param_bytes=400, saved_bytes_per_mb=1000, input_bytes_per_mb=100, output_bytes_per_mb=50,
               stages=K, microbatches=M, optimizer="adam", dtype="fp32", recompute=False)
@@ -131,7 +132,7 @@ def test_memory_keeps_two_versions_on_every_stage():
         assert two.inflight == K - s and two.activation_bytes == one.activation_bytes == (K - s) * 1000
         grad_buffers = (K - s) if s < K - 1 else 0  # the last stage receives no gradient
         assert two.buffer_bytes == pd.buffer_bytes == 100 + 50 * grad_buffers
-        assert one.buffer_bytes == 100 * (1 if s == 0 else M) + 50 * M * (s < K - 1) + 50 * (K - s)
+        assert one.buffer_bytes == 100 * (1 if s == 0 else K - s + 1) + 50 * (s < K - 1) + 50 * (K - s)
         assert two.total_bytes == one.total_bytes + 400 + two.buffer_bytes - one.buffer_bytes
     rm = memory.RangeMemory(param_bytes=[400, 400, 400, 400], saved_bytes=[1000] * 4, cut_bytes=[50] * 4,
                             input_bytes=100, schedule="pipedream-2bw", stages=K, microbatches=M, chunks=1,
