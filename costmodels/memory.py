@@ -43,10 +43,6 @@ __all__ = [
     "inflight_microbatches", "stashed_weight_versions", "interleaved_activation_factor", "OPTIMIZERS", "DTYPES",
 ]
 
-# the schedule pipeplan's runtime runs with its own loop over torch's stage (pipeplan/lean_gpipe.py): sent outputs
-# freed (`kept_outputs`); it and 1F1B make each receive buffer when its microbatch needs it (`receive_buffers`)
-LEAN_GPIPE = "gpipe"
-LAZY_RECEIVE_SCHEDULES = (LEAN_GPIPE, "1f1b")
 # fp32 optimizer-state buffers per parameter (SGD: none; momentum: the velocity;
 # Adam/AdamW: first and second moments). Source: ZeRO (Rajbhandari et al. 2019) §3.1.
 _STATE_BUFFERS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
@@ -304,9 +300,10 @@ def kept_outputs(schedule: str, inflight: int) -> int:
     `forward_one_chunk`/`backward_one_chunk`), one per microbatch in flight (the last stage's, the model's
     output: `kept_model_outputs`). PipeDream's own loops: 0. GPipe (pipeplan/lean_gpipe.py): 0, each output's data
     freed once sent (what autograd saves of it stays, in the saved bytes)."""
-    if schedule == LEAN_GPIPE:
+    rule = facts(schedule)
+    if rule.frees_sent_outputs:
         return 0
-    return inflight if facts(schedule).torch_class is not None else 0
+    return inflight if rule.torch_class is not None else 0
 
 
 def kept_model_outputs(schedule: str, stages: int, microbatches: int) -> int:
@@ -369,11 +366,12 @@ def receive_buffers(schedule: str, stages: int, stage: int, microbatches: int, c
     flight on every stage but the last (runtime/pipedream_comm.py posts each gradient's receive when the
     forward sends the activation, so gloo can move it while the stage computes).
     """
-    if facts(schedule).torch_class is None:
+    rule = facts(schedule)
+    if rule.torch_class is None:
         return 1, (max(1, inflight) if stage < stages - 1 else 0)
-    if schedule in LAZY_RECEIVE_SCHEDULES:
-        # 1F1B's loop holds the gradient it sent last in its send list through the next backward
-        ins = 1 if stage == 0 else (0 if recompute else inflight) + (schedule != LEAN_GPIPE)
+    if rule.receives_per_microbatch:
+        # torch's loop (1F1B) holds the gradient it sent last in its send list through the next backward
+        ins = 1 if stage == 0 else (0 if recompute else inflight) + (not rule.frees_sent_outputs)
         return ins, (0 if stage == stages - 1 else 1)
     # the device runs `chunks` virtual stages; stage 0 is device 0's under every placement (the search asks this
     # for every configuration, so not by listing the device's stages)

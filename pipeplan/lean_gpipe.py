@@ -231,8 +231,8 @@ def _one_behind() -> Iterator[Callable[[list[Any], Callable[[], None] | None], N
     finish()
 
 
-# torch's class -> what the runtime runs instead, over stages that `receive_lazily` (costmodels/memory.py
-# LAZY_RECEIVE_SCHEDULES names them)
+# torch's class -> what the runtime runs instead, over stages that `receive_lazily`: the schedules whose facts say
+# `receives_per_microbatch` (pipeplan/schedules.py; tests/test_lean_gpipe.py holds the two to each other)
 LEAN_CLASSES: dict[type, type] = {ScheduleGPipe: LeanGPipe, Schedule1F1B: Lean1F1B}
 
 

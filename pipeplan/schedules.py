@@ -163,6 +163,14 @@ class ScheduleFacts:
     "v", s for s < K and 2K - 1 - s after (torch's `generate_stage_to_rank_mapping(style="v")`)."""
     fixed_chunks: int | None = None
     """The only chunk count the schedule runs (the V schedules: exactly two stages per rank), else None."""
+    receives_per_microbatch: bool = False
+    """pipeplan's runtime makes each receive buffer when its microbatch's receive is posted and drops it after that
+    microbatch's backward (pipeplan/lean_gpipe.py `receive_lazily`), where torch's stage makes M each way at set-up
+    and keeps them (costmodels/memory.py `receive_buffers`)."""
+    frees_sent_outputs: bool = False
+    """pipeplan's runtime runs its own loop (pipeplan/lean_gpipe.py `LeanGPipe`): each sent output's data freed once
+    sent, and one send in flight per direction, so no sent gradient outlives the next send (memory.py
+    `kept_outputs`, `receive_buffers`); torch's loops keep outputs in `fwd_cache` until their backward."""
     updates_each_microbatch: bool = False
     """Steps the optimizer after every microbatch's backward (async PipeDream), so the simulator folds the
     update into the stage times; every other schedule updates once per iteration (its plan's M microbatches),
@@ -236,10 +244,11 @@ def _dualpipev_microbatches(stages: int, microbatches: int) -> str | None:
 
 SCHEDULES: Final[dict[ScheduleName, ScheduleFacts]] = {
     "gpipe": ScheduleFacts(name="gpipe", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
-                           interleaves=False, torch_class="ScheduleGPipe", inflight=_gpipe_inflight),
+                           interleaves=False, torch_class="ScheduleGPipe", inflight=_gpipe_inflight,
+                           receives_per_microbatch=True, frees_sent_outputs=True),
     "1f1b": ScheduleFacts(name="1f1b", flushes=True, replicates_whole_pipeline=True, stashes_weights=False,
                           interleaves=False, torch_class="Schedule1F1B", inflight=_one_f_one_b_inflight,
-                          microbatch_rule=_one_f_one_b_microbatches),
+                          microbatch_rule=_one_f_one_b_microbatches, receives_per_microbatch=True),
     "pipedream": ScheduleFacts(name="pipedream", flushes=False, replicates_whole_pipeline=False,
                                stashes_weights=True, interleaves=False, torch_class=None,
                                inflight=_pipedream_inflight, weight_versions=_stashed_per_inflight,

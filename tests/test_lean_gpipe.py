@@ -94,6 +94,20 @@ def test_lazy_buffers_are_the_loops(stages, schedule):
     assert receive_buffers("zb-h1", 4, 1, M, 1, 4) == (M, M)
 
 
+def test_the_runtimes_loops_are_the_ones_the_facts_name():
+    """The runtime's lean classes (LEAN_CLASSES, with `LeanGPipe` the one freeing sent outputs) are exactly the
+    schedules whose facts the memory model reads as lean (`receives_per_microbatch`, `frees_sent_outputs`)."""
+    from torch.distributed import pipelining
+
+    from pipeplan.lean_gpipe import LEAN_CLASSES, LeanGPipe
+    from pipeplan.schedules import SCHEDULES
+
+    for name, f in SCHEDULES.items():
+        cls = getattr(pipelining, f.torch_class) if f.torch_class else None
+        assert f.receives_per_microbatch == (cls in LEAN_CLASSES), name
+        assert f.frees_sent_outputs == (LEAN_CLASSES.get(cls) is LeanGPipe), name
+
+
 @pytest.mark.slow
 def test_three_stage_gpipe_equals_single_process(tmp_path):
     """The U-Net's skip tensors pass through the middle stage (outputs that are its inputs, and outputs its next
