@@ -39,7 +39,9 @@ def count_autocast(ep: torch.export.ExportedProgram, model: torch.nn.Module, spe
                 {"saved_bytes": int(counts.saved_bytes[i]),
                  "output_bytes": sum(counts.node_out_bytes.get(t, size) for t, size in layer.outputs.items()),
                  "transient_bytes": int(flight.transient[i]), "deferred_grad_bytes": int(flight.deferred[i]),
-                 "loss_saved_bytes": int(flight.loss_saved[i]), "nonweight_saved_bytes": int(flight.nonweight_saved[i])}
+                 "loss_saved_bytes": int(flight.loss_saved[i]), "nonweight_saved_bytes": int(flight.nonweight_saved[i]),
+                 "input_saved_bytes": int(flight.input_saved[i]),
+                 "input_nonweight_saved_bytes": int(flight.input_nonweight_saved[i])}
                 for i, layer in enumerate(graph.layers)]
     except Exception as e:  # an op autocast's replay cannot run on fake tensors: keep the fp32 count only
         graph.notes.append(f"bytes under torch.autocast were not counted ({type(e).__name__}); a 16-bit plan's "

@@ -26,7 +26,8 @@ GRAPH_FORMAT = "pipeplan.graph/v1"
 # (each means what the Layer field of the same name means; costmodels/autocast_bytes.py)
 AUTOCAST_DEVICES = ("cuda", "cpu")
 AUTOCAST_FIELDS = ("saved_bytes", "output_bytes", "transient_bytes", "deferred_grad_bytes", "loss_saved_bytes",
-                   "nonweight_saved_bytes")
+                   "nonweight_saved_bytes", "input_saved_bytes", "input_nonweight_saved_bytes")
+AUTOCAST_OPTIONAL = ("input_saved_bytes", "input_nonweight_saved_bytes")  # of those, absent from older files: 0
 
 # Kinds of op a layer is dominated by; the roofline uses one efficiency per kind.
 LAYER_KINDS = ("matmul", "conv", "attention", "embedding", "norm", "elementwise", "other")
@@ -84,6 +85,11 @@ class Layer:
     # of saved_bytes, what its ops other than weight ops save (the loss's aside): a recomputed stage's split backward
     # re-runs them once per parameter group in W and keeps every re-run until W ends (costmodels/transient.py)
     nonweight_saved_bytes: int = 0
+    # of saved_bytes, what it saves of tensors earlier layers made, and of that what its ops other than weight ops
+    # save: a stage starting at this layer holds it as its received input already (costmodels/memory.py,
+    # `stage_memory`; costmodels/transient.py, `saved_inputs`); 0: not traced
+    input_saved_bytes: int = 0
+    input_nonweight_saved_bytes: int = 0
     fwd_s: float = 0.0  # measured on the tracing machine (median of repeats)
     bwd_s: float = 0.0
     bytes_moved: int = 0  # estimated memory traffic of one forward (inputs + outputs + weights), for the roofline

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pipeplan.costmodels.graph import AUTOCAST_DEVICES, AUTOCAST_FIELDS
+from pipeplan.costmodels.graph import AUTOCAST_DEVICES, AUTOCAST_FIELDS, AUTOCAST_OPTIONAL
 from pipeplan.fields import Fields
 
 COUNTS = ("fwd_flops", "bwd_flops", "param_bytes", "output_bytes", "saved_bytes", "bytes_moved", "transient_bytes",
-          "deferred_grad_bytes", "loss_saved_bytes", "nonweight_saved_bytes")
+          "deferred_grad_bytes", "loss_saved_bytes", "nonweight_saved_bytes", "input_saved_bytes",
+          "input_nonweight_saved_bytes")
 TIMES = ("fwd_s", "bwd_s")
 HINT = "re-run `pipeplan trace` (docs/graph-format.md)"
 
@@ -77,7 +78,8 @@ def _check_layer(f: Fields, layer: Any, i: int, layer_kinds: tuple[str, ...]) ->
         where = f"{field}.autocast.{device}"
         f.mapping(counts, where)
         for key in AUTOCAST_FIELDS:
-            f.integer(f.require(counts, key, f"{where}.{key}"), f"{where}.{key}")
+            value = counts.get(key, 0) if key in AUTOCAST_OPTIONAL else f.require(counts, key, f"{where}.{key}")
+            f.integer(value, f"{where}.{key}")
     _check_weight_grad(f, layer, field)
     _check_save_point(f, layer, field)
     return name

@@ -271,6 +271,21 @@ def held_with_deferred(saved: int, inb: int, points: Sequence[tuple[int, int, bo
     return max((at(*point) for point in points), key=sum)
 
 
+def saved_beyond_received(saved: int, input_saved: int, schedule: str) -> int:
+    """What a stage saves per microbatch beyond its received input, where a first layer that saves its input (a
+    LayerNorm, a Linear, a GELU, a convolution) saves the very tensor the memory model counts already: torch's
+    stages run each microbatch on the tensor they received it into (stage.py `_retrieve_recv_activations`: the
+    buffer itself), counted among the receive buffers (`receive_buffers`) or, recomputed, as
+    the input its checkpoint keeps (which the re-run's saves would count a second time). `input_saved`: the
+    stage's first layers' `Layer.input_saved_bytes`. PipeDream's own loops receive each microbatch into a tensor of
+    their own beside their one buffer: as traced. Counted twice, GPT's 3-stage GPipe middle stage read +8.4% on the
+    CPU runtime and a recomputed ZB-V device whose stage starts at a GELU +27% (benchmarks/RESULTS.md, "Peak
+    memory")."""
+    if facts(schedule).torch_class is None:
+        return saved
+    return max(0, saved - input_saved)
+
+
 def split_rerun_bytes(saved: int, loss_saved: int, nonweight_saved: int, weight_passes: int, first: bool) -> int:
     """What a recomputed stage's W holds at its peak under torch's split backward: each of its autograd calls (one
     per parameter group, `costmodels.recompute.weight_grad_passes`) re-runs the stage's checkpointed forward, and
@@ -353,9 +368,8 @@ def receive_buffers(schedule: str, stages: int, stage: int, microbatches: int, c
     the place of that microbatch's input, released by then; torch's 1F1B loop keeps the last gradient it sent in its
     send list through the next backward, beside the inputs in flight (one more). One output-gradient buffer, for
     the backward that runs. The
-    first stage: the microbatch, counted once. Without recomputation a stage whose first op saves its input holds
-    it once where this counts it twice (saved and kept): GPT's middle stage, which starts at a GELU, +8% on the
-    CPU runtime (benchmarks/RESULTS.md, "Peak memory"), on the side of caution.
+    first stage: the microbatch, counted once. A stage whose first op saves its input holds it once, here, and
+    its saved bytes leave it out (`saved_beyond_received`).
 
     The other torch schedules: torch 2.13's PipelineStage allocates one receive buffer per microbatch and direction
     when the step sets up and keeps them all through it (stage.py `_setup_forward_recv_info`,
@@ -388,7 +402,8 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
                  stage_replicas: Sequence[int] | None = None, transient_bytes: int = 0,
                  model_output_bytes_per_mb: int = 0, deferred_grad_bytes_per_mb: int = 0,
                  held_bytes: tuple[int, int, int] | None = None, loss_saved_bytes_per_mb: int = 0,
-                 w_rerun_bytes: int = 0, checkpointed: tuple[int, int] | None = None) -> MemoryBreakdown:
+                 w_rerun_bytes: int = 0, checkpointed: tuple[int, int] | None = None,
+                 input_saved_bytes_per_mb: int = 0) -> MemoryBreakdown:
     """Predicted peak memory of one pipeline stage (one device).
 
     param_bytes: fp32 bytes of the stage's parameters (all its chunks when interleaved).
@@ -414,7 +429,8 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     microbatches waiting for their backward keep it (`_held_activations`, `losses_waiting`). w_rerun_bytes:
     recomputed under a split backward, what a W holds (`split_rerun_bytes`). checkpointed: recomputed with a checkpoint
     per block, (kept per microbatch, one re-run) of `checkpointed_bytes` over the device's stages; None: one checkpoint
-    per stage, which keeps the stage's input and re-runs all it saves.
+    per stage, which keeps the stage's input and re-runs all it saves. input_saved_bytes_per_mb: of
+    saved_bytes_per_mb, what the device's stages save of their received inputs (`saved_beyond_received`).
 
     Terms (each documented in docs/cost-models.md):
     weights + stashed versions (pipedream), grads + optimizer state + master copy
@@ -444,6 +460,7 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
         raise ValueError(f"negative transient_bytes or model_output_bytes_per_mb: {transient_bytes}, "
                          f"{model_output_bytes_per_mb}")
     points = weight_pass_points(schedule, stages, stage, microbatches, chunks, inflight)
+    saved_bytes_per_mb = saved_beyond_received(saved_bytes_per_mb, input_saved_bytes_per_mb, schedule)
     kept, rerun = checkpointed or (input_bytes_per_mb, None)
     acts, deferred, transient_bytes = held_bytes or held_with_deferred(
         saved_bytes_per_mb, kept, points, recompute, chunks, deferred_grad_bytes_per_mb, transient_bytes,
@@ -484,6 +501,7 @@ class RangeMemory:
                  transient_bytes: Sequence[int] = (), model_output_bytes: int = 0,
                  deferred_grad_bytes: Sequence[int] = (), loss_saved_bytes: int = 0,
                  nonweight_saved_bytes: Sequence[int] = (), weight_passes: Sequence[int] = (),
+                 input_saved_bytes: Sequence[int] = (), input_nonweight_saved_bytes: Sequence[int] = (),
                  blocks: tuple[Sequence[int], Sequence[int], Sequence[int]] | None = None) -> None:
         n, P = len(param_bytes), stages
         rule = facts(schedule)
@@ -515,6 +533,9 @@ class RangeMemory:
         self.rerun = (list(itertools.accumulate(nonweight_saved_bytes, initial=0)),
                       list(itertools.accumulate(weight_passes, initial=0))) \
             if recompute and rule.splits_backward and len(nonweight_saved_bytes) == n == len(weight_passes) else None
+        # what a range's first layer saves of its received input (`saved_beyond_received`), as a W re-runs it too
+        self.input_saved = (list(input_saved_bytes) or [0] * n, list(input_nonweight_saved_bytes) or [0] * n) \
+            if rule.torch_class is not None else ([0] * n, [0] * n)
         self.sharding, self.shards = sharding, shards
         unit = 4 * 2**20  # a whole number of parameters: the per-byte factors below are exact
         w, g, o = _unsharded_parts(unit, _check(optimizer, OPTIMIZERS, "optimizer"), dtype,
@@ -569,10 +590,11 @@ class RangeMemory:
         outb = self.cut[b - 1] if b < self.n else 0
         deferred = self.dp[b] - self.dp[a] if self.dp is not None and s > 0 else 0  # torch skips stage 0's B
         loss_saved = self.loss_saved if b == self.n else 0
+        saved = max(0, self.sp[b] - self.sp[a] - self.input_saved[0][a])
         w_rerun = 0
         if self.rerun is not None:
             nonweight, passes = self.rerun
-            w_rerun = split_rerun_bytes(self.sp[b] - self.sp[a], loss_saved, nonweight[b] - nonweight[a],
+            w_rerun = split_rerun_bytes(saved, loss_saved, max(0, nonweight[b] - nonweight[a] - self.input_saved[1][a]),
                                         passes[b] - passes[a], first=s == 0)
         inb = self.input if a == 0 else self.cut[a - 1]
         checkpointed = None
@@ -581,7 +603,7 @@ class RangeMemory:
             checkpointed = (kept * ch, rerun)
         else:
             transient = self._transient(a, b)
-        return self.device_total(self.device_of[s], params * ch, (self.sp[b] - self.sp[a]) * ch, inb, outb, largest,
+        return self.device_total(self.device_of[s], params * ch, saved * ch, inb, outb, largest,
                                  transient, 0 if b < self.n else self.model_out, deferred, loss_saved, w_rerun,
                                  checkpointed)
 

@@ -262,7 +262,7 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
     family = {node.name: node_kind(node) for node in ep.graph.nodes if node.op == "call_function"}
 
     report("counting FLOPs and saved bytes", 0, 1)
-    in_flight = InFlight([0] * n, [0] * n, [0] * n, [0] * n)
+    in_flight = InFlight(*([0] * n for _ in InFlight._fields))
     try:
         counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n)
         param_shapes = _param_shapes(model, graph)
@@ -322,6 +322,8 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
         layer.deferred_grad_bytes = int(in_flight.deferred[i])
         layer.loss_saved_bytes = int(in_flight.loss_saved[i])
         layer.nonweight_saved_bytes = int(in_flight.nonweight_saved[i])
+        layer.input_saved_bytes = int(in_flight.input_saved[i])
+        layer.input_nonweight_saved_bytes = int(in_flight.input_nonweight_saved[i])
         layer.kind = _refine_kind(layer, counts.node_flops, family)
         layer.parts = with_loss(cost_parts([nodes[x] for x in layer.nodes if x in nodes], counts.node_flops,
                                            params, layer.bwd_flops), loss_read[i])
@@ -343,7 +345,7 @@ def _transient(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
     except Exception as e:
         graph.notes.append(f"tensors in flight were not counted ({type(e).__name__}); "
                            "peak memory holds saved activations and model state only")
-        return InFlight([0] * n, [0] * n, [0] * n, [0] * n)
+        return InFlight(*([0] * n for _ in InFlight._fields))
 
 
 def _param_shapes(model: torch.nn.Module, graph: Graph) -> list[set[tuple[int, ...]]]:

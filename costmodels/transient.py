@@ -50,6 +50,7 @@ class StorageLog(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch l
         self.events: list[tuple[str, int, int]] = []  # ("a", id, bytes), ("f", id, 0), ("m", layer, 0)
         self.ids: dict[int, int] = {}  # storage address -> id of its live lifetime
         self.saved_at: dict[int, int] = {}  # id of a storage autograd saved -> the layer that first saved it
+        self.made_in: dict[int, int] = {}  # id of a storage -> the layer whose op allocated it
         self.weight_grad: Callable[[torch.Tensor], bool] = lambda t: False  # is this new tensor a weight gradient?
         self.weight_grads: set[int] = set()  # ids of the storages it said so of
 
@@ -69,6 +70,7 @@ class StorageLog(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch l
             return None
         uid = len(self.events)
         self.ids[key] = uid
+        self.made_in[uid] = self.layer_now()
         self.events.append(("a", uid, st.nbytes()))
         weakref.finalize(st, self._free, key, uid)
         return uid
@@ -179,6 +181,8 @@ class InFlight(NamedTuple):
     deferred: list[int]  # the output gradients a split backward keeps for its weight pass (`_DeferredGrads`)
     loss_saved: list[int]  # what the loss saves (the last layer's; 0 elsewhere): a split backward's B frees it
     nonweight_saved: list[int]  # what its ops other than weight ops save (`_DeferredGrads`), the loss's aside
+    input_saved: list[int]  # what it saves (first) of tensors earlier layers made (`saved_inputs`)
+    input_nonweight_saved: list[int]  # of input_saved, what its ops other than weight ops save
 
 
 def transient_bytes(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec,
@@ -254,5 +258,22 @@ def transient_bytes(ep: torch.export.ExportedProgram, model: torch.nn.Module, sp
     for uid, layer in nonweight.items():
         if uid not in loss_ids:
             nonweight_saved[layer] += sizes.get(uid, 0)
+    from_before, from_before_nonweight = saved_inputs(log, sizes, nonweight, nlayers)
     return InFlight(_beyond_saved(log.events, log.saved_at, grads | log.weight_grads, nlayers), deferred.bytes,
-                    loss_saved, nonweight_saved)
+                    loss_saved, nonweight_saved, from_before, from_before_nonweight)
+
+
+def saved_inputs(log: StorageLog, sizes: dict[int, int], nonweight: dict[int, int],
+                 nlayers: int) -> tuple[list[int], list[int]]:
+    """Per layer, the bytes it saves (the first to save them) of tensors that earlier layers made, and of those what
+    its ops other than weight ops save. Where a pipeline stage starts at the layer, that is its received input: the
+    same storage as the stage's receive buffer (or, recomputed, as the input its checkpoint keeps), which the memory
+    model counts already (costmodels/memory.py, `stage_memory`: a stage starting at a LayerNorm, a Linear, a GELU
+    or a convolution saves its input). The model's own inputs are no layer's and count nowhere here."""
+    inputs, inputs_nonweight = [0] * nlayers, [0] * nlayers
+    for uid, layer in log.saved_at.items():
+        if log.made_in.get(uid, layer) < layer:
+            inputs[layer] += sizes.get(uid, 0)
+            if nonweight.get(uid) == layer:
+                inputs_nonweight[layer] += sizes.get(uid, 0)
+    return inputs, inputs_nonweight

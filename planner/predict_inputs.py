@@ -21,6 +21,7 @@ from pipeplan.costmodels.memory import (
     checkpointed_bytes,
     is_mixed_precision,
     model_state_bytes,
+    saved_beyond_received,
     split_rerun_bytes,
     stage_memory,
     transient_over_saved,
@@ -188,6 +189,7 @@ class _Sums:
     deferred: list[int]  # gradients a split backward's B keeps for W, per microbatch (0 on the first stage)
     w_rerun: list[int]  # recomputed under a split backward: what a W holds (memory.split_rerun_bytes)
     loss_saved: list[int]  # the loss's saved bytes on the last stage, 0 elsewhere
+    input_saved: list[int]  # of saved, what its first layer saves of its received input (memory.saved_beyond_received)
 
 
 def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float,
@@ -214,16 +216,26 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
             params[s] += nbytes
     last = assignment[problem.n - 1] if problem.n else 0  # the stage computing the loss (outside its checkpoint)
     loss_saved = [problem.loss_saved_bytes if s == last else 0 for s in range(S)]
+    input_saved = [problem.input_saved_bytes[mine[0]] if mine and problem.input_saved_bytes else 0
+                   for mine in members]
     w_rerun = [0] * S
-    if recompute and problem.nonweight_saved_bytes and problem.weight_passes:
-        w_rerun = [split_rerun_bytes(saved[s], loss_saved[s], sum(problem.nonweight_saved_bytes[i] for i in mine),
+    if recompute and problem.nonweight_saved_bytes and problem.weight_passes:  # (split backwards: torch's stages)
+        input_nonweight = [problem.input_nonweight_saved_bytes[mine[0]]
+                           if mine and problem.input_nonweight_saved_bytes else 0 for mine in members]
+        w_rerun = [split_rerun_bytes(max(0, saved[s] - input_saved[s]), loss_saved[s],
+                                     max(0, sum(problem.nonweight_saved_bytes[i] for i in mine) - input_nonweight[s]),
                                      sum(problem.weight_passes[i] for i in mine), first=s == 0)
                    for s, mine in enumerate(members)]
     if problem.transient_bytes:
         transient = [transient_over_saved([problem.saved_bytes[i] for i in mine],
                                           [problem.transient_bytes[i] for i in mine], loss_apart=recompute and s == last)
                      for s, mine in enumerate(members)]
-    return _Sums(f, b, params, own_params, saved, largest, transient, deferred, w_rerun, loss_saved)
+    return _Sums(f, b, params, own_params, saved, largest, transient, deferred, w_rerun, loss_saved, input_saved)
+
+
+def _saved_beyond_received(sums: _Sums, schedule: str) -> list[int]:
+    """Per stage, what it saves per microbatch beyond its received input (memory.saved_beyond_received)."""
+    return [saved_beyond_received(x, first, schedule) for x, first in zip(sums.saved, sums.input_saved, strict=True)]
 
 
 def _send_times(profile: HardwareProfile, schedule: str, out_bytes: Sequence[int], reps: Sequence[int],
@@ -388,6 +400,7 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             loss_saved_bytes_per_mb=max(sums.loss_saved[s] for s in mine) if config.recompute else 0,
             w_rerun_bytes=max(sums.w_rerun[s] for s in mine) if rule.splits_backward else 0,
             checkpointed=(sum(blocked[s][0] for s in mine), max(blocked[s][1] for s in mine)) if blocked else None,
+            input_saved_bytes_per_mb=sum(sums.input_saved[s] for s in mine),
         ))
     return memory
 
@@ -418,7 +431,8 @@ def _walked(config: Config, sums: _Sums, p: int, P: int) -> tuple[int, int, int]
     elsewhere, and under recomputation, whose held bytes (inputs, one stage re-run) the counts' estimate prices."""
     if facts(config.schedule).placement != "v" or config.recompute:
         return None
-    return walked_held_bytes(v_order(config.schedule, p, P, config.microbatches), sums.saved, sums.deferred,
+    saved = _saved_beyond_received(sums, config.schedule)
+    return walked_held_bytes(v_order(config.schedule, p, P, config.microbatches), saved, sums.deferred,
                              sums.transient)
 
 
@@ -463,8 +477,9 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     # Simulator memory: the device's fixed part, and per microbatch what stays until its backward.
     static = [m.weights_bytes + m.optimizer_bytes + m.gathered_bytes + m.buffer_bytes for m in memory]
     kept = [k for k, _, _ in blocked] if blocked else in_bytes
-    act = [kept[s] if rc else sums.saved[s] for s in range(S)]
-    rbytes = [(blocked[s][1] if blocked else sums.saved[s]) if rc else 0 for s in range(S)]
+    saved = _saved_beyond_received(sums, config.schedule)
+    act = [kept[s] if rc else saved[s] for s in range(S)]
+    rbytes = [(blocked[s][1] if blocked else saved[s]) if rc else 0 for s in range(S)]
     # An op's messages: a forward receives its input and sends its output, a backward the gradients of both; a
     # boundary between two stages on the same devices (the turn of a V) is a hand-over in memory, no message.
     remote = [list(ranks[s]) != list(ranks[s + 1]) for s in range(S - 1)]

@@ -42,6 +42,10 @@ class Problem:
     loss_saved_bytes: int = 0  # what the loss saves, per microbatch (memory._held_activations)
     nonweight_saved_bytes: tuple[int, ...] = ()  # of saved_bytes, what ops other than weight ops save; (): none
     weight_passes: tuple[int, ...] = ()  # parameter groups each layer adds (costmodels.recompute.weight_grad_passes)
+    # of saved_bytes, what each layer saves of tensors earlier layers made (a stage starting there: its received
+    # input), and of that what ops other than weight ops save (Layer.input_saved_bytes); (): none
+    input_saved_bytes: tuple[int, ...] = ()
+    input_nonweight_saved_bytes: tuple[int, ...] = ()
     # recomputed per block (pipeplan.choices.RecomputeGranularity): each layer's block, numbered 0.. in execution
     # order (`checkpoint_units`), and what it passes to other blocks; (): each layer a block, passing its outputs
     block_of: tuple[int, ...] = ()
@@ -53,7 +57,7 @@ class Problem:
             if len(getattr(self, field_name)) != n:
                 raise ValueError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries for {n} layers")
         for field_name in ("transient_bytes", "deferred_grad_bytes", "nonweight_saved_bytes", "weight_passes",
-                           "block_of", "passed_bytes"):
+                           "input_saved_bytes", "input_nonweight_saved_bytes", "block_of", "passed_bytes"):
             if getattr(self, field_name) and len(getattr(self, field_name)) != n:
                 raise ValueError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries for {n} layers")
         if len(self.cut_bytes) != max(n - 1, 0):
@@ -164,7 +168,7 @@ def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_s
         return int(round(x * scale))
 
     def per_layer(key: str) -> tuple[int, ...]:
-        return tuple(act(b[key]) for b in nbytes)
+        return tuple(act(b.get(key, 0)) for b in nbytes)  # counts a graph file predates read 0 (not traced)
 
     index = {layer.name: i for i, layer in enumerate(graph.layers)}
     return Problem(
@@ -186,6 +190,8 @@ def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_s
         loss_saved_bytes=act(nbytes[-1]["loss_saved_bytes"]) if graph.layers else 0,
         nonweight_saved_bytes=per_layer("nonweight_saved_bytes"),
         weight_passes=tuple(weight_passes_added(graph.layers)),
+        input_saved_bytes=per_layer("input_saved_bytes"),
+        input_nonweight_saved_bytes=per_layer("input_nonweight_saved_bytes"),
         **_blocks(graph, per_layer("output_bytes")),
     )
 
@@ -240,4 +246,5 @@ def range_memory(problem: Problem, config: Config, request: PlanRequest,
         transient_bytes=p.transient_bytes, model_output_bytes=p.output_bytes[-1] if p.n else 0,
         deferred_grad_bytes=p.deferred_grad_bytes, loss_saved_bytes=p.loss_saved_bytes,
         nonweight_saved_bytes=p.nonweight_saved_bytes, weight_passes=p.weight_passes,
+        input_saved_bytes=p.input_saved_bytes, input_nonweight_saved_bytes=p.input_nonweight_saved_bytes,
         blocks=p.blocks if config.recompute_granularity == "block" else None)
