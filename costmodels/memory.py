@@ -309,6 +309,24 @@ def walked_held_bytes(order: Sequence[tuple[str, int, int]], saved: Sequence[int
     return max(points, key=sum, default=(0, 0, 0))
 
 
+def walked_recomputed_bytes(order: Sequence[tuple[str, int, int]], kept: Sequence[int], rerun: Sequence[int],
+                            w_rerun: Sequence[int], loss_saved: Sequence[int], deferred: Sequence[int],
+                            transient: Sequence[int]) -> tuple[int, int, int]:
+    """`walked_held_bytes` under recomputation, each virtual stage with its own bytes (indexed by virtual stage): a
+    microbatch held keeps its stage's checkpointed input (`kept`); a forward or a backward re-runs its own stage
+    (`rerun`, with its tensors in flight), a W holds its own stage's re-runs (`w_rerun`, `split_rerun_bytes`) and,
+    on the last stage, the loss's saves (`loss_saved`), as `held_with_deferred` prices each. The counts' estimate
+    takes the device's largest input for every chunk's microbatch and its larger W for every W: a ZB-V middle device
+    whose chunks receive 4 and 2 MiB and re-run 293 and 267 MiB in their W's."""
+    points = []
+    for kind, s, held, pending in walk(order, kept.__getitem__, deferred.__getitem__):
+        if kind == "W":
+            points.append((held + w_rerun[s] + loss_saved[s], pending, 0))
+        else:
+            points.append((held + rerun[s], pending, transient[s]))
+    return max(points, key=sum, default=(0, 0, 0))
+
+
 def kept_outputs(schedule: str, inflight: int) -> int:
     """Microbatches whose stage output the stage still holds: torch.distributed.pipelining keeps each forward's
     output in the stage's `fwd_cache` until that microbatch's backward (torch 2.13 stage.py,

@@ -26,6 +26,7 @@ from pipeplan.costmodels.memory import (
     stage_memory,
     transient_over_saved,
     walked_held_bytes,
+    walked_recomputed_bytes,
 )
 from pipeplan.costmodels.optimizer_step import optimizer_step_s, stash_copy_s
 from pipeplan.costmodels.recompute import block_runs, checkpoint_overhead_s, rerun_forward_s, weight_grad_passes
@@ -396,7 +397,7 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             transient_bytes=max(sums.transient[s] for s in mine),
             model_output_bytes_per_mb=model_out_bytes if S - 1 in mine else 0,
             deferred_grad_bytes_per_mb=_per_deferring_stage(sums.deferred, mine),
-            held_bytes=_walked(config, sums, p, P),
+            held_bytes=_walked(config, sums, p, P, in_bytes, blocked),
             loss_saved_bytes_per_mb=max(sums.loss_saved[s] for s in mine) if config.recompute else 0,
             w_rerun_bytes=max(sums.w_rerun[s] for s in mine) if rule.splits_backward else 0,
             checkpointed=(sum(blocked[s][0] for s in mine), max(blocked[s][1] for s in mine)) if blocked else None,
@@ -426,14 +427,20 @@ def _per_deferring_stage(deferred: Sequence[int], mine: Sequence[int]) -> int:
     return math.ceil(sum(deferring) / len(deferring)) if deferring else 0
 
 
-def _walked(config: Config, sums: _Sums, p: int, P: int) -> tuple[int, int, int] | None:
-    """A V schedule's device walked over its order with each chunk's own bytes (memory.walked_held_bytes); None
-    elsewhere, and under recomputation, whose held bytes (inputs, one stage re-run) the counts' estimate prices."""
-    if facts(config.schedule).placement != "v" or config.recompute:
+def _walked(config: Config, sums: _Sums, p: int, P: int, in_bytes: Sequence[int],
+            blocked: Sequence[tuple[int, int, int]] | None) -> tuple[int, int, int] | None:
+    """A V schedule's device walked over its order with each chunk's own bytes (memory.walked_held_bytes, and
+    recomputed memory.walked_recomputed_bytes: each chunk's checkpointed inputs and re-runs, per block where
+    `blocked`); None elsewhere."""
+    if facts(config.schedule).placement != "v":
         return None
+    order = v_order(config.schedule, p, P, config.microbatches)
     saved = _saved_beyond_received(sums, config.schedule)
-    return walked_held_bytes(v_order(config.schedule, p, P, config.microbatches), saved, sums.deferred,
-                             sums.transient)
+    if not config.recompute:
+        return walked_held_bytes(order, saved, sums.deferred, sums.transient)
+    kept = [b[0] for b in blocked] if blocked else in_bytes
+    rerun = [b[1] for b in blocked] if blocked else saved
+    return walked_recomputed_bytes(order, kept, rerun, sums.w_rerun, sums.loss_saved, sums.deferred, sums.transient)
 
 
 def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assignment: Sequence[int], config: Config,

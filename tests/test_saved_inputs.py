@@ -110,3 +110,19 @@ def test_graph_files_from_before_the_fields_load_with_zeros(traced, gpt):
     loaded = Graph.from_dict(doc).layers
     assert all(x.input_saved_bytes == x.input_nonweight_saved_bytes == 0 for x in loaded)
     assert all(x.autocast.get("cpu", {}).get("input_saved_bytes", 0) == 0 for x in loaded)
+
+
+def test_a_recomputed_v_device_is_walked_with_each_chunks_own_bytes():
+    """Recomputed, a V device's peak walked op by op: held microbatches keep their own stage's input, a forward or
+    backward re-runs its own stage, a W holds its own stage's re-runs (and the loss's saves on the last stage).
+    By hand on a four-op order of stages 1 and 2 (the middle device of a 2-device ZB-V)."""
+    from pipeplan.costmodels.memory import walked_recomputed_bytes
+
+    order = [("F", 1, 0), ("F", 2, 0), ("B", 2, 0), ("W", 2, 0), ("B", 1, 0), ("W", 1, 0)]
+    kept, rerun, w_rerun = [0, 40, 20, 0], [0, 500, 600, 0], [0, 2000, 3000, 0]
+    loss, deferred, transient = [0, 0, 0, 0], [0, 7, 9, 0], [0, 30, 50, 0]
+    # F1: 40 + 500 (+30); F2: 60 + 600 (+50); B2: 60 + 600 (+50); W2: 60 + 3000, 9 pending; B1: 40 + 500 (+30);
+    # W1: 40 + 2000, 7 pending
+    assert walked_recomputed_bytes(order, kept, rerun, w_rerun, loss, deferred, transient) == (3060, 9, 0)
+    w_rerun[1] = w_rerun[2] = 100  # now stage 2's forward and backward peak: inputs, its re-run, tensors in flight
+    assert walked_recomputed_bytes(order, kept, rerun, w_rerun, loss, deferred, transient) == (660, 0, 50)
