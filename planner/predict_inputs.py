@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_ring_time_s, p2p_time_s
 from pipeplan.costmodels.grad_passes import dp_flatten_s, grad_scale_s, unscale_s
@@ -234,9 +235,22 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
     return _Sums(f, b, params, own_params, saved, largest, transient, deferred, w_rerun, loss_saved, input_saved)
 
 
-def _saved_beyond_received(sums: _Sums, schedule: str) -> list[int]:
-    """Per stage, what it saves per microbatch beyond its received input (memory.saved_beyond_received)."""
-    return [saved_beyond_received(x, first, schedule) for x, first in zip(sums.saved, sums.input_saved, strict=True)]
+class _Held(NamedTuple):
+    """Per stage, what one microbatch holds until its backward: without recomputation its saves beyond its received
+    input (memory.saved_beyond_received); recomputed, its checkpointed inputs (`kept`) and what one re-run brings
+    back (`rerun`), per block where recomputed a block at a time."""
+
+    saved: list[int]
+    kept: list[int]
+    rerun: list[int]
+
+
+def _held_per_microbatch(sums: _Sums, schedule: str, in_bytes: Sequence[int],
+                         blocked: Sequence[tuple[int, int, int]] | None) -> _Held:
+    saved = [saved_beyond_received(x, first, schedule) for x, first in zip(sums.saved, sums.input_saved, strict=True)]
+    if blocked:
+        return _Held(saved, [b[0] for b in blocked], [b[1] for b in blocked])
+    return _Held(saved, list(in_bytes), saved)
 
 
 def _send_times(profile: HardwareProfile, schedule: str, out_bytes: Sequence[int], reps: Sequence[int],
@@ -372,11 +386,12 @@ def _fresh_saving(problem: Problem, graph: Graph, assignment: Sequence[int], S: 
 
 
 def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: Sequence[int],
-                   out_bytes: Sequence[int], reps: Sequence[int], model_out_bytes: int,
+                   out_bytes: Sequence[int], reps: Sequence[int], model_out_bytes: int, held: _Held,
                    blocked: Sequence[tuple[int, int, int]] | None = None) -> list[MemoryBreakdown]:
     """Peak memory of each pipeline device (all its chunks), from `stage_memory`; `model_out_bytes`: the model's
-    output per microbatch (the last layer's outputs), which the device holding the last stage keeps; `blocked`:
-    recomputed a block at a time, each stage's `checkpointed_bytes` (a device's chunks: kept adds up, one re-run)."""
+    output per microbatch (the last layer's outputs), which the device holding the last stage keeps; `held`: what
+    a microbatch holds per stage (`_held_per_microbatch`), for a V's walk; `blocked`: recomputed a block at a time,
+    each stage's `checkpointed_bytes` (a device's chunks: kept adds up, one re-run)."""
     rule = facts(config.schedule)
     S = len(in_bytes)
     P = S // config.chunks
@@ -397,7 +412,7 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             transient_bytes=max(sums.transient[s] for s in mine),
             model_output_bytes_per_mb=model_out_bytes if S - 1 in mine else 0,
             deferred_grad_bytes_per_mb=_per_deferring_stage(sums.deferred, mine),
-            held_bytes=_walked(config, sums, p, P, in_bytes, blocked),
+            held_bytes=_walked(config, sums, held, p, P),
             loss_saved_bytes_per_mb=max(sums.loss_saved[s] for s in mine) if config.recompute else 0,
             w_rerun_bytes=max(sums.w_rerun[s] for s in mine) if rule.splits_backward else 0,
             checkpointed=(sum(blocked[s][0] for s in mine), max(blocked[s][1] for s in mine)) if blocked else None,
@@ -427,20 +442,16 @@ def _per_deferring_stage(deferred: Sequence[int], mine: Sequence[int]) -> int:
     return math.ceil(sum(deferring) / len(deferring)) if deferring else 0
 
 
-def _walked(config: Config, sums: _Sums, p: int, P: int, in_bytes: Sequence[int],
-            blocked: Sequence[tuple[int, int, int]] | None) -> tuple[int, int, int] | None:
+def _walked(config: Config, sums: _Sums, held: _Held, p: int, P: int) -> tuple[int, int, int] | None:
     """A V schedule's device walked over its order with each chunk's own bytes (memory.walked_held_bytes, and
-    recomputed memory.walked_recomputed_bytes: each chunk's checkpointed inputs and re-runs, per block where
-    `blocked`); None elsewhere."""
+    recomputed memory.walked_recomputed_bytes: each chunk's checkpointed inputs and re-runs); None elsewhere."""
     if facts(config.schedule).placement != "v":
         return None
     order = v_order(config.schedule, p, P, config.microbatches)
-    saved = _saved_beyond_received(sums, config.schedule)
     if not config.recompute:
-        return walked_held_bytes(order, saved, sums.deferred, sums.transient)
-    kept = [b[0] for b in blocked] if blocked else in_bytes
-    rerun = [b[1] for b in blocked] if blocked else saved
-    return walked_recomputed_bytes(order, kept, rerun, sums.w_rerun, sums.loss_saved, sums.deferred, sums.transient)
+        return walked_held_bytes(order, held.saved, sums.deferred, sums.transient)
+    return walked_recomputed_bytes(order, held.kept, held.rerun, sums.w_rerun, sums.loss_saved, sums.deferred,
+                                   sums.transient)
 
 
 def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assignment: Sequence[int], config: Config,
@@ -479,14 +490,13 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
         bwd = [(sums.b[s] + allreduce[s] + opt[s]) / reps[s] for s in range(S)]  # PipeDream updates every microbatch
         rec = [rec[s] / reps[s] for s in range(S)]
         fresh = [fresh[s] / reps[s] for s in range(S)]
+    held = _held_per_microbatch(sums, config.schedule, in_bytes, blocked)
     memory = _device_memory(config, request, sums, in_bytes, out_bytes, reps,
-                            problem.output_bytes[-1] if problem.n else 0, blocked)
+                            problem.output_bytes[-1] if problem.n else 0, held, blocked)
     # Simulator memory: the device's fixed part, and per microbatch what stays until its backward.
     static = [m.weights_bytes + m.optimizer_bytes + m.gathered_bytes + m.buffer_bytes for m in memory]
-    kept = [k for k, _, _ in blocked] if blocked else in_bytes
-    saved = _saved_beyond_received(sums, config.schedule)
-    act = [kept[s] if rc else saved[s] for s in range(S)]
-    rbytes = [(blocked[s][1] if blocked else saved[s]) if rc else 0 for s in range(S)]
+    act = held.kept if rc else held.saved
+    rbytes = held.rerun if rc else [0] * S
     # An op's messages: a forward receives its input and sends its output, a backward the gradients of both; a
     # boundary between two stages on the same devices (the turn of a V) is a hand-over in memory, no message.
     remote = [list(ranks[s]) != list(ranks[s + 1]) for s in range(S - 1)]
