@@ -14,10 +14,10 @@ So the tracer, `profiles calibrate` and the runtime's ranks all call
 at any size (`M_MMAP_MAX` 0; the threshold alone stops at 32 MiB, glibc's maximum).
 Blocks above 32 MiB matter too: a 4-layer Llama config (transformers, 32 x 128 tokens
 per microbatch, 4,000-word vocabulary: logits and their gradients of 65 MB) page-faulted
-118k times a step, and its ranks in `pipeplan run` computed 435 and 805 ms forward and
+118k times a step, and its ranks in `pipeplan run` computed 437 and 842 ms forward and
 backward where the tracer, whose heap had grown past them, timed 378 and 743 (the
-plan's iteration +12%); with its heap grown first the same process faulted 0 times a
-step and ran 377-380 and 749-755. The cost is that a process keeps its peak heap until
+plan's iteration +12%); with its heap grown first a process faulted 0 times a step and
+ran 377-380 and 749-755. The cost is that a process keeps its peak heap until
 it exits, which training does anyway.
 """
 
@@ -38,4 +38,4 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     settings = ((M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES), (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES), (M_MMAP_MAX, 0))
-    return all([bool(mallopt(option, value)) for option, value in settings])
+    return all([bool(mallopt(option, value)) for option, value in settings])  # a list: every one is set
