@@ -271,19 +271,24 @@ def held_with_deferred(saved: int, inb: int, points: Sequence[tuple[int, int, bo
     return max((at(*point) for point in points), key=sum)
 
 
+def saves_received_buffer(schedule: str) -> bool:
+    """Whether a stage's first layer that saves its input saves the buffer the input was received into: torch's
+    stages run each microbatch on that buffer (stage.py `_retrieve_recv_activations`); PipeDream's own loops
+    receive into a tensor of their own beside their one buffer."""
+    return facts(schedule).torch_class is not None
+
+
 def saved_beyond_received(saved: int, input_saved: int, schedule: str) -> int:
     """What a stage saves per microbatch beyond its received input, where a first layer that saves its input (a
     LayerNorm, a Linear, a GELU, a convolution) saves the very tensor the memory model counts already: torch's
     stages run each microbatch on the tensor they received it into (stage.py `_retrieve_recv_activations`: the
     buffer itself), counted among the receive buffers (`receive_buffers`) or, recomputed, as
     the input its checkpoint keeps (which the re-run's saves would count a second time). `input_saved`: the
-    stage's first layers' `Layer.input_saved_bytes`. PipeDream's own loops receive each microbatch into a tensor of
-    their own beside their one buffer: as traced. Counted twice, GPT's 3-stage GPipe middle stage read +8.4% on the
+    stage's first layers' `Layer.input_saved_bytes`. Where the stage does not save its received buffer
+    (`saves_received_buffer`: PipeDream's loops), as traced. Counted twice, GPT's 3-stage GPipe middle stage read +8.4% on the
     CPU runtime and a recomputed ZB-V device whose stage starts at a GELU +27% (benchmarks/RESULTS.md, "Peak
     memory")."""
-    if facts(schedule).torch_class is None:
-        return saved
-    return max(0, saved - input_saved)
+    return max(0, saved - input_saved) if saves_received_buffer(schedule) else saved
 
 
 def split_rerun_bytes(saved: int, loss_saved: int, nonweight_saved: int, weight_passes: int, first: bool) -> int:
@@ -553,7 +558,7 @@ class RangeMemory:
             if recompute and rule.splits_backward and len(nonweight_saved_bytes) == n == len(weight_passes) else None
         # what a range's first layer saves of its received input (`saved_beyond_received`), as a W re-runs it too
         self.input_saved = (list(input_saved_bytes) or [0] * n, list(input_nonweight_saved_bytes) or [0] * n) \
-            if rule.torch_class is not None else ([0] * n, [0] * n)
+            if saves_received_buffer(schedule) else ([0] * n, [0] * n)
         self.sharding, self.shards = sharding, shards
         unit = 4 * 2**20  # a whole number of parameters: the per-byte factors below are exact
         w, g, o = _unsharded_parts(unit, _check(optimizer, OPTIMIZERS, "optimizer"), dtype,

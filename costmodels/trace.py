@@ -262,7 +262,7 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
     family = {node.name: node_kind(node) for node in ep.graph.nodes if node.op == "call_function"}
 
     report("counting FLOPs and saved bytes", 0, 1)
-    in_flight = InFlight(*([0] * n for _ in InFlight._fields))
+    in_flight = InFlight.none_counted(n)
     try:
         counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n)
         param_shapes = _param_shapes(model, graph)
@@ -345,7 +345,7 @@ def _transient(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
     except Exception as e:
         graph.notes.append(f"tensors in flight were not counted ({type(e).__name__}); "
                            "peak memory holds saved activations and model state only")
-        return InFlight(*([0] * n for _ in InFlight._fields))
+        return InFlight.none_counted(n)
 
 
 def _param_shapes(model: torch.nn.Module, graph: Graph) -> list[set[tuple[int, ...]]]:

@@ -184,6 +184,11 @@ class InFlight(NamedTuple):
     input_saved: list[int]  # what it saves (first) of tensors earlier layers made (`saved_inputs`)
     input_nonweight_saved: list[int]  # of input_saved, what its ops other than weight ops save
 
+    @classmethod
+    def none_counted(cls, nlayers: int) -> InFlight:
+        """Zeros for every count and layer: tensors in flight not counted."""
+        return cls(*([0] * nlayers for _ in cls._fields))
+
 
 def transient_bytes(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec,
                     inputs: tuple[Any, ...], target: Any, layer_of: dict[str, int], nlayers: int,

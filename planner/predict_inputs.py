@@ -221,7 +221,8 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
     input_saved = [problem.input_saved_bytes[mine[0]] if mine and problem.input_saved_bytes else 0
                    for mine in members]
     w_rerun = [0] * S
-    if recompute and problem.nonweight_saved_bytes and problem.weight_passes:  # (split backwards: torch's stages)
+    # split backwards run only on torch's stages, which save their received buffer (memory.saves_received_buffer)
+    if recompute and problem.nonweight_saved_bytes and problem.weight_passes:
         input_nonweight = [problem.input_nonweight_saved_bytes[mine[0]]
                            if mine and problem.input_nonweight_saved_bytes else 0 for mine in members]
         w_rerun = [split_rerun_bytes(max(0, saved[s] - input_saved[s]), loss_saved[s],
