@@ -50,6 +50,7 @@ from pipeplan.hardware_profiles.loader import save_profile  # noqa: F401 - the i
 from pipeplan.hardware_profiles.local_device import (
     become_local_device,
     concurrency_probe,
+    memory_concurrency_probe,
     rank_slowdowns,
     slowdown_from_probes,
 )
@@ -83,7 +84,9 @@ P2P_REPS = (200, 40, 20, 10)
 Progress = Callable[[str, int, int], None]
 Probe: TypeAlias = tuple[list[float], list[float]]  # local_device.concurrency_probe: (alone, together) step times
 PipelineEvents: TypeAlias = dict[str, list[list[op_overhead.Event]]]  # pipeline_ops.run_pipeline, one rank's
-P2PResult: TypeAlias = tuple[dict[int, float], list[PipelineEvents], list[Probe], dict[str, dict[int, float]]]
+# one-way link times, each rank's pipeline events, compute probes and memory probes (local_device), collectives
+P2PResult: TypeAlias = tuple[dict[int, float], list[PipelineEvents], list[Probe], list[Probe],
+                             dict[str, dict[int, float]]]
 _T = TypeVar("_T")
 
 
@@ -256,19 +259,22 @@ def _p2p_worker(rank: int, port: int, queue: Queue[tuple[str, Any]]) -> None:
             one_way[nbytes] = min(times) / 2
         collective_times = collectives.time_collectives(dist, torch)
         slowdown = concurrency_probe(rank, 2)
+        memory_slowdown = memory_concurrency_probe(rank, 2)
         events = pipeline_ops.run_pipeline(rank)
-        gathered: list[Any] = [None, None]  # all_gather_object fills it with each rank's (probe, events)
-        dist.all_gather_object(gathered, (slowdown, events))
+        gathered: list[Any] = [None, None]  # all_gather_object fills it with each rank's (probes, events)
+        dist.all_gather_object(gathered, (slowdown, memory_slowdown, events))
         dist.destroy_process_group()
         if rank == 0:
-            queue.put(("ok", (one_way, [g[1] for g in gathered], [g[0] for g in gathered], collective_times)))
+            queue.put(("ok", (one_way, [g[2] for g in gathered], [g[0] for g in gathered], [g[1] for g in gathered],
+                              collective_times)))
     except Exception as e:  # reported to the parent, which raises
         queue.put(("error", f"rank {rank}: {type(e).__name__}: {e}"))
 
 
 def measure_p2p(timeout_s: float = 240.0) -> P2PResult:
     """One-way seconds per message size between two spawned processes over gloo, both ranks'
-    op timings from `pipeline_ops.run_pipeline`, and each rank's `concurrency_probe` (alone, together).
+    op timings from `pipeline_ops.run_pipeline`, and each rank's `concurrency_probe` and `memory_concurrency_probe`
+    (alone, together).
 
     `timeout_s` bounds a hang, not the work: the whole phase (spawn, link, collectives, probe and six
     schedules' pipelines, two rounds of four shapes) ran ~38 s on this repo's 2-core VM with the host quiet;
@@ -399,7 +405,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
     finally:
         torch.set_num_threads(prev_threads)
     share = cpu_share(wall0, cpu0)
-    one_way, pipeline_events, slowdowns, collective_times = step(
+    one_way, pipeline_events, slowdowns, memory_slowdowns, collective_times = step(
         "link, collectives, pipeline ops and two busy cores (2 processes, gloo)", measure_p2p)
     link_bw, link_lat = link_from_p2p(one_way)
     overhead_s, overhead_per_byte_s, overhead_per_tensor_s, overhead_detail = op_overhead.op_overhead_s(
@@ -442,6 +448,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         op_overhead_s_per_byte=overhead_per_byte_s,
         op_overhead_s_per_tensor=overhead_per_tensor_s,
         concurrency_slowdown=min(4.0, max(1.0, slowdown_from_probes(slowdowns))),
+        memory_concurrency_slowdown=min(4.0, max(1.0, slowdown_from_probes(memory_slowdowns))),
         collectives=collectives.links_from_times(collective_times),
         optimizer_tensor_s=optimizer_s,
         optimizer_param_s=param_s,
@@ -482,6 +489,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
                              "per_saved_tensor": round(recompute_tensor_s * 1e6, 2)},
             "split_backward_us": {"per_split": round(split_s * 1e6, 1), "per_group": round(split_group_s * 1e6, 2)},
             "concurrency_slowdown_per_rank": [round(x, 3) for x in rank_slowdowns(slowdowns)],
+            "memory_concurrency_slowdown_per_rank": [round(x, 3) for x in rank_slowdowns(memory_slowdowns)],
             "memory_total_bytes": mem_total,
         },
     )

@@ -107,6 +107,7 @@ _TOP_KEYS = {
     "split_backward_overhead_us": False,
     "split_backward_us_per_group": False,
     "concurrency_slowdown": False,
+    "memory_concurrency_slowdown": False,
     "sources": False,
     "confidence": False,
     "notes": False,
@@ -305,6 +306,12 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     c.keys(collectives, {k: False for k in COLLECTIVES}, prefix="collectives.")
     if not 1.0 <= slowdown <= 4.0:
         raise c.fail("concurrency_slowdown", f"is a factor on compute time in [1, 4], got {quote(slowdown)}")
+    memory_slowdown = doc.get("memory_concurrency_slowdown")
+    if memory_slowdown is not None:
+        memory_slowdown = c.number(memory_slowdown, "memory_concurrency_slowdown")
+        if not 1.0 <= memory_slowdown <= 4.0:
+            raise c.fail("memory_concurrency_slowdown",
+                         f"is a factor on memory-bound time in [1, 4], got {quote(memory_slowdown)}")
     overhead_s = {k: v * 1e-6 for k, v in c.schedule_map(doc, "op_overhead_us").items()}
     kernel_us = doc.get("kernel_overhead_us")
     dispatch_us = doc.get("dispatch_us")
@@ -367,6 +374,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         op_overhead_s_per_byte=per_byte_s,
         op_overhead_s_per_tensor=per_tensor_s,
         concurrency_slowdown=slowdown,
+        memory_concurrency_slowdown=memory_slowdown,
         collectives={k: c.link(v, f"collectives.{k}") for k, v in collectives.items()},
         kernel_overhead_s=kernel_s,
         dispatch_s=dispatch_s,
@@ -424,6 +432,8 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         doc["dispatch_us_by_kind"] = {k: [_num(f * 1e6), _num(b * 1e6)] for k, (f, b) in profile.dispatch_by_kind_s.items()}
     if profile.concurrency_slowdown != 1.0:
         doc["concurrency_slowdown"] = _num(profile.concurrency_slowdown)
+    if profile.memory_concurrency_slowdown is not None:
+        doc["memory_concurrency_slowdown"] = _num(profile.memory_concurrency_slowdown)
     if profile.op_overhead_s:
         doc["op_overhead_us"] = {k: _num(v * 1e6) for k, v in profile.op_overhead_s.items()}
     if profile.op_overhead_s_per_byte:

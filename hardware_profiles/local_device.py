@@ -8,6 +8,7 @@ another would mispredict by the difference.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from pipeplan.hardware_profiles.allocator import keep_freed_memory
 
@@ -63,32 +64,63 @@ def concurrency_probe(rank: int, world: int) -> tuple[list[float], list[float]]:
     the host's load during the measurement hits both sides; `slowdown_from_probes`
     combines the ranks' rounds.
     """
-    import time
-
     import torch
-    import torch.distributed as dist
 
     torch.manual_seed(rank)
     model = torch.nn.Sequential(*[torch.nn.Linear(PROBE_WIDTH, PROBE_WIDTH) for _ in range(PROBE_LAYERS)])
     x = torch.randn(PROBE_ROWS, PROBE_WIDTH)
 
-    def step() -> float:
-        t0 = time.perf_counter()
+    def step() -> None:
         for _ in range(PROBE_STEPS):
             model.zero_grad(set_to_none=True)
             model(x).sum().backward()
+
+    return alone_and_together(step, rank, world)
+
+
+def memory_concurrency_probe(rank: int, world: int) -> tuple[list[float], list[float]]:
+    """As `concurrency_probe`, for the memory-bound step every rank of a plan takes at the same moment: Adam's
+    update (as the runtime builds it) over the tensors `optimizer_overhead.per_param_s` prices a parameter on,
+    beyond the last-level cache. Its cores share DRAM's bandwidth, which the compute probe hardly touches."""
+    import torch
+
+    from pipeplan.hardware_profiles.optimizer_overhead import LARGE_NUMEL, LARGE_TENSORS
+    from pipeplan.optimizers import DEFAULT_LR, make_optimizer
+
+    params = [torch.nn.Parameter(torch.zeros(LARGE_NUMEL)) for _ in range(LARGE_TENSORS)]
+    for p in params:
+        p.grad = torch.ones(LARGE_NUMEL)
+    opt = make_optimizer("adam", params, DEFAULT_LR["adam"])
+
+    def step() -> None:
+        for _ in range(PROBE_STEPS):
+            opt.step()
+
+    return alone_and_together(step, rank, world)
+
+
+def alone_and_together(step: Callable[[], None], rank: int, world: int) -> tuple[list[float], list[float]]:
+    """Seconds of `step()` on this rank alone (each rank in turn, the others waiting) and with every rank at once,
+    PROBE_ROUNDS times each after one warm-up (call on all ranks of an initialised process group)."""
+    import time
+
+    import torch.distributed as dist
+
+    def timed() -> float:
+        t0 = time.perf_counter()
+        step()
         return time.perf_counter() - t0
 
-    step()  # warm-up
+    timed()  # warm-up
     alone: list[float] = []
     together: list[float] = []
     for _ in range(PROBE_ROUNDS):
         for r in range(world):
             dist.barrier()
             if r == rank:
-                alone.append(step())
+                alone.append(timed())
         dist.barrier()
-        together.append(step())
+        together.append(timed())
     dist.barrier()
     return alone, together
 

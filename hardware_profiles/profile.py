@@ -62,6 +62,11 @@ class HardwareProfile:
     # GPUs: 1. A local profile's cores share caches, memory bandwidth and sometimes a physical
     # core, so `profiles calibrate` measures it (its other timings run on one core alone).
     concurrency_slowdown: float = 1.0
+    # Factor on a memory-bound step (the optimizer's update, the gradients' flatten and unscale passes) while every
+    # device of the node runs one too: two cores streaming through DRAM share its bandwidth, which the compute probe
+    # behind `concurrency_slowdown` barely touches (calibrate's Adam over 8M parameters here: 1.23-1.25x side by side,
+    # its compute probe 1.00-1.01x the same minute). Measured by `profiles calibrate`; None: not measured, `concurrency_slowdown` stands for it.
+    memory_concurrency_slowdown: float | None = None
     # Collectives as measured within a node ("allreduce", "reduce_scatter", "all_gather"): a Link each, fitted
     # so that costmodels.comm's ring formulas give the measured times of a 2-rank group. A CPU's gloo
     # collectives reduce in memory and copy through the sockets, so they are far slower than its send link
@@ -102,6 +107,12 @@ class HardwareProfile:
     # parameter group (hardware_profiles/split_backward_overhead.py). Measured by `profiles calibrate`; 0 = none.
     split_backward_s: float = 0.0
     split_backward_group_s: float = 0.0
+
+    def memory_slowdown(self) -> float:
+        """The factor on a memory-bound step with every device of the node stepping too: the measured
+        `memory_concurrency_slowdown`, else (a profile calibrated before it was measured) `concurrency_slowdown`."""
+        m = self.memory_concurrency_slowdown
+        return self.concurrency_slowdown if m is None else m
 
     def local_cpu(self) -> bool:
         """Whether this profile is this machine's CPU cores (`profiles calibrate` without a GPU): what a plan for it

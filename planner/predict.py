@@ -195,8 +195,9 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], c
     devices = len({r for rs in ranks for r in rs})
     # Devices computing side by side on one machine slow each other (local profiles; 1 on GPUs).
     slow = profile.concurrency_slowdown if devices > 1 else 1.0
+    slow_memory = profile.memory_slowdown() if devices > 1 else 1.0
     x = stage_inputs(problem, profile, graph, assignment, config, request, reps, ranks, slow=slow,
-                     split_extra_s=split_extra_s)
+                     slow_memory=slow_memory, split_extra_s=split_extra_s)
     # The runtime's own time around every op (calibrated on local profiles, else 0) is part of
     # the iteration but not of the stage's compute: simulated, reported apart from fwd_s/bwd_s.
     overhead_s = [profile.overhead_for(config.schedule, nbytes, extra)

@@ -62,6 +62,7 @@ def test_bf16_without_a_fast_path_stops_after_one_gemm(monkeypatch):
 FAKE_FP32 = [80e9, 100e9, 64e9, 100e9]
 # (alone, together) step seconds per round for each rank: see test_profile_fields_from_known_measurements
 FAKE_PROBES = [([1.0, 1.0], [1.1, 1.3]), ([2.0, 2.0], [2.6, 2.2])]
+FAKE_MEMORY_PROBES = [([1.0, 1.0], [1.5, 1.5]), ([1.0, 1.0], [1.4, 1.6])]  # Adam side by side: see the same test
 FAKE_P2P = {4: 50e-6, 64 * 1024: 50e-6 + 64 * 1024 / 2e9, MIB: 50e-6 + MIB / 2e9, 16 * MIB: 50e-6 + 16 * MIB / 2e9}
 
 
@@ -150,7 +151,8 @@ def fake_measurements(monkeypatch):
     monkeypatch.setattr(calibrate_mod, "split_backward_overhead_s", lambda: FAKE_SPLIT_S)
     monkeypatch.setattr(calibrate_mod, "measure_memory", lambda cap: (20e9, [20e9, 10e9]))
     monkeypatch.setattr(calibrate_mod, "measure_p2p",
-                        lambda: (dict(FAKE_P2P), fake_pipeline_events(), FAKE_PROBES, fake_collective_times()))
+                        lambda: (dict(FAKE_P2P), fake_pipeline_events(), FAKE_PROBES, FAKE_MEMORY_PROBES,
+                                 fake_collective_times()))
     fake_measurements.bf16_speedup = 2.0
     return fake_measurements
 
@@ -187,6 +189,9 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
     # and lock-stepped stages go at the slower one's pace
     assert p.concurrency_slowdown == pytest.approx(1.3)
     assert p.calibration["concurrency_slowdown_per_rank"] == [1.2, 1.2]
+    # the memory-bound step by the same rule, apart: rounds' slowest ranks 1.5 and 1.6
+    assert p.memory_concurrency_slowdown == pytest.approx(1.55)
+    assert p.calibration["memory_concurrency_slowdown_per_rank"] == [1.5, 1.5]
     assert p.devices_per_node == calibrate_mod.core_count()
     total = calibrate_mod.memory_total_bytes()
     assert p.memory_bytes == total // p.devices_per_node
@@ -276,6 +281,8 @@ def test_real_calibration_writes_a_loadable_local_profile(real_run):
     assert all(1e-6 < o < 4e-3 for o in at_1mib.values()), (prof.op_overhead_s, prof.op_overhead_s_per_byte)
     assert 1.0 <= prof.concurrency_slowdown <= 4.0
     assert len(prof.calibration["concurrency_slowdown_per_rank"]) == 2
+    assert prof.memory_concurrency_slowdown is not None and 1.0 <= prof.memory_concurrency_slowdown <= 4.0
+    assert len(prof.calibration["memory_concurrency_slowdown_per_rank"]) == 2
     # torch's checkpoint runs Python hooks for every saved tensor: microseconds each, never free, never a millisecond
     assert 1e-6 < prof.recompute_tensor_s < 1e-3 and 0 <= prof.recompute_overhead_s < 0.05
     # zero bubble's split backward: an autograd call and hooks per parameter group, tens of microseconds each

@@ -306,12 +306,28 @@ def test_concurrency_slowdown_round_trips_and_defaults_to_1(tmp_path):
     assert load_profile(str(path)).concurrency_slowdown == 1.0
 
 
-@pytest.mark.parametrize("text", ["concurrency_slowdown: 0.8", "concurrency_slowdown: 9", "concurrency_slowdown: fast"])
+def test_memory_concurrency_slowdown_round_trips_and_falls_back_to_the_compute_factor(tmp_path):
+    path = tmp_path / "box.yaml"
+    path.write_text(BASE + "concurrency_slowdown: 1.15\nmemory_concurrency_slowdown: 1.4\n")
+    prof = load_profile(str(path))
+    assert (prof.memory_concurrency_slowdown, prof.memory_slowdown()) == (1.4, 1.4)
+    save_profile(prof, tmp_path / "again.yaml")
+    assert load_profile(str(tmp_path / "again.yaml")).memory_concurrency_slowdown == 1.4
+    path.write_text(BASE + "concurrency_slowdown: 1.15\n")  # calibrated before it was measured
+    prof = load_profile(str(path))
+    assert prof.memory_concurrency_slowdown is None and prof.memory_slowdown() == 1.15
+    save_profile(prof, tmp_path / "again.yaml")
+    assert "memory_concurrency_slowdown" not in (tmp_path / "again.yaml").read_text()
+
+
+@pytest.mark.parametrize("text", ["concurrency_slowdown: 0.8", "concurrency_slowdown: 9", "concurrency_slowdown: fast",
+                                  "memory_concurrency_slowdown: 0.5", "memory_concurrency_slowdown: 5",
+                                  "memory_concurrency_slowdown: fast"])
 def test_bad_concurrency_slowdown_exits_2(tmp_path, text):
     path = tmp_path / "box.yaml"
     path.write_text(BASE + text + "\n")
     r = CliRunner().invoke(cli, ["profiles", "show", str(path)])
-    assert r.exit_code == 2 and "concurrency_slowdown" in r.stderr, r.output
+    assert r.exit_code == 2 and text.split(":")[0] in r.stderr, r.output
 
 
 @pytest.mark.parametrize("value, words", [

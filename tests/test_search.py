@@ -137,11 +137,29 @@ def test_concurrency_slowdown_scales_compute_only_when_devices_run_side_by_side(
     K, M = 2, 4
     plan = evaluate(g, slow, equal_layers(8, K), schedule="1f1b", microbatches=M, batch_size=8 * M, times="measured")
     assert [s.predicted.fwd_s for s in plan.stages] == pytest.approx([1.25 * 4e-3] * K)
-    # devices side by side share the memory too: the optimizer step slows like compute
+    # a profile that did not measure its memory-bound step side by side slows it like compute
     assert plan.predicted.iteration_s == pytest.approx((M + K - 1) * 1.25 * 12e-3 + 1.25 * _adam_step_s(4, slow, M),
                                                        rel=1e-12)
     one = evaluate(g, slow, [0] * 8, schedule="1f1b", microbatches=M, batch_size=8 * M, times="measured")
     assert one.predicted.iteration_s == pytest.approx(M * 24e-3 + _adam_step_s(8, slow, M), rel=1e-12)  # nothing beside it
+
+
+def test_memory_concurrency_slowdown_scales_the_update_apart_from_compute():
+    """A profile that measured its memory-bound step side by side (calibrate's Adam probe) slows the optimizer by
+    that factor and the compute by the compute probe's; alone on the machine, by neither."""
+    import dataclasses
+
+    g = uniform_graph(n=8)
+    prof = dataclasses.replace(profile(40), concurrency_slowdown=1.25, memory_concurrency_slowdown=1.6)
+    K, M = 2, 4
+    plan = evaluate(g, prof, equal_layers(8, K), schedule="1f1b", microbatches=M, batch_size=8 * M, times="measured")
+    assert [s.predicted.fwd_s for s in plan.stages] == pytest.approx([1.25 * 4e-3] * K)
+    assert [s.predicted.optimizer_s for s in plan.stages] == pytest.approx([1.6 * _adam_step_s(4, prof, M)] * K,
+                                                                           rel=1e-12)
+    assert plan.predicted.iteration_s == pytest.approx((M + K - 1) * 1.25 * 12e-3 + 1.6 * _adam_step_s(4, prof, M),
+                                                       rel=1e-12)
+    one = evaluate(g, prof, [0] * 8, schedule="1f1b", microbatches=M, batch_size=8 * M, times="measured")
+    assert one.predicted.iteration_s == pytest.approx(M * 24e-3 + _adam_step_s(8, prof, M), rel=1e-12)
 
 
 def test_evaluate_memory_and_flops_terms():
