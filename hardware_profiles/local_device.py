@@ -82,15 +82,9 @@ def memory_concurrency_probe(rank: int, world: int) -> tuple[list[float], list[f
     """As `concurrency_probe`, for the memory-bound step every rank of a plan takes at the same moment: Adam's
     update (as the runtime builds it) over the tensors `optimizer_overhead.per_param_s` prices a parameter on,
     beyond the last-level cache. Its cores share DRAM's bandwidth, which the compute probe hardly touches."""
-    import torch
+    from pipeplan.hardware_profiles.optimizer_overhead import LARGE_NUMEL, LARGE_TENSORS, optimizer_over
 
-    from pipeplan.hardware_profiles.optimizer_overhead import LARGE_NUMEL, LARGE_TENSORS
-    from pipeplan.optimizers import DEFAULT_LR, make_optimizer
-
-    params = [torch.nn.Parameter(torch.zeros(LARGE_NUMEL)) for _ in range(LARGE_TENSORS)]
-    for p in params:
-        p.grad = torch.ones(LARGE_NUMEL)
-    opt = make_optimizer("adam", params, DEFAULT_LR["adam"])
+    opt = optimizer_over("adam", LARGE_TENSORS, LARGE_NUMEL)
 
     def step() -> None:
         for _ in range(PROBE_STEPS):

@@ -80,12 +80,17 @@ def per_param_s(tensor_s: dict[str, float], device: str = "cpu") -> dict[str, fl
 def step_s(name: str, tensors: int, numel: int, steps: int, warmup: int, device: str = "cpu") -> float:
     """Median seconds of one step of optimizer `name` (as the runtime builds it) over `tensors` x `numel` floats
     on `device` (`timed_steps_s`)."""
+    return timed_steps_s(optimizer_over(name, tensors, numel, device), steps, warmup, device)
+
+
+def optimizer_over(name: str, tensors: int, numel: int, device: str = "cpu") -> Any:
+    """Optimizer `name` as the runtime builds it, over `tensors` parameters of `numel` floats with gradients set."""
     import torch
 
     params = [torch.nn.Parameter(torch.zeros(numel, device=device)) for _ in range(tensors)]
     for p in params:
         p.grad = torch.ones(numel, device=device)
-    return timed_steps_s(make_optimizer(name, params, DEFAULT_LR[name]), steps, warmup, device)
+    return make_optimizer(name, params, DEFAULT_LR[name])
 
 
 def timed_steps_s(opt: Any, steps: int, warmup: int, device: str = "cpu") -> float:

@@ -457,12 +457,12 @@ def _walked(config: Config, sums: _Sums, held: _Held, p: int, P: int) -> tuple[i
 
 def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assignment: Sequence[int], config: Config,
                  request: PlanRequest, reps: Sequence[int], ranks: Sequence[Sequence[int]], *,
-                 slow: float = 1.0, slow_memory: float | None = None,
+                 slow: float = 1.0, slow_memory: float = 1.0,
                  split_extra_s: Sequence[float] | None = None) -> StageInputs:
     """The per-stage numbers of a partition, ready for the simulator and the report (`split_extra_s`: measured
-    per stage, see `_split_extra`). `slow` scales compute and `slow_memory` (default `slow`) the memory-bound
-    update passes (flatten, optimizer, unscale, stash) for devices working side by side on one machine."""
-    mem_slow = slow if slow_memory is None else slow_memory
+    per stage, see `_split_extra`). `slow` scales compute and `slow_memory` the memory-bound update passes
+    (flatten, optimizer, unscale, stash) for devices working side by side on one machine (predict: the profile's
+    `concurrency_slowdown` and `memory_slowdown()`)."""
     S = len(reps)
     shared = [(int(sp.bytes), used) for sp, used in shared_stages(graph, problem.names, assignment)]
     rc = config.recompute
@@ -478,12 +478,12 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     tensors = _param_tensors(graph, problem.names, assignment, S)
     grads = [_grad_bytes(p, request) for p in sums.params]
     scaled = scales_loss(request.training_dtype, config.schedule)
-    allreduce = _with_flatten(profile, config, sync.step_end, grads, reps, tensors, mem_slow, divides=not scaled)
-    opt = _optimizer_times(profile, config, request, sums.params, grads, reps, mem_slow, tensors, scaled=scaled)
+    allreduce = _with_flatten(profile, config, sync.step_end, grads, reps, tensors, slow_memory, divides=not scaled)
+    opt = _optimizer_times(profile, config, request, sums.params, grads, reps, slow_memory, tensors, scaled=scaled)
     if scaled:
-        opt = _with_unscale(profile, opt, grads, tensors, ranks, mem_slow)
+        opt = _with_unscale(profile, opt, grads, tensors, ranks, slow_memory)
     if not facts(config.schedule).flushes:  # each update also stashes a new weight version (optimizer_step.py)
-        opt = [o + mem_slow * stash_copy_s(sums.params[s], profile=profile) for s, o in enumerate(opt)]
+        opt = [o + slow_memory * stash_copy_s(sums.params[s], profile=profile) for s, o in enumerate(opt)]
     splits = facts(config.schedule).splits_backward
     layers = _stage_layers(graph, problem.names, assignment, S) if rc or splits else []
     rec = rerun_times(problem, profile, assignment, layers, slow, blocks=bool(blocked)) if rc else [0.0] * S
