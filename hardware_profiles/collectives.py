@@ -19,8 +19,16 @@ pays. With each rank pinned to one core (as the runtime's are) gloo's collective
 are bimodal: measured here, a 256 KiB all-reduce took 0.46 ms at best and 3.3 ms
 in the median (a reduce-scatter 3.0 and 4.1 ms), the rank's communication thread
 waiting for its core; the best times priced a ZeRO-2 plan's reduce-scatter at
-0.6 ms where the run spent 7 ms. The line is a least-squares fit over all sizes
-in relative terms (weights 1/t^2), so no one size decides it.
+0.6 ms where the run spent 7 ms.
+
+Sizes inside the measured range are priced off the measured curve
+(`link_at_size`); the Link's line prices the sizes outside it, so it is the chord
+through the smallest and the largest size (`chord`): latency from the smallest
+message, bandwidth from the largest, the usual two-point alpha-beta estimate, and
+a price that meets the measured curve at both ends. A least-squares line over all
+four sizes (weights 1/t^2, used before) let the middle sizes, which the curve
+prices anyway, pull it: on a noisy host it priced 16 MiB at 5.6 ms where that
+same calibration had measured 14.8.
 """
 
 from __future__ import annotations
@@ -73,26 +81,27 @@ def time_collectives(dist: Any, torch: Any) -> dict[str, dict[int, float]]:
     return out
 
 
-def fit_line(by_size: dict[int, float]) -> tuple[float, float]:
-    """(intercept s, slope s per byte) of t = a + b n minimising the sum of ((a + b n - t) / t)^2 (one size: a
-    line through it and the origin's slope 0 is undefined, so two or more are needed)."""
+def chord(by_size: dict[int, float]) -> tuple[float, float]:
+    """(intercept s, slope s per byte) of the line t = a + b n through the smallest and the largest size's times
+    (two or more sizes are needed). Where that line would cross zero above size 0 (the smallest message faster per
+    byte than the chord, a noisy run), the line through the origin and the largest size: a latency cannot be
+    negative, and the largest size's time, the one extrapolated from, is kept."""
     if len(by_size) < 2:
         raise ValueError("a line needs two or more sizes")
-    w = [1.0 / (t * t) for t in by_size.values()]
-    n, t = list(by_size), list(by_size.values())
-    sw, sx, sy = sum(w), sum(wi * x for wi, x in zip(w, n, strict=True)), sum(wi * y for wi, y in zip(w, t, strict=True))
-    sxx = sum(wi * x * x for wi, x in zip(w, n, strict=True))
-    sxy = sum(wi * x * y for wi, x, y in zip(w, n, t, strict=True))
-    slope = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
-    return (sy - slope * sx) / sw, slope
+    (n_lo, t_lo), (n_hi, t_hi) = min(by_size.items()), max(by_size.items())
+    slope = max((t_hi - t_lo) / (n_hi - n_lo), 0.0)
+    intercept = t_lo - slope * n_lo
+    if intercept < 0:
+        return 0.0, t_hi / n_hi
+    return intercept, slope
 
 
 def links_from_times(times: dict[str, dict[int, float]]) -> dict[str, Link]:
-    """Per collective, the Link whose ring time for two ranks is the fitted line (`fit_line`) through the sizes."""
+    """Per collective, the Link whose ring time for two ranks is the chord through the smallest and largest sizes."""
     links = {}
     for op, by_size in times.items():
         k_bw, k_lat = RING_FACTORS[op]
-        intercept, slope = fit_line(by_size)
+        intercept, slope = chord(by_size)
         slope = max(slope, 1e-15)  # seconds per byte
         latency = max(intercept / k_lat, 0.0)
         links[op] = Link(kind="gloo " + op.replace("_", "-"), bandwidth_bytes_per_s=k_bw / slope, latency_s=latency)
@@ -101,7 +110,7 @@ def links_from_times(times: dict[str, dict[int, float]]) -> dict[str, Link]:
 
 def time_at_size_s(by_size_s: dict[int, float], nbytes: float) -> float | None:
     """The two-rank time at `nbytes` read off the measured sizes: log-log linear between the two around it, None
-    outside the measured range (where the fitted line, `links_from_times`, prices it)."""
+    outside the measured range (where the chord, `links_from_times`, prices it)."""
     sizes = sorted(by_size_s)
     if len(sizes) < 2 or not sizes[0] <= nbytes <= sizes[-1]:
         return None
@@ -113,12 +122,12 @@ def time_at_size_s(by_size_s: dict[int, float], nbytes: float) -> float | None:
 
 
 def link_at_size(link: Link, op: str, by_size_s: dict[int, float], nbytes: float) -> Link:
-    """The link a collective of `nbytes` is priced with: `link` (the fitted line) keeping its latency, its bandwidth
-    set so the two-rank ring time at `nbytes` is the measured curve's there (`time_at_size_s`).
+    """The link a collective of `nbytes` is priced with: `link` (the chord, `links_from_times`) keeping its latency,
+    its bandwidth set so the two-rank ring time at `nbytes` is the measured curve's there (`time_at_size_s`).
 
     Why: gloo's time per byte is not one number. Measured on this machine's two cores (one profile): an all-reduce
-    took 200 µs at 16 KiB, 1498 at 256 KiB, 4399 at 4 MiB and 12610 at 16 MiB, and the line fitted through them
-    priced 256 KiB at 434 µs; examples/gpt.py's 550 KB of gradients all-reduced in 2.1-2.4 ms in `pipeplan run`
+    took 200 µs at 16 KiB, 1498 at 256 KiB, 4399 at 4 MiB and 12610 at 16 MiB, and a least-squares line through
+    them priced 256 KiB at 434 µs; examples/gpt.py's 550 KB of gradients all-reduced in 2.1-2.4 ms in `pipeplan run`
     against 0.6 on the line (benchmarks/RESULTS.md, "Defaults only"). Larger groups keep the ring formulas with this
     bandwidth. Outside the measured sizes, or where the curve is under the line's latency, the line as it is.
     """

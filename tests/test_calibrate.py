@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import pipeplan.hardware_profiles.calibrate as calibrate_mod
 from pipeline_timeline import charged_per_op, messages, per_rank_events, timeline
 from pipeplan.cli.main import cli
-from pipeplan.costmodels.comm import allreduce_time_s
+from pipeplan.costmodels.comm import allreduce_time_s, half_ring_time_s
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles import load_profile, op_overhead, save_profile
 
@@ -287,10 +287,14 @@ def test_real_calibration_writes_a_loadable_local_profile(real_run):
     assert 1e-6 < prof.recompute_tensor_s < 1e-3 and 0 <= prof.recompute_overhead_s < 0.05
     # zero bubble's split backward: an autograd call and hooks per parameter group, tens of microseconds each
     assert 1e-6 < prof.split_backward_group_s < 1e-3 and 0 <= prof.split_backward_s < 0.05
-    # gloo's collectives, timed and fitted: the fitted all-reduce gives back the measured 16 MiB time
+    # gloo's collectives, timed; each link's two-rank ring time gives back the largest size's measured time (the
+    # chord's end, where sizes beyond the measured ones are extrapolated from; collectives_us rounds to 0.1 µs)
     assert set(prof.collectives) == {"allreduce", "reduce_scatter", "all_gather"}
-    measured_s = prof.calibration["collectives_us"]["allreduce"][16 * MIB] / 1e6
-    assert allreduce_time_s(16 * MIB, 2, prof.collectives["allreduce"]) == pytest.approx(measured_s, rel=0.5)
+    for op, ring in (("allreduce", allreduce_time_s), ("reduce_scatter", half_ring_time_s),
+                     ("all_gather", half_ring_time_s)):
+        measured_s = prof.calibration["collectives_us"][op][16 * MIB] / 1e6
+        assert ring(16 * MIB, 2, prof.collectives[op]) == pytest.approx(measured_s, abs=1e-7), op
+        assert prof.collectives[op].latency_s >= 0
     # the optimizer's host time per tensor: Adam runs ~8 eager ops a tensor, plain SGD one
     assert set(prof.optimizer_tensor_s) == {"sgd", "momentum", "adam", "adamw"}
     assert 0 < prof.optimizer_tensor_s["sgd"] < prof.optimizer_tensor_s["adam"] < 1e-3
@@ -455,16 +459,20 @@ def test_collectives_are_priced_with_the_measured_links_within_a_node():
     assert allreduce_time_s(16 * MIB, 2, measured) == pytest.approx(16 * MIB / 1e9 + 2e-4)
 
 
-def test_collective_links_are_the_relative_least_squares_line_numpy_fits():
-    """collectives.fit_line against numpy's weighted polyfit (weights 1/t: residuals relative to each time), on
-    times like this machine's (bimodal gloo means); an exact line comes back exactly."""
-    import numpy as np
-
-    from pipeplan.hardware_profiles.collectives import fit_line, links_from_times
+def test_collective_links_are_the_chord_through_the_smallest_and_largest_sizes():
+    """collectives.chord: the line through the end sizes (the middle ones, priced off the measured curve, do not pull
+    it: a least-squares line over all four once priced 16 MiB at 5.6 ms where its calibration measured 14.8); an
+    exact line comes back exactly; a smallest size faster per byte than the chord gives latency 0 through the
+    largest size."""
+    from pipeplan.hardware_profiles.collectives import chord, links_from_times
 
     times = {16 * KIB: 0.39e-3, 256 * KIB: 3.27e-3, 4 * MIB: 4.74e-3, 16 * MIB: 17.7e-3}
-    slope, intercept = np.polyfit(list(times), list(times.values()), 1, w=[1 / t for t in times.values()])
-    assert fit_line(times) == pytest.approx((intercept, slope), rel=1e-9)
+    slope = (17.7e-3 - 0.39e-3) / (16 * MIB - 16 * KIB)  # by hand: rise over run between the ends
+    assert chord(times) == pytest.approx((0.39e-3 - slope * 16 * KIB, slope), rel=1e-12)
+    assert chord({**times, 4 * MIB: 1.0}) == chord(times)  # a wild middle size changes nothing
     exact = {n: 100e-6 + n / 1e9 for n in (16 * KIB, MIB, 16 * MIB)}  # all-reduce of 2: n/bw + 2 lat
     link = links_from_times({"allreduce": exact})["allreduce"]
     assert (link.bandwidth_bytes_per_s, link.latency_s) == pytest.approx((1e9, 50e-6), rel=1e-9)
+    assert chord({16 * KIB: 1e-6, 16 * MIB: 8e-3}) == (0.0, 8e-3 / (16 * MIB))
+    with pytest.raises(ValueError):
+        chord({16 * KIB: 1e-3})
