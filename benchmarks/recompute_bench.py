@@ -11,7 +11,8 @@ recomputation (runtime/recompute.py) in one process, alternating the two. The re
 (median over pairs): no pipeline, no second process, so the host's drift between a trace and a run does not enter.
 Predicted as the planner prices it on a local profile: `costmodels.recompute.rerun_forward_s` on the traced layer
 times (the re-run up to the stage's last saved tensor) plus `checkpoint_overhead_s` (torch's checkpoint's host time
-per region and per saved tensor, measured at the start as `profiles calibrate` measures it); beside it, the
+per region and per saved tensor, measured at the start as `profiles calibrate` measures it; the planner also
+prices reading the stage's input back from DRAM, `cold_read_s`, one tensor a stage, left out here); beside it, the
 re-run alone and the whole forward the planner charged before. Errors are of the recomputed stage's step (its
 measured forward + backward + re-run against the same with the re-run priced each way).
 

@@ -8,7 +8,8 @@ save is skipped. Autograd saves an op's inputs before the op runs and its output
 a Linear (which saves its input and weight) re-runs everything but the final matmul: on examples/mlp.py's first
 stage, 14.6 ms of re-run against a 30 ms forward, measured in `pipeplan run`. Frameworks that recompute with
 their own reentrant function (Megatron-LM's CheckpointFunction, torchgpipe's Recompute) re-run the whole forward;
-priced here is pipeplan's own runtime.
+priced here is pipeplan's own runtime. On this machine's CPU a re-run also reads the inputs it runs on from DRAM,
+where the traced forward found them in cache (`cold_read_s`).
 """
 
 from __future__ import annotations
@@ -16,25 +17,53 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeplan.costmodels.graph import Layer
+from pipeplan.hardware_profiles.profile import HardwareProfile
 
 
-def rerun_forward_s(layers: Sequence[Layer], fwd_s: Sequence[float]) -> float:
-    """One re-run of a region made of `layers` (in execution order) whose forwards take `fwd_s` on the device.
+def rerun_shares(layers: Sequence[Layer]) -> list[float]:
+    """Of each layer of a region (in execution order), the share of its forward one re-run runs.
 
-    Walking back from the region's end: a layer that saves nothing is skipped whole, the last layer that saves
-    runs up to its last save (its traced share `last_save_s / fwd_s` of the device's time), and every layer
-    before it runs whole. A layer whose saves were not timed (`saved_tensors` None: graphs from before, analytic
-    or imported ones) ends the walk as a whole forward, the price before this was known.
+    Walking back from the region's end: a layer that saves nothing is skipped whole (0), the last layer that saves
+    runs up to its last save (its traced share `last_save_s / fwd_s`), and every layer before it runs whole (1). A
+    layer whose saves were not timed (`saved_tensors` None: graphs from before, analytic or imported ones) ends the
+    walk as a whole forward, the price before this was known.
     """
+    shares = [0.0] * len(layers)
     for i in range(len(layers) - 1, -1, -1):
         layer = layers[i]
         if layer.saved_tensors is None or layer.last_save_s is None:
-            return sum(fwd_s[: i + 1])
+            return [1.0] * (i + 1) + shares[i + 1:]
         if layer.saved_tensors == 0:
             continue
-        share = min(1.0, layer.last_save_s / layer.fwd_s) if layer.fwd_s > 0 else 1.0
-        return sum(fwd_s[:i]) + share * fwd_s[i]
-    return 0.0
+        shares[:i] = [1.0] * i
+        shares[i] = min(1.0, layer.last_save_s / layer.fwd_s) if layer.fwd_s > 0 else 1.0
+        return shares
+    return shares
+
+
+def rerun_forward_s(layers: Sequence[Layer], fwd_s: Sequence[float]) -> float:
+    """One re-run of a region made of `layers` (in execution order) whose forwards take `fwd_s` on the device: each
+    layer's forward times the share of it the re-run runs (`rerun_shares`)."""
+    return sum(share * f for share, f in zip(rerun_shares(layers), fwd_s, strict=True))
+
+
+def cold_read_s(nbytes: float, profile: HardwareProfile) -> float:
+    """What a re-run pays beyond its traced forward to read `nbytes` of region inputs from DRAM, on this machine's CPU.
+
+    Why: a local profile's layer times are measured in a forward where each layer's input was just made by the
+    layer before it, in cache; a re-run in the backward reads inputs made long before. Measured here (one core,
+    the runtime's allocator setting): a ReLU over 4 MiB took 108 µs with its input in cache and 306 µs with it
+    evicted; 21 checkpoints of one such ReLU each cost 179-268 µs a region beyond the traced re-run, whatever
+    checkpoint's variant (benchmarks/RESULTS.md, "Runtime, every schedule on the smaller examples"). The re-run
+    reads its input from DRAM and writes its result into a buffer nothing touched since it was freed: priced as a
+    copy of the bytes at the profile's copy rate (`mem_bw_bytes_per_s`, read + write bytes: calibrate's copy), 2n
+    over it: 161-186 µs for those 4 MiB at 45-52 GB/s. (Zero bubble's W reads gradients back without writing
+    their like: costmodels/split_backward.py prices n over it.) On a GPU (a catalogue profile's roofline, or CUDA-event
+    times of layers whose tensors outgrow its L2) every input already comes from memory: nothing to add.
+    """
+    if not profile.local_cpu() or nbytes <= 0:
+        return 0.0
+    return 2.0 * nbytes / profile.mem_bw_bytes_per_s
 
 
 def block_runs(block_of: Sequence[object]) -> list[tuple[int, int]]:

@@ -30,7 +30,13 @@ from pipeplan.costmodels.memory import (
     walked_recomputed_bytes,
 )
 from pipeplan.costmodels.optimizer_step import optimizer_step_s, stash_copy_s
-from pipeplan.costmodels.recompute import block_runs, checkpoint_overhead_s, rerun_forward_s, weight_grad_passes
+from pipeplan.costmodels.recompute import (
+    block_runs,
+    checkpoint_overhead_s,
+    cold_read_s,
+    rerun_shares,
+    weight_grad_passes,
+)
 from pipeplan.costmodels.split_backward import split_backward_extra_s
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
@@ -486,7 +492,8 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
         opt = [o + slow_memory * stash_copy_s(sums.params[s], profile=profile) for s, o in enumerate(opt)]
     splits = facts(config.schedule).splits_backward
     layers = _stage_layers(graph, problem.names, assignment, S) if rc or splits else []
-    rec = rerun_times(problem, profile, assignment, layers, slow, blocks=bool(blocked)) if rc else [0.0] * S
+    rec = rerun_times(problem, profile, assignment, layers, slow, blocks=bool(blocked),
+                      slow_memory=slow_memory) if rc else [0.0] * S
     fwd, bwd = list(sums.f), list(sums.b)
     fresh = _fresh_saving(problem, graph, assignment, S, slow)
     if not facts(config.schedule).replicates_whole_pipeline:  # a stage with r replicas takes every r-th microbatch
@@ -564,21 +571,49 @@ def _w_reruns(layers: Sequence[Sequence[Layer]], rec: Sequence[float]) -> list[f
 
 
 def rerun_times(problem: Problem, profile: HardwareProfile, assignment: Sequence[int],
-                layers: Sequence[Sequence[Layer]], slow: float, *, blocks: bool = False) -> list[float]:
+                layers: Sequence[Sequence[Layer]], slow: float, *, blocks: bool = False,
+                slow_memory: float = 1.0) -> list[float]:
     """Each stage's re-run under recomputation (`layers`: each stage's, _stage_layers): its forward up to its last
     saved tensor, plus the host time of torch's checkpoint around it, per stage and per tensor its forward saves
-    (costmodels/recompute.py). `blocks`: a checkpoint per block (`Problem.blocks`), each re-run up to its own last
-    save and each with the checkpoint's host time."""
+    (costmodels/recompute.py), plus reading the inputs the re-run runs on from DRAM (`cold_read_s`, on a local
+    profile; `slow_memory` as the other memory-bound passes). `blocks`: a checkpoint per block (`Problem.blocks`),
+    each re-run up to its own last save, each with the checkpoint's host time and its own cold inputs."""
     S = len(layers)
     fwd: list[list[float]] = [[] for _ in range(S)]
+    index: list[list[int]] = [[] for _ in range(S)]
     blocks_of: list[list[int]] = [[] for _ in range(S)]
     for i, s in enumerate(assignment):
         fwd[s].append(slow * problem.fwd_s[i])
+        index[s].append(i)
         blocks_of[s].append(problem.blocks[0][i] if blocks else 0)
-    regions = [[(layers[s][a:b], fwd[s][a:b]) for a, b in block_runs(blocks_of[s])] for s in range(S)]
-    return [sum(rerun_forward_s(mine, f)
-                + slow * checkpoint_overhead_s(mine, profile.recompute_overhead_s, profile.recompute_tensor_s)
-                for mine, f in regions[s]) for s in range(S)]
+    into: list[list[tuple[int, int]]] = [[] for _ in range(problem.n)]
+    for src, dst, nbytes in problem.edges:
+        into[dst].append((src, nbytes))
+    total = [0.0] * S
+    for s in range(S):
+        for a, b in block_runs(blocks_of[s]):
+            mine = layers[s][a:b]
+            shares = rerun_shares(mine)
+            cold = _cold_input_bytes(problem, into, index[s][a:b], shares)
+            total[s] += (sum(share * f for share, f in zip(shares, fwd[s][a:b], strict=True))
+                         + slow * checkpoint_overhead_s(mine, profile.recompute_overhead_s, profile.recompute_tensor_s)
+                         + slow_memory * cold_read_s(cold, profile))
+    return total
+
+
+def _cold_input_bytes(problem: Problem, into: Sequence[Sequence[tuple[int, int]]], region: Sequence[int],
+                      shares: Sequence[float]) -> float:
+    """Bytes a region's re-run reads of tensors made outside it (the model's input for the first layer): each
+    layer's inputs from outside times the share of it the re-run runs, a tensor read by several of its layers
+    once (edges carry a source's bytes per reader)."""
+    inside = set(region)
+    cold: dict[int, float] = {}
+    for i, share in zip(region, shares, strict=True):
+        sources = [*into[i], *([(-1, problem.input_bytes)] if i == 0 else [])]
+        for src, nbytes in sources:
+            if src not in inside:
+                cold[src] = max(cold.get(src, 0.0), share * nbytes)
+    return sum(cold.values())
 
 
 def _param_tensors(graph: Graph, names: Sequence[str], assignment: Sequence[int], S: int) -> list[int]:

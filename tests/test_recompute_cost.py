@@ -9,7 +9,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pipeplan.costmodels.graph import Layer
 from pipeplan.costmodels.model_file import load_model_file
-from pipeplan.costmodels.recompute import rerun_forward_s
+from pipeplan.costmodels.recompute import cold_read_s, rerun_forward_s, rerun_shares
 from pipeplan.costmodels.trace import trace
 from pipeplan.planner.predict import evaluate
 
@@ -37,6 +37,63 @@ def test_the_walk_back_from_the_region_end():
     assert rerun_forward_s([c, c], [10.0, 10.0]) == 0.0
     untimed = Layer(name="u", fwd_s=3.0)  # no save points: the whole forward up to it, as before
     assert rerun_forward_s([a, untimed, c], [20.0, 30.0, 10.0]) == pytest.approx(50.0)
+
+
+def test_the_walk_gives_each_layer_the_share_of_it_a_rerun_runs():
+    a, b, c = layer("a", 2.0, 1.9, 1), layer("b", 4.0, 0.1, 2), layer("c", 1.0, 0.0, 0)
+    assert rerun_shares([a, b, c]) == pytest.approx([1.0, 0.1 / 4.0, 0.0])
+    assert rerun_shares([c, c]) == [0.0, 0.0]
+    assert rerun_shares([a, Layer(name="u", fwd_s=3.0), c]) == [1.0, 1.0, 0.0]
+
+
+def _local(profile_name="a100-80gb", **fields):
+    import dataclasses
+
+    from pipeplan.hardware_profiles import load_profile
+
+    base = load_profile(profile_name)
+    return dataclasses.replace(base, local=True, calibration={"device_type": "cpu"}, mem_bw_bytes_per_s=40e9,
+                               **fields)
+
+
+def test_a_cold_read_is_priced_as_a_copy_of_the_bytes_on_a_cpu_and_free_on_a_gpu():
+    """2n bytes at the copy rate (read + write bytes a second): 4 MiB at 40 GB/s is 210 µs, the ~200 µs a 4 MiB
+    ReLU took with its input evicted beyond the same ReLU with it in cache (costmodels/recompute.cold_read_s)."""
+    import dataclasses
+
+    from pipeplan.hardware_profiles import load_profile
+
+    assert cold_read_s(4 << 20, _local()) == pytest.approx(2 * (4 << 20) / 40e9)
+    assert cold_read_s(4 << 20, load_profile("a100-80gb")) == 0.0
+    cuda = dataclasses.replace(_local(), calibration={"device_type": "cuda"})
+    assert cold_read_s(4 << 20, cuda) == 0.0
+
+
+def test_each_region_rerun_pays_for_reading_the_inputs_it_runs_on():
+    """rerun_times by hand on three layers (a saves its output, b a Linear's inputs, c nothing; a skip from a to c):
+    per layer as its own block, a re-reads the model input and b its input from a, each by the share of it that
+    runs, c nothing (it does not run); one checkpoint around all three reads only the model input."""
+    from pipeplan.planner.predict_inputs import rerun_times
+    from pipeplan.planner.problem import Problem
+
+    mib = 1 << 20
+    a, b, c = layer("a", 2.0, 1.9, 1), layer("b", 4.0, 0.1, 2), layer("c", 1.0, 0.0, 0)
+    problem = Problem(names=("a", "b", "c"), fwd_s=(2e-3, 4e-3, 1e-3), bwd_s=(4e-3, 8e-3, 2e-3),
+                      param_bytes=(0, 0, 0), saved_bytes=(0, 0, 0), output_bytes=(4 * mib, 4 * mib, 4 * mib),
+                      cut_bytes=(8 * mib, 8 * mib), input_bytes=4 * mib,
+                      edges=((0, 1, 4 * mib), (1, 2, 4 * mib), (0, 2, 4 * mib)), block_of=(0, 1, 2),
+                      passed_bytes=(4 * mib, 4 * mib, 0))
+    profile = _local(recompute_overhead_s=0.0, recompute_tensor_s=0.0)
+    copy = 2 / 40e9  # seconds a byte read cold
+    slow, slow_memory = 1.1, 1.3
+    per_block = rerun_times(problem, profile, [0, 0, 0], [[a, b, c]], slow, blocks=True, slow_memory=slow_memory)
+    shares = [1.9 / 2.0, 0.1 / 4.0, 0.0]  # each its own region: a stops at its own save, b at its inputs'
+    expect = (slow * sum(sh * f for sh, f in zip(shares, problem.fwd_s, strict=True))
+              + slow_memory * copy * (shares[0] * 4 * mib + shares[1] * 4 * mib))
+    assert per_block == pytest.approx([expect])
+    whole = rerun_times(problem, profile, [0, 0, 0], [[a, b, c]], slow, slow_memory=slow_memory)
+    # one region: a runs whole (b saves after it), only the model input comes from outside
+    assert whole == pytest.approx([slow * (2e-3 + shares[1] * 4e-3) + slow_memory * copy * 4 * mib])
 
 
 def _rerun_progress(stage: torch.nn.Sequential) -> tuple[set[int], set[int]]:
