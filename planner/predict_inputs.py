@@ -575,8 +575,8 @@ def rerun_times(problem: Problem, profile: HardwareProfile, assignment: Sequence
                 slow_memory: float = 1.0) -> list[float]:
     """Each stage's re-run under recomputation (`layers`: each stage's, _stage_layers): its forward up to its last
     saved tensor, plus the host time of torch's checkpoint around it, per stage and per tensor its forward saves
-    (costmodels/recompute.py), plus reading the inputs the re-run runs on from DRAM (`cold_read_s`, on a local
-    profile; `slow_memory` as the other memory-bound passes). `blocks`: a checkpoint per block (`Problem.blocks`),
+    (costmodels/recompute.py), plus reading the inputs the re-run runs on from DRAM (`cold_read_s`, on this
+    machine's CPU; times `slow_memory`, as the other memory-bound passes). `blocks`: a checkpoint per block (`Problem.blocks`),
     each re-run up to its own last save, each with the checkpoint's host time and its own cold inputs."""
     S = len(layers)
     fwd: list[list[float]] = [[] for _ in range(S)]
