@@ -101,9 +101,9 @@ def links_from_times(times: dict[str, dict[int, float]]) -> dict[str, Link]:
     links = {}
     for op, by_size in times.items():
         k_bw, k_lat = RING_FACTORS[op]
-        intercept, slope = chord(by_size)
-        slope = max(slope, 1e-15)  # seconds per byte
-        latency = max(intercept / k_lat, 0.0)
+        intercept, slope = chord(by_size)  # intercept >= 0, slope >= 0
+        slope = max(slope, 1e-15)  # seconds per byte: a bandwidth needs a slope above 0
+        latency = intercept / k_lat
         links[op] = Link(kind="gloo " + op.replace("_", "-"), bandwidth_bytes_per_s=k_bw / slope, latency_s=latency)
     return links
 

@@ -65,7 +65,8 @@ class HardwareProfile:
     # Factor on a memory-bound step (the optimizer's update, the gradients' flatten and unscale passes) while every
     # device of the node runs one too: two cores streaming through DRAM share its bandwidth, which the compute probe
     # behind `concurrency_slowdown` barely touches (calibrate's Adam over 8M parameters here: 1.23-1.25x side by side,
-    # its compute probe 1.00-1.01x the same minute). Measured by `profiles calibrate`; None: not measured, `concurrency_slowdown` stands for it.
+    # its compute probe 1.00-1.01x the same minute). Measured by `profiles calibrate`; None: not measured,
+    # `concurrency_slowdown` stands for it.
     memory_concurrency_slowdown: float | None = None
     # Collectives as measured within a node ("allreduce", "reduce_scatter", "all_gather"): a Link each, fitted
     # so that costmodels.comm's ring formulas give the measured times of a 2-rank group. A CPU's gloo

@@ -34,6 +34,7 @@ from pipeplan.costmodels.recompute import (
     block_runs,
     checkpoint_overhead_s,
     cold_read_s,
+    rerun_forward_s,
     rerun_shares,
     weight_grad_passes,
 )
@@ -575,9 +576,10 @@ def rerun_times(problem: Problem, profile: HardwareProfile, assignment: Sequence
                 slow_memory: float = 1.0) -> list[float]:
     """Each stage's re-run under recomputation (`layers`: each stage's, _stage_layers): its forward up to its last
     saved tensor, plus the host time of torch's checkpoint around it, per stage and per tensor its forward saves
-    (costmodels/recompute.py), plus reading the inputs the re-run runs on from DRAM (`cold_read_s`, on this
-    machine's CPU; times `slow_memory`, as the other memory-bound passes). `blocks`: a checkpoint per block (`Problem.blocks`),
-    each re-run up to its own last save, each with the checkpoint's host time and its own cold inputs."""
+    (costmodels/recompute.py), plus on this machine's CPU reading the inputs the re-run runs on from DRAM
+    (`cold_read_s`, times `slow_memory` as the other memory-bound passes). `blocks`: a checkpoint per block
+    (`Problem.blocks`), each re-run up to its own last save, each with the checkpoint's host time and its own
+    cold inputs."""
     S = len(layers)
     fwd: list[list[float]] = [[] for _ in range(S)]
     index: list[list[int]] = [[] for _ in range(S)]
@@ -586,18 +588,19 @@ def rerun_times(problem: Problem, profile: HardwareProfile, assignment: Sequence
         fwd[s].append(slow * problem.fwd_s[i])
         index[s].append(i)
         blocks_of[s].append(problem.blocks[0][i] if blocks else 0)
-    into: list[list[tuple[int, int]]] = [[] for _ in range(problem.n)]
-    for src, dst, nbytes in problem.edges:
+    cpu = profile.local_cpu()  # elsewhere the cold read is free (cold_read_s): no need to count its bytes
+    into: list[list[tuple[int, int]]] = [[] for _ in range(problem.n if cpu else 0)]
+    for src, dst, nbytes in problem.edges if cpu else ():
         into[dst].append((src, nbytes))
     total = [0.0] * S
     for s in range(S):
         for a, b in block_runs(blocks_of[s]):
             mine = layers[s][a:b]
-            shares = rerun_shares(mine)
-            cold = _cold_input_bytes(problem, into, index[s][a:b], shares)
-            total[s] += (sum(share * f for share, f in zip(shares, fwd[s][a:b], strict=True))
-                         + slow * checkpoint_overhead_s(mine, profile.recompute_overhead_s, profile.recompute_tensor_s)
-                         + slow_memory * cold_read_s(cold, profile))
+            total[s] += (rerun_forward_s(mine, fwd[s][a:b])
+                         + slow * checkpoint_overhead_s(mine, profile.recompute_overhead_s, profile.recompute_tensor_s))
+            if cpu:
+                cold = _cold_input_bytes(problem, into, index[s][a:b], rerun_shares(mine))
+                total[s] += slow_memory * cold_read_s(cold, profile)
     return total
 
 
