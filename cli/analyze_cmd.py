@@ -74,11 +74,16 @@ def run_analysis(
         user_split = read_split(graph, split, split_from)  # a bad split fails before the search
         result = run_search(graph, profile, request, progress=phases("plan: "))
         if retrace is not None:
-            from pipeplan.cli.device_like import measure_split_like_device, retime_like_device
+            from pipeplan.cli.device_like import (
+                measure_slowdown_like_device,
+                measure_split_like_device,
+                retime_like_device,
+            )
 
             graph, result = retime_like_device(graph, profile, request, result, lambda b, d, t: retrace(phases, b, d, t),
                                                progress=phases("re-plan on device-like times: "))
             result = measure_split_like_device(graph, profile, request, result)
+            result = measure_slowdown_like_device(graph, profile, request, result)
         judged = judge(graph, profile, request, result.best, user_split)
     write_outputs(result.best, graph, profile, output=output, plot=plot, chrome_trace=chrome_trace)
     if as_json:

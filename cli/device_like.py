@@ -14,7 +14,9 @@ times describe exactly. A bf16 or fp16 plan is timed in its own dtype, under aut
 `pipeplan run` trains it (pipeplan/precision.py): priced at the roofline's 16-bit peak,
 examples/gpt.py's fp16 plan read 275% under its run here, timed in fp16 6-14% under.
 A zero-bubble plan's split backward is then timed on its own stages
-(`measure_split_like_device`, runtime/split_cost.py).
+(`measure_split_like_device`, runtime/split_cost.py), and a plan on several devices is
+re-predicted at the slowdown its own stages show computing side by side on their cores
+(`measure_slowdown_like_device`, runtime/side_by_side.py) instead of calibrate's probe's.
 
 On a machine whose visible GPU is the profile's (its calibration, or the catalogue
 profile its name matches), an fp32 plan is re-timed the same way on that GPU: the
@@ -116,3 +118,29 @@ def measure_split_like_device(graph: Any, profile: Any, request: Any, result: An
                           f"{str(e)[:120]}); its extra is the calibrated model's")
         return result
     return replace(result, best=with_split_extra(best, graph, profile, extra_s, request))
+
+
+def measure_slowdown_like_device(graph: Any, profile: Any, request: Any, result: Any) -> Any:
+    """The search result with its best plan re-predicted at the side-by-side slowdown measured on its own stages,
+    or as given.
+
+    Only where that is what `pipeplan run` will see: a local profile, a plan on several devices that fit this
+    machine's cores, built from a model file on this machine (runtime/side_by_side.py says why calibrate's probe
+    is not enough).
+    """
+    from pipeplan.costmodels.compute import device_threads
+    from pipeplan.planner.replay import with_measured_slowdown
+    from pipeplan.runtime.side_by_side import measure_slowdown
+
+    best = result.best
+    if not (profile.local and best.graph.get("model_file")):
+        return result
+    try:
+        slowdown = measure_slowdown(best, threads=device_threads(profile))
+    except Exception as e:  # a refinement: the plan stands on calibrate's figure, and says so
+        best.notes.append(f"this plan's stages could not be timed side by side ({type(e).__name__}: {str(e)[:120]}); "
+                          "their slowdown is calibrate's probe's")
+        return result
+    if slowdown is None:
+        return result
+    return replace(result, best=with_measured_slowdown(best, graph, profile, slowdown, request))

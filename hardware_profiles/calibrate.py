@@ -43,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
+from pipeplan._procs import reap
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles import collectives, op_overhead, optimizer_overhead, pipeline_ops
 from pipeplan.hardware_profiles.allocator import keep_freed_memory
@@ -295,11 +296,7 @@ def measure_p2p(timeout_s: float = 240.0) -> P2PResult:
         status, payload = "error", f"no answer within {timeout_s:.0f} s"
         interrupted = False
     finally:
-        for p in procs:
-            p.join(timeout=0 if interrupted else 5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        reap(procs, 0 if interrupted else 5)
     if status != "ok":
         raise UserError(
             f"could not measure process-to-process bandwidth over torch.distributed (gloo): {payload}",

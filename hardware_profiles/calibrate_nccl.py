@@ -20,6 +20,7 @@ import statistics
 import time
 from typing import Any
 
+from pipeplan._procs import reap
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles import collectives
 from pipeplan.hardware_profiles.gpu_catalog import catalog_match
@@ -124,11 +125,7 @@ def measure_links(backend: str = "nccl", *, p2p_sizes: tuple[int, ...] = P2P_SIZ
     except Exception:
         status, payload = "error", f"no answer within {timeout_s:.0f} s"
     finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        reap(procs, 10)
     if status != "ok":
         raise UserError(f"could not measure {backend} between two ranks: {payload}",
                         "check NCCL with nvidia-smi topo -m" if backend == "nccl" else "check local TCP connections")

@@ -93,12 +93,17 @@ def memory_concurrency_probe(rank: int, world: int) -> tuple[list[float], list[f
     return alone_and_together(step, rank, world)
 
 
-def alone_and_together(step: Callable[[], None], rank: int, world: int) -> tuple[list[float], list[float]]:
+def alone_and_together(step: Callable[[], None], rank: int, world: int,
+                       barrier: Callable[[], object] | None = None) -> tuple[list[float], list[float]]:
     """Seconds of `step()` on this rank alone (each rank in turn, the others waiting) and with every rank at once,
-    PROBE_ROUNDS times each after one warm-up (call on all ranks of an initialised process group)."""
+    PROBE_ROUNDS times each after one warm-up (call on all ranks; `barrier` waits for all of them, by default that of
+    the initialised process group)."""
     import time
 
-    import torch.distributed as dist
+    if barrier is None:
+        import torch.distributed as dist
+
+        barrier = dist.barrier
 
     def timed() -> float:
         t0 = time.perf_counter()
@@ -110,12 +115,12 @@ def alone_and_together(step: Callable[[], None], rank: int, world: int) -> tuple
     together: list[float] = []
     for _ in range(PROBE_ROUNDS):
         for r in range(world):
-            dist.barrier()
+            barrier()
             if r == rank:
                 alone.append(timed())
-        dist.barrier()
+        barrier()
         together.append(timed())
-    dist.barrier()
+    barrier()
     return alone, together
 
 

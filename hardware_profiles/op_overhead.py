@@ -190,8 +190,11 @@ def op_overhead_s(
     forward or backward (per shape the median over steps of a step's sum over its forwards and backwards,
     `_charge_parts`): a zero-bubble W's gap and theft are charged to them, where the simulator adds them.
     `transfer_s(nbytes)` is the idle link's time for a message. Every op of the 2-stage pipeline (and of ZB-V's V:
-    its hand-over from stage 1 to 2 stays on the rank) sends or receives exactly one activation or gradient, so
-    the one-tensor shapes' charges (LINE_SHAPES) give a line through (bytes, charge) (`least_squares_line`). The
+    its hand-over from stage 1 to 2 stays on the rank) sends or receives exactly one activation or gradient, an op
+    of interleaved's middle stages two, so the one-tensor shapes' charges (LINE_SHAPES) give a line through (the
+    bytes an op sends and receives on average, charge) (`least_squares_line`), the bytes the prediction charges
+    (`HardwareProfile.overhead_for`; fitted against one message's bytes, interleaved's slope read 1.5x what an op
+    pays, and examples/unet.py's interleaved plan, cuts of 1-2 MiB, ran 12-18% faster than predicted). The
     "split" shape sends the large shape's bytes as several tensors: what it is charged beyond the large shape, over
     the extra tensors of an op's messages (`messages_per_op`), is the per-tensor term (clamped at 0 too). The detail
     also keeps how much longer the ops ran than alone (`pipeline_ops.solo_events`; the module doc says why that
@@ -202,25 +205,30 @@ def op_overhead_s(
     per_tensor: dict[str, float] = {}
     detail: dict[str, Any] = {"stages": {s: stage_text(s) for s in SHAPES}}
     for name in SCHEDULES:
-        charge = {}
+        charge, moved = {}, {}
         for shape in SHAPES:
             if name not in shape_schedules(shape):
                 continue
             gap_s, stolen_s, excess_s, compute_s = _charge_parts(per_rank, shape, name,
                                                                  transfer_s(message_bytes(shape)))
             charge[shape] = gap_s + stolen_s
+            moved[shape] = messages_per_op(*_steps(per_rank, f"{shape}/{name}")[0])
             detail[f"{shape}_{name}"] = {"gap_us": round(gap_s * 1e6, 1), "stolen_us": round(stolen_s * 1e6, 1),
                                           "excess_us": round(excess_s * 1e6, 1),
-                                          "compute_per_op_ms": round(compute_s * 1e3, 3)}
-        fixed[name], per_byte[name] = least_squares_line([(message_bytes(s), charge[s]) for s in LINE_SHAPES])
+                                          "compute_per_op_ms": round(compute_s * 1e3, 3),
+                                          "messages_per_op": round(moved[shape], 3)}
+        # against the bytes an op sends and receives in all, as the prediction charges them (overhead_for): one
+        # message's bytes times the messages an op has (1.5 in interleaved's 4 stages on 2 ranks, where the middle
+        # stages' ops both receive and send; 1 in the others)
+        fixed[name], per_byte[name] = least_squares_line([(message_bytes(s) * moved[s], charge[s])
+                                                          for s in LINE_SHAPES])
         if "split" in charge:
-            first, second = _steps(per_rank, f"split/{name}")[0]
-            extra = (TENSORS["split"] - 1) * messages_per_op(first, second)
+            extra = (TENSORS["split"] - 1) * moved["split"]
             per_tensor[name] = max(0.0, (charge["split"] - charge["large"]) / extra)
     return fixed, per_byte, per_tensor, detail
 
 
-def least_squares_line(points: list[tuple[int, float]]) -> tuple[float, float]:
+def least_squares_line(points: list[tuple[float, float]]) -> tuple[float, float]:
     """(intercept, slope) of the least-squares line through (bytes, charge), each clamped at 0: a noisy run may
     make larger messages look cheaper (slope 0: the intercept is then the mean charge)."""
     mean_b = statistics.mean(b for b, _ in points)

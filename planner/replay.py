@@ -10,10 +10,14 @@ predicted.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from pipeplan.costmodels.graph import Graph
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
+from pipeplan.planner.overlap import overlap_share
 from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import predict
 from pipeplan.planner.predict_inputs import op_times
@@ -22,11 +26,14 @@ from pipeplan.planner.simulate import SimResult, simulate
 from pipeplan.schedules import facts
 
 __all__ = ["config_of", "request_of", "assignment_of", "simulate_plan", "simulate_from_plan", "with_split_extra",
-           "MEASURED_SPLIT_KEY"]
+           "with_measured_slowdown", "MEASURED_SPLIT_KEY", "MEASURED_SLOWDOWN_KEY"]
 
 # Where a plan keeps the split-backward extras measured on its own stages (runtime/split_cost.py), so that a
 # re-prediction from the graph reproduces the plan's numbers.
 MEASURED_SPLIT_KEY = "split_extra_measured_s"
+# Where it keeps the side-by-side slowdown measured on its own stages (runtime/side_by_side.py), for the same reason.
+MEASURED_SLOWDOWN_KEY = "concurrency_slowdown_measured"
+SIDE_BY_SIDE_KEY, OVERLAP_KEY = "concurrency_slowdown_side_by_side", "compute_overlap_share"  # what it came from
 
 
 def config_of(plan: Plan) -> Config:
@@ -63,9 +70,38 @@ def assignment_of(plan: Plan, graph: Graph) -> list[int]:
 
 def simulate_plan(plan: Plan, graph: Graph, profile: HardwareProfile) -> SimResult:
     """The plan's timeline (events and memory over time) for plots and Chrome traces, re-predicted exactly."""
-    return predict(graph, profile, assignment_of(plan, graph), config_of(plan), request_of(plan),
+    return predict(graph, profile_of(plan.solver, profile), assignment_of(plan, graph), config_of(plan), request_of(plan),
                    ranks=[st.devices for st in plan.stages], keep_events=True,
                    split_extra_s=plan.solver.get(MEASURED_SPLIT_KEY)).sim
+
+
+def profile_of(solver: dict[str, Any], profile: HardwareProfile) -> HardwareProfile:
+    """`profile` as a plan with this solver record was predicted on it: with the side-by-side slowdown measured on
+    the plan's own stages in place of calibrate's, where there is one (`with_measured_slowdown`)."""
+    measured = solver.get(MEASURED_SLOWDOWN_KEY)
+    return profile if measured is None else replace(profile, concurrency_slowdown=float(measured))
+
+
+def with_measured_slowdown(plan: Plan, graph: Graph, profile: HardwareProfile, slowdown: float,
+                           request: PlanRequest | None = None) -> Plan:
+    """The plan re-predicted at the side-by-side slowdown measured on its own stages (runtime/side_by_side.py) in
+    place of the profile's `concurrency_slowdown` (calibrate's probe), charged on the share of compute during which
+    another device computes too (planner/overlap.py; all of it where replicas compute the same steps at once).
+
+    Same partition, configuration and placement (and measured split extras, if any); the factor applied is kept in
+    `plan.solver` under `MEASURED_SLOWDOWN_KEY` for `simulate_plan`, the measurement and the share beside it.
+    """
+    request = request or request_of(plan)
+    if plan.data_parallel > 1 or any(st.replicas > 1 for st in plan.stages):
+        share = 1.0
+    else:
+        alone = predict(graph, replace(profile, concurrency_slowdown=1.0), assignment_of(plan, graph), config_of(plan),
+                        request, ranks=[st.devices for st in plan.stages], keep_events=True,
+                        split_extra_s=plan.solver.get(MEASURED_SPLIT_KEY))
+        share = overlap_share(alone.sim.events)
+    return _remeasured(plan, graph, profile, request, {
+        MEASURED_SLOWDOWN_KEY: 1.0 + (float(slowdown) - 1.0) * share, SIDE_BY_SIDE_KEY: float(slowdown),
+        OVERLAP_KEY: share})
 
 
 def with_split_extra(plan: Plan, graph: Graph, profile: HardwareProfile, extra_s: list[float],
@@ -75,12 +111,27 @@ def with_split_extra(plan: Plan, graph: Graph, profile: HardwareProfile, extra_s
     Same partition, configuration and placement; the measurements are kept in `plan.solver` under
     `MEASURED_SPLIT_KEY` for `simulate_plan`. `request`: the search's own (default: what the plan records).
     """
-    solver = {**plan.solver, MEASURED_SPLIT_KEY: [float(e) for e in extra_s]}
-    new = predict(graph, profile, assignment_of(plan, graph), config_of(plan), request or request_of(plan),
-                  ranks=[st.devices for st in plan.stages], solver=solver, split_extra_s=extra_s).plan
-    ms = ", ".join(f"{e * 1e3:.2f}" for e in extra_s[1:])
-    new.notes.append(f"the split backward's extra (torch's B + W beyond a whole backward) was timed on stages 1.. of "
-                     f"this plan: {ms} ms a microbatch; the search ranked plans by the calibrated model of it")
+    return _remeasured(plan, graph, profile, request or request_of(plan),
+                       {MEASURED_SPLIT_KEY: [float(e) for e in extra_s]})
+
+
+def _remeasured(plan: Plan, graph: Graph, profile: HardwareProfile, request: PlanRequest,
+                measured: dict[str, Any]) -> Plan:
+    """The plan re-predicted with `measured` added to what its solver record already holds, with a note per
+    measurement (each refinement re-predicts from scratch, so the notes of those before it are written again)."""
+    solver = {**plan.solver, **measured}
+    split = solver.get(MEASURED_SPLIT_KEY)
+    new = predict(graph, profile_of(solver, profile), assignment_of(plan, graph), config_of(plan), request, ranks=[st.devices for st in plan.stages],
+                  solver=solver, split_extra_s=split).plan
+    if split is not None:
+        ms = ", ".join(f"{e * 1e3:.2f}" for e in split[1:])
+        new.notes.append(f"the split backward's extra (torch's B + W beyond a whole backward) was timed on stages 1.. "
+                         f"of this plan: {ms} ms a microbatch; the search ranked plans by the calibrated model of it")
+    if MEASURED_SLOWDOWN_KEY in solver:
+        new.notes.append(f"this plan's stages were timed side by side on their cores: {solver[SIDE_BY_SIDE_KEY]:.3f}x "
+                         f"slower than alone (calibrate's probe: {profile.concurrency_slowdown:.3f}x); "
+                         f"{solver[OVERLAP_KEY]:.0%} of their compute runs beside another device's, so it is charged "
+                         f"{solver[MEASURED_SLOWDOWN_KEY]:.3f}x; the search ranked plans by the probe's figure")
     return new
 
 

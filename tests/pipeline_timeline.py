@@ -74,6 +74,13 @@ def messages(schedule: str, kind: str, stage: int) -> int:
                                      and stage_device(schedule, n, 2) != here)
 
 
+def mean_messages(schedule: str, M: int) -> float:
+    """Messages a forward or backward of the calibration's pipeline sends or receives, on average (`messages`): the
+    factor between one message's bytes and the bytes an op moves, which the per-byte term is fitted against."""
+    ops = [(kind, stage) for kind, stage, _ in sum(orders(schedule, M), []) if kind != "W"]
+    return sum(messages(schedule, kind, stage) for kind, stage in ops) / len(ops)
+
+
 def charged_per_op(schedule: str, M: int, gap: float) -> float:
     """What the fit charges each forward and backward when every op (W too) starts `gap` late: the gaps' sum over
     the forwards and backwards that have one (all ops but rank 0's first)."""

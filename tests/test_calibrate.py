@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import pipeplan.hardware_profiles.calibrate as calibrate_mod
-from pipeline_timeline import charged_per_op, messages, per_rank_events, timeline
+from pipeline_timeline import charged_per_op, mean_messages, messages, per_rank_events, timeline
 from pipeplan.cli.main import cli
 from pipeplan.costmodels.comm import allreduce_time_s, half_ring_time_s
 from pipeplan.errors import UserError
@@ -177,8 +177,9 @@ def test_profile_fields_from_known_measurements(fake_measurements, tmp_path):
         assert p.collectives[op].latency_s == pytest.approx(lat, rel=1e-9)
     M = op_overhead.MICROBATCHES  # ZB-H1's and ZB-V's Ws' gaps are charged to their forwards and backwards
     assert p.op_overhead_s == pytest.approx({k: charged_per_op(k, M, v[0]) for k, v in FAKE_GAP_S.items()}, abs=1e-12)
-    assert p.op_overhead_s_per_byte == pytest.approx({k: charged_per_op(k, M, v[1]) for k, v in FAKE_GAP_S.items()},
-                                                     abs=1e-16)
+    # per byte an op sends and receives (interleaved's: 1.5 messages an op), where the fake gaps grow with one's
+    assert p.op_overhead_s_per_byte == pytest.approx(
+        {k: charged_per_op(k, M, v[1]) / mean_messages(k, M) for k, v in FAKE_GAP_S.items()}, abs=1e-16)
     # one message an op (ZB-V's turn is none), so the charge is the figure; interleaved's middle stages have two
     assert p.op_overhead_s_per_tensor == pytest.approx(FAKE_TENSOR_S, rel=0.01)
     assert {k: v for k, v in p.op_overhead_s_per_tensor.items() if k != "interleaved"} == pytest.approx(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from pipeline_timeline import charged_per_op, messages, orders, per_rank_events, timeline
+from pipeline_timeline import charged_per_op, mean_messages, messages, orders, per_rank_events, timeline
 from pipeplan.cli.main import cli
 from pipeplan.hardware_profiles import load_profile
 from pipeplan.hardware_profiles.loader import save_profile
@@ -56,7 +56,9 @@ def test_v_placement_charges_no_transfer_at_its_turn_and_one_to_the_last_stage_o
 
 def test_overhead_is_a_line_through_the_mean_gaps_of_the_message_sizes():
     """Gaps of fixed + per_byte x message, per schedule: the fit recovers both terms exactly (ZB-H1 and ZB-V: with
-    their Ws' gaps charged to the forwards and backwards, which is where the simulator adds them)."""
+    their Ws' gaps charged to the forwards and backwards, which is where the simulator adds them), the per-byte term
+    per byte an op sends and receives: interleaved's ops move 1.5 messages on average, so there a gap that grows
+    with one message's bytes is two thirds of it per byte moved."""
     truth = {"gpipe": (9e-4, 0.0), "1f1b": (2e-4, 3e-10), "interleaved": (3e-4, 2e-10), "zb-h1": (1e-4, 1e-10),
              "zb-v": (7e-4, 6e-10), "pipedream": (5e-4, 4e-10)}  # s, s per byte
     assert set(truth) == set(SCHEDULES)
@@ -69,7 +71,9 @@ def test_overhead_is_a_line_through_the_mean_gaps_of_the_message_sizes():
 
     fixed, per_byte, _, detail = op_overhead_s(per_rank_events(steps_of), link)
     assert fixed == pytest.approx({k: charged_per_op(k, 8, v[0]) for k, v in truth.items()}, abs=1e-12)
-    assert per_byte == pytest.approx({k: charged_per_op(k, 8, v[1]) for k, v in truth.items()}, abs=1e-16)
+    assert per_byte == pytest.approx({k: charged_per_op(k, 8, v[1]) / mean_messages(k, 8) for k, v in truth.items()},
+                                     abs=1e-16)
+    assert mean_messages("interleaved", 8) == 1.5 and {mean_messages(k, 8) for k in truth if k != "interleaved"} == {1}
     assert charged_per_op("zb-h1", 8, 1.0) == pytest.approx(47 / 31)  # 48 ops a step, 32 of them F or B
     assert charged_per_op("zb-v", 8, 1.0) == pytest.approx(95 / 63)  # 2 ranks x 2 stages x 8 x (F, B, W) = 96
     assert fixed["zb-v"] == pytest.approx(7e-4 * 95 / 63, abs=1e-12)
@@ -167,7 +171,7 @@ def test_cpu_that_gloo_threads_take_from_the_ops_is_charged_with_the_gaps():
         want_fixed = charged_per_op(schedule, 8, gap_line[0]) + stolen_line[0] * len(ops) / fb
         want_per_byte = charged_per_op(schedule, 8, gap_line[1]) + stolen_line[1] * len(ops) / fb
         assert fixed[schedule] == pytest.approx(want_fixed, rel=1e-9)
-        assert per_byte[schedule] == pytest.approx(want_per_byte, rel=1e-9)
+        assert per_byte[schedule] == pytest.approx(want_per_byte / mean_messages(schedule, 8), rel=1e-9)
     n = message_bytes("large")
     assert detail["large_1f1b"]["stolen_us"] == pytest.approx((stolen_line[0] + stolen_line[1] * n) * 1e6, abs=0.1)
 
@@ -423,3 +427,28 @@ def test_profiles_show_lists_the_runtime_cost_per_op(tmp_path):
     assert "gpipe 900 µs + 0 µs/MiB; 1f1b 250 µs + 300 µs/MiB + 40 µs/extra tensor" in row
     path.write_text(BASE)
     assert "runtime per op" not in CliRunner().invoke(cli, ["profiles", "show", str(path)]).output
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_gap_that_grows_with_the_bytes_each_op_moves_is_recovered_per_byte_moved(schedule):
+    """Each op starts fixed + per_byte x (the bytes it sends and receives: one message's bytes times its messages,
+    written from the placement) late, the charge the prediction adds (`HardwareProfile.overhead_for`): the fit
+    gives back per_byte itself, up to rank 0's first op, which has no gap (its messages are left out of the mean)."""
+    fixed_s, per_byte_s = 3e-4, 2e-10
+    link = lambda nbytes: 5e-5 + nbytes / 4e9  # noqa: E731
+
+    def steps_of(name: str, shape: str) -> list[tuple[list, list]]:
+        n = message_bytes(shape)
+        moved = lambda kind, stage: per_byte_s * n * messages(name, kind, stage)  # noqa: E731
+        return [timeline(name, 8, 3e-3, 6e-3, fixed_s, link(n), gap_of=moved) for _ in range(3)]
+
+    fixed_all, per_byte_all, _, _ = op_overhead_s(per_rank_events(steps_of), link)
+    fixed, per_byte = fixed_all[schedule], per_byte_all[schedule]
+    first, second = orders(schedule, 8)
+    fb = [(kind, stage) for kind, stage, _ in first + second if kind != "W"]
+    moved_all = sum(messages(schedule, k, s) for k, s in fb)
+    gapped = moved_all - messages(schedule, *first[0][:2])  # rank 0's first op starts on time
+    want = per_byte_s * (gapped / (len(fb) - 1)) / (moved_all / len(fb))
+    assert per_byte == pytest.approx(want, rel=1e-9)
+    assert per_byte == pytest.approx(per_byte_s, rel=0.01)
+    assert fixed == pytest.approx(charged_per_op(schedule, 8, fixed_s), rel=1e-9)
