@@ -19,8 +19,9 @@ benchmarks/RESULTS.md):
    slower (6.0 s: every layer's activations no longer stay in cache), 2 x 4096
    fastest (5.36 s), 8 x 1024 within ~5% of it.
 3. Prediction: measured vs predicted iteration time for every schedule's pipeline and
-   data parallelism (CONFIGS) on the examples in CASES (target within 10%); a zero-bubble plan is made as
-   `analyze` makes it on a local profile, its split backward timed on its own stages. Each
+   data parallelism (CONFIGS) on the examples in CASES (target within 10%); every plan is made as `analyze`
+   makes it on a local profile: a zero-bubble plan's split backward timed on its own stages, and each plan
+   re-predicted at the slowdown its stages show side by side (runtime/side_by_side.py). Each
    configuration is planned from a trace taken just before its run, on one thread (a
    local device), so the local profile's cost model uses the tracer's measured layer
    times (docs/cost-models.md) as the machine runs at that minute: its speed drifts by
@@ -153,8 +154,9 @@ def trace_one_device(model_file: str, microbatch: int, repeats: int):
 
 def make_plan(graph, profile, batch: int, m: int, config: tuple, out: Path):
     """The configuration's best plan, as `analyze` makes it on a local profile: a zero-bubble plan's split backward
-    timed on its own stages (cli/device_like.measure_split_like_device); the trace is a device's already."""
-    from pipeplan.cli.device_like import measure_split_like_device
+    timed on its own stages (cli/device_like.measure_split_like_device), then the plan re-predicted at its stages'
+    side-by-side slowdown (measure_slowdown_like_device); the trace is a device's already."""
+    from pipeplan.cli.device_like import measure_slowdown_like_device, measure_split_like_device
     from pipeplan.planner.request import PlanRequest
     from pipeplan.planner.search import search
 
@@ -164,6 +166,7 @@ def make_plan(graph, profile, batch: int, m: int, config: tuple, out: Path):
                           recompute_granularity="block" if rc == "block" else "stage", sharding="none",
                           times="model")
     result = measure_split_like_device(graph, profile, request, search(graph, profile, request))
+    result = measure_slowdown_like_device(graph, profile, request, result)
     result.best.save(out)
     return result.best
 
