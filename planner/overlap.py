@@ -3,7 +3,7 @@
 A side-by-side slowdown (cores sharing caches and DRAM) is measured with every
 device computing at once (runtime/side_by_side.py). In a pipeline the devices
 compute at once only part of the time: examples/mlp.py's 1F1B plan, 2 stages and
-2 microbatches, spends most of a step with one device idle in the bubble, and
+2 microbatches, runs ~43% of its compute with the other device idle in the bubble, and
 charged on all of its compute the measured 1.19-1.25x read that plan 9-14% slower
 than `pipeplan run` measured it (benchmarks/RESULTS.md, "Defaults only"). So the
 slowdown is charged in proportion: 1 + (s - 1) x the share of compute that overlaps
