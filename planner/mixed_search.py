@@ -36,7 +36,7 @@ from pipeplan.planner.plan import Plan
 from pipeplan.planner.problem import Problem, build_problem, range_memory
 from pipeplan.planner.request import PlanRequest, default_dtype
 from pipeplan.planner.runnable import split_backward_conflict
-from pipeplan.planner.search import SearchResult, _summary
+from pipeplan.planner.search import SearchResult, alternative_summary
 from pipeplan.schedules import facts
 
 __all__ = ["mixed_search", "placements", "cluster_request", "MixedCandidate"]
@@ -213,7 +213,7 @@ def _refine(sr: _MixedSearch, limit: int = 64) -> None:
 
 
 def _summary_mixed(plan: Plan) -> dict[str, Any]:
-    return {**_summary(plan), "device_types": [s.device_type for s in plan.stages]}
+    return {**alternative_summary(plan), "device_types": [s.device_type for s in plan.stages]}
 
 
 def mixed_search(graph: Graph, cluster: Cluster, request: PlanRequest) -> SearchResult:

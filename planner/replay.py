@@ -123,6 +123,7 @@ def _remeasured(plan: Plan, graph: Graph, profile: HardwareProfile, request: Pla
     split = solver.get(MEASURED_SPLIT_KEY)
     new = predict(graph, profile_of(solver, profile), assignment_of(plan, graph), config_of(plan), request, ranks=[st.devices for st in plan.stages],
                   solver=solver, split_extra_s=split).plan
+    new.alternatives = list(plan.alternatives)  # the search's runners-up, which re-predicting this plan leaves alone
     if split is not None:
         ms = ", ".join(f"{e * 1e3:.2f}" for e in split[1:])
         new.notes.append(f"the split backward's extra (torch's B + W beyond a whole backward) was timed on stages 1.. "

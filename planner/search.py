@@ -361,7 +361,7 @@ def _wants_ilp(sr: _Search) -> bool:
         solver == "ilp" or (solver == "auto" and not sr.problem(first.microbatch_size(sr.B)).is_chain()))
 
 
-def _summary(plan: Plan) -> dict[str, Any]:
+def alternative_summary(plan: Plan) -> dict[str, Any]:
     """What `Plan.alternatives` keeps of a runner-up."""
     return {
         "schedule": plan.schedule,
@@ -393,7 +393,7 @@ def _result(sr: _Search, t0: float) -> SearchResult:
                        problem=sr.problem(cfg.microbatch_size(sr.B)), solver={"name": "equal-layers"},
                        summary=sr.summary).plan
     elapsed = time.perf_counter() - t0
-    best.alternatives = [_summary(p) for p in alternatives]
+    best.alternatives = [alternative_summary(p) for p in alternatives]
     best.solver["search"] = {"evaluated": sr.evaluated, "pruned": sr.pruned, "infeasible": sr.infeasible,
                              "time_s": elapsed, "devices_available": sr.request.devices}
     return SearchResult(best=best, alternatives=alternatives, baseline=baseline, evaluated=sr.evaluated,

@@ -96,7 +96,9 @@ def test_the_measured_slowdown_replaces_the_probes_on_the_compute_that_overlaps(
     # data parallel: both replicas compute every op at once, so all of the measurement is charged
     dp = evaluate(graph, prof, [0] * 32, schedule="1f1b", microbatches=2, batch_size=32, data_parallel=2,
                   times="measured", optimizer="sgd")
+    dp.alternatives = [{"schedule": "gpipe", "iteration_s": 1.0}]  # the search's runners-up
     measured = with_measured_slowdown(dp, graph, prof, 1.25)
+    assert measured.alternatives == dp.alternatives  # re-predicting the plan leaves them as they were
     assert measured.stages[0].predicted.fwd_s == pytest.approx(1.25 * dp.stages[0].predicted.fwd_s, rel=1e-12)
     assert measured.stages[0].predicted.bwd_s == pytest.approx(1.25 * dp.stages[0].predicted.bwd_s, rel=1e-12)
     assert measured.solver[MEASURED_SLOWDOWN_KEY] == pytest.approx(1.25)
@@ -174,3 +176,45 @@ def test_analyze_on_a_local_profile_times_the_plans_stages_side_by_side(tmp_path
     # the second refinement re-predicts the plan and keeps the first one's note
     assert any("timed side by side" in n for n in plan.notes)
     assert any("split backward's extra" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("best_figure,rival_figure,margin,swapped,rival_timed", [
+    (3.0, 1.0, 0.05, True, True),  # slower at its own figure than the runner-up at its own: they change places
+    (3.0, 1.0, 10.0, False, True),  # ... unless the runner-up is not faster by the margin
+    (3.0, 4.0, 0.05, False, True),  # the runner-up could win at the probe's figure, and does not at its own
+    (1.0, 4.0, 0.05, False, False),  # the best holds at its own figure: the runner-up is not timed
+])
+def test_the_runner_up_is_timed_where_it_could_win_and_the_faster_is_reported(graph, monkeypatch, best_figure,
+                                                                               rival_figure, margin, swapped,
+                                                                               rival_timed):
+    from pipeplan.cli.device_like import measure_slowdown_like_device
+    from pipeplan.planner.search import SearchResult
+
+    monkeypatch.setattr("pipeplan.cli.device_like.SWAP_MARGIN", margin)
+    local = dataclasses.replace(load_profile("a100-80gb"), local=True)  # concurrency_slowdown 1: the probe's figure
+    first, second = sorted((two_stage_plan(graph, local, "gpipe"), two_stage_plan(graph, local, "1f1b")),
+                           key=lambda p: -p.predicted.samples_per_s)  # as the search ranks them
+    figures = {first.schedule: best_figure, second.schedule: rival_figure}
+    timed: list[str] = []
+
+    def fake_measure(plan, threads=1):
+        timed.append(plan.schedule)
+        return figures[plan.schedule]
+
+    monkeypatch.setattr("pipeplan.runtime.side_by_side.measure_slowdown", fake_measure)
+    result = SearchResult(best=first, alternatives=[second], baseline=first, evaluated=2)
+    out = measure_slowdown_like_device(graph, local, None, result)
+    assert timed == ([first.schedule, second.schedule] if rival_timed else [first.schedule])
+    at_own = {p.schedule: with_measured_slowdown(p, graph, local, figures[p.schedule]).predicted.iteration_s
+              for p in (first, second)}
+    winner = second if swapped else first
+    assert out.best.schedule == winner.schedule
+    assert out.best.predicted.iteration_s == pytest.approx(at_own[winner.schedule], rel=1e-12)
+    assert [p.schedule for p in out.alternatives] == [p.schedule for p in (first, second) if p is not winner]
+    assert (out.baseline is None) == swapped  # the equal-layers baseline was the other plan's configuration
+    assert any("re-predicted its two fastest plans" in n for n in out.best.notes) == swapped
+    if rival_timed and not swapped:  # the runner-up keeps its own figure among the alternatives
+        assert out.alternatives[0].predicted.iteration_s == pytest.approx(at_own[second.schedule], rel=1e-12)
+    # the plan file's runners-up are the result's, as they now stand
+    assert [(a["schedule"], a["iteration_s"]) for a in out.best.alternatives] == \
+        [(p.schedule, p.predicted.iteration_s) for p in out.alternatives]
