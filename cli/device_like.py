@@ -178,6 +178,8 @@ def _rerank_runner_up(graph: Any, profile: Any, request: Any, result: Any) -> An
     says it could win, so an analysis pays at most one more side-by-side timing (~5 s). A plan that changes places
     loses the equal-layers baseline, which was the other plan's configuration.
     """
+    from pipeplan.planner.replay import config_of
+
     best = result.best
     if not result.alternatives:
         return result
@@ -188,14 +190,7 @@ def _rerank_runner_up(graph: Any, profile: Any, request: Any, result: Any) -> An
     if rival.predicted.samples_per_s <= best.predicted.samples_per_s * (1 + SWAP_MARGIN):
         return replace(result, alternatives=[rival, *rest])
     rival.notes.append(f"analyze re-predicted its two fastest plans at their own stages' figures: this one "
-                       f"({configuration(rival)}) {rival.predicted.iteration_s * 1e3:.1f} ms an iteration, the "
-                       f"search's first ({configuration(best)}) {best.predicted.iteration_s * 1e3:.1f} ms")
+                       f"({config_of(rival).describe()}) {rival.predicted.iteration_s * 1e3:.1f} ms an iteration, "
+                       f"the search's first ({config_of(best).describe()}) {best.predicted.iteration_s * 1e3:.1f} ms")
     return replace(result, best=rival, alternatives=[best, *rest], baseline=None)
 
-
-def configuration(plan: Any) -> str:
-    """A plan's schedule, stages (chunks a device), replicas and microbatches, as a note names them."""
-    replicas = max(len(s.devices) for s in plan.stages)
-    chunks = f" ({plan.chunks} chunks a device)" if plan.chunks > 1 else ""
-    return (f"{plan.schedule}, {len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}{chunks} x {replicas}, "
-            f"{plan.microbatches} microbatches of {plan.microbatch_size}")
