@@ -407,6 +407,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
     link_bw, link_lat = link_from_p2p(one_way)
     overhead_s, overhead_per_byte_s, overhead_per_tensor_s, overhead_detail = op_overhead.op_overhead_s(
         pipeline_events, lambda nbytes: link_lat + nbytes / link_bw)
+    alone_s = op_overhead.alone_overhead_s(pipeline_events)
     peak32 = max(fp32)
     peak16 = max(bf16) if bf16 else None
 
@@ -444,6 +445,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         op_overhead_s=overhead_s,
         op_overhead_s_per_byte=overhead_per_byte_s,
         op_overhead_s_per_tensor=overhead_per_tensor_s,
+        op_overhead_alone_s=alone_s,
         concurrency_slowdown=min(4.0, max(1.0, slowdown_from_probes(slowdowns))),
         memory_concurrency_slowdown=min(4.0, max(1.0, slowdown_from_probes(memory_slowdowns))),
         collectives=collectives.links_from_times(collective_times),

@@ -92,9 +92,17 @@ assert all(facts(s).torch_class is not None for s in TORCH_SCHEDULES) and facts(
 CHUNKS: Final[dict[str, int]] = {"gpipe": 1, "1f1b": 1, "interleaved": 2, "zb-h1": 1, "zb-v": 2, "pipedream": 1}
 assert CHUNKS["zb-v"] == facts("zb-v").fixed_chunks
 SOLO = "solo"  # the key of the ops timed outside any pipeline (pipeline_ops.solo_events)
+# A plan of one stage (one device, or data-parallel replicas of one stage) runs GPipe's or 1F1B's loop with no
+# messages (runtime/worker.build_schedule). Charged the two-rank pipeline's fixed term, which holds posting and
+# waiting on gloo, tests/runtime_model_unet.py's one-stage 1F1B plan (two ops, 2 ms a step) read 8-16% under its
+# prediction in every defaults-only run (benchmarks/RESULTS.md); its loop's own time was ~100 µs an op against
+# the 193 µs charged. So those loops are timed with one stage on each rank alone (pipeline_ops._alone_steps).
+ALONE_SCHEDULES: Final[tuple[ScheduleName, ...]] = ("gpipe", "1f1b")
+ALONE_SHAPES: Final[tuple[str, ...]] = ("small", "large")
+STEP = "step"  # the kind of the event that spans a one-stage loop's whole `schedule.step`
 
 Event: TypeAlias = tuple[str, int, int, float, float, float]
-"""(kind "F"/"B"/"W", stage, microbatch, start_s, end_s, stolen_s), perf_counter clock (shared by processes); "B"
+"""(kind "F"/"B"/"W" (or STEP), stage, microbatch, start_s, end_s, stolen_s), perf_counter clock (shared by processes); "B"
 is a zero-bubble schedule's input-gradient pass, "W" its weight-gradient pass. `stolen_s`: CPU time the process's
 other threads (gloo's, copying messages) used while the op ran (`time.process_time` less `time.thread_time`)."""
 
@@ -226,6 +234,31 @@ def op_overhead_s(
             extra = (TENSORS["split"] - 1) * moved["split"]
             per_tensor[name] = max(0.0, (charge["split"] - charge["large"]) / extra)
     return fixed, per_byte, per_tensor, detail
+
+
+def alone_key(shape: str, name: str) -> str:
+    """The key of the one-stage loop's steps at `shape` under `name` (pipeline_ops.run_pipeline's output)."""
+    return f"{shape}/{name}/alone"
+
+
+def alone_overhead_s(per_rank: list[dict[str, list[list[Event]]]]) -> dict[str, float]:
+    """Per schedule of ALONE_SCHEDULES, the seconds per op its one-stage loop spends outside the forwards and
+    backwards: per measured step (its STEP event's span - the ops' time) / ops, the median over both ranks' steps
+    at every ALONE_SHAPES shape. Why per step and not op_gaps_s's gaps: with no other rank nothing else delays an
+    op, and the step's start (splitting the batch) and end (scaling the gradients) are the loop's too; the
+    simulator adds the charge to every op of a one-stage plan (HardwareProfile.overhead_for)."""
+    out: dict[str, float] = {}
+    for name in ALONE_SCHEDULES:
+        per_op = []
+        for rank in per_rank:
+            for shape in ALONE_SHAPES:
+                for events in rank.get(alone_key(shape, name), []):
+                    ops = [e for e in events if e[0] != STEP]
+                    span = sum(e[4] - e[3] for e in events if e[0] == STEP)
+                    per_op.append(max(0.0, span - sum(e[4] - e[3] for e in ops)) / max(1, len(ops)))
+        if per_op:
+            out[name] = statistics.median(per_op)
+    return out
 
 
 def least_squares_line(points: list[tuple[float, float]]) -> tuple[float, float]:

@@ -13,18 +13,22 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeplan.hardware_profiles.op_overhead import (
+    ALONE_SCHEDULES,
+    ALONE_SHAPES,
     CHUNKS,
     HIDDEN,
     MICROBATCHES,
     ROUNDS,
     SHAPES,
     SOLO,
+    STEP,
     STEPS,
     TENSORS,
     TORCH_SCHEDULES,
     WARMUP,
     WIDTH,
     Event,
+    alone_key,
     shape_schedules,
 )
 from pipeplan.schedules import ScheduleName, device_stages, facts, local_order
@@ -52,7 +56,13 @@ def run_pipeline(rank: int) -> dict[str, list[list[Event]]]:
     import torch.distributed as dist
 
     out: dict[str, list[list[Event]]] = {}
+    alone_groups = [dist.new_group([r]) for r in range(2)]  # collective: every rank creates both, in order
     for round_ in range(ROUNDS):
+        for shape in ALONE_SHAPES:
+            rows, layers = SHAPES[shape]
+            for name in ALONE_SCHEDULES:
+                dist.barrier()
+                out.setdefault(alone_key(shape, name), []).extend(_alone_steps(name, rows, layers, alone_groups[rank]))
         for shape, (rows, layers) in SHAPES.items():
             hidden = HIDDEN.get(shape, WIDTH)
             if round_ == 0:
@@ -134,20 +144,7 @@ def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors:
     for index in mine:  # in model order, as the runtime lists a rank's stages
         module = _stage_module(layers, 1 if index == 0 else tensors, 1 if index == n_stages - 1 else tensors, hidden)
         stage = pipelining.PipelineStage(module, index, n_stages, torch.device("cpu"))
-
-        def timed(fn: Callable[..., Any], kind: str, index: int = index,
-                  events: list[Event] = events) -> Callable[..., Any]:
-            def run(chunk: int, *args: Any, **kwargs: Any) -> Any:
-                clocks, t0 = cpu_clocks(), time.perf_counter()
-                result = fn(chunk, *args, **kwargs)
-                events.append((kind, index, int(chunk), t0, time.perf_counter(), stolen_since(clocks)))
-                return result
-            return run
-
-        # Instance attributes shadowing torch's methods, to time each call (mypy forbids assigning to a method).
-        stage.forward_one_chunk = timed(stage.forward_one_chunk, "F")  # type: ignore[method-assign]
-        stage.backward_one_chunk = timed(stage.backward_one_chunk, "B")  # type: ignore[method-assign]
-        stage.backward_weight_one_chunk = timed(stage.backward_weight_one_chunk, "W")  # type: ignore[method-assign]
+        _time_ops(stage, index, events)
         stages.append(stage)
     loss = lambda output, target: output.sum()  # noqa: E731
     cls = getattr(pipelining, str(facts(name).torch_class))
@@ -166,6 +163,47 @@ def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors:
         schedule.step(*args, **kwargs)
         if i >= WARMUP:
             steps.append(list(events))
+    return steps
+
+
+def _time_ops(stage: Any, index: int, events: list[Event]) -> None:
+    """Record every forward, backward and W of `stage` in `events` (kind, stage, microbatch, start, end, stolen
+    CPU): instance attributes shadowing torch's methods (mypy forbids assigning to a method)."""
+    def timed(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
+        def run(chunk: int, *args: Any, **kwargs: Any) -> Any:
+            clocks, t0 = cpu_clocks(), time.perf_counter()
+            result = fn(chunk, *args, **kwargs)
+            events.append((kind, index, int(chunk), t0, time.perf_counter(), stolen_since(clocks)))
+            return result
+        return run
+
+    stage.forward_one_chunk = timed(stage.forward_one_chunk, "F")
+    stage.backward_one_chunk = timed(stage.backward_one_chunk, "B")
+    stage.backward_weight_one_chunk = timed(stage.backward_weight_one_chunk, "W")
+
+
+def _alone_steps(name: ScheduleName, rows: int, layers: int, group: Any) -> list[list[Event]]:
+    """`name`'s loop over one stage with no messages, as the runtime runs a one-stage plan (runtime/worker.
+    build_schedule), on a group of this rank alone: per measured step its forwards and backwards, and a STEP
+    event spanning `schedule.step` (op_overhead.alone_overhead_s charges what lies outside the ops)."""
+    import torch
+    from torch.distributed import pipelining
+
+    from pipeplan.lean_gpipe import single_stage_schedule
+
+    events: list[Event] = []
+    stage = pipelining.PipelineStage(_stage_module(layers), 0, 1, torch.device("cpu"), group=group)
+    _time_ops(stage, 0, events)
+    cls = getattr(pipelining, str(facts(name).torch_class))
+    schedule = single_stage_schedule(cls, stage, MICROBATCHES, loss_fn=lambda output, target: output.sum())
+    x, target = torch.randn(rows * MICROBATCHES, WIDTH), torch.zeros(rows * MICROBATCHES)
+    steps = []
+    for i in range(STEPS):
+        events.clear()
+        t0 = time.perf_counter()
+        schedule.step(x, target=target)
+        if i >= WARMUP:
+            steps.append([*events, (STEP, 0, 0, t0, time.perf_counter(), 0.0)])
     return steps
 
 

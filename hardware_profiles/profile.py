@@ -58,6 +58,9 @@ class HardwareProfile:
     # ... plus this per tensor a message carries beyond its first (a cut with skip connections sends several; torch
     # posts one gloo message per tensor)
     op_overhead_s_per_tensor: dict[str, float] = field(default_factory=dict)
+    # The per-op time of GPipe's and 1F1B's loops over one stage with no messages (a one-stage plan), in place of
+    # the terms above for such a plan (op_overhead.alone_overhead_s); empty = not measured.
+    op_overhead_alone_s: dict[str, float] = field(default_factory=dict)
     # Factor on a device's compute time while the other devices of its node compute too.
     # GPUs: 1. A local profile's cores share caches, memory bandwidth and sometimes a physical
     # core, so `profiles calibrate` measures it (its other timings run on one core alone).
@@ -127,9 +130,11 @@ class HardwareProfile:
         maker = self.device.split()[0].lower() if self.device.strip() else ""
         return maker if not self.local and maker in ("nvidia", "amd") else None
 
-    def overhead_for(self, schedule: str, nbytes: int = 0, extra_tensors: int = 0) -> float:
+    def overhead_for(self, schedule: str, nbytes: int = 0, extra_tensors: int = 0, *, alone: bool = False) -> float:
         """Runtime seconds for one op of `schedule` that sends and receives `nbytes` in all, in messages that carry
-        `extra_tensors` tensors beyond one each: the schedule's own measurement (`profiles calibrate` measures
+        `extra_tensors` tensors beyond one each. `alone`: the op's stage is its plan's only one (no messages), and
+        the schedule's one-stage loop was measured (`op_overhead_alone_s`): that figure. Else the schedule's own
+        measurement (`profiles calibrate` measures
         GPipe, 1F1B, interleaved, ZB-H1, ZB-V and PipeDream; the per-tensor term the torch schedules only), else
         the nearest measured runtime: PipeDream's for PipeDream-2BW (the same asynchronous loop and messages), ZB-V's
         for DualPipeV (the same V placement, its turn a hand-over on one rank, and split backwards, under the same
@@ -137,6 +142,8 @@ class HardwareProfile:
         rank (the V schedules in a profile calibrated before ZB-V was measured: each op posting its own sends), else
         1F1B's (and 1F1B's for all of them in a profile calibrated before the others were measured); 0 where nothing
         was measured."""
+        if alone and schedule in self.op_overhead_alone_s:
+            return self.op_overhead_alone_s[schedule]
         fixed = self._nearest(schedule, self.op_overhead_s)
         per_byte = self.op_overhead_s_per_byte.get(fixed, 0.0)
         per_tensor = self.op_overhead_s_per_tensor.get(self._nearest(schedule, self.op_overhead_s_per_tensor), 0.0)
@@ -148,7 +155,9 @@ class HardwareProfile:
             out = f"{k} {fixed_s * 1e6:.0f} µs + {self.op_overhead_s_per_byte.get(k, 0.0) * 2**20 * 1e6:.0f} µs/MiB"
             return out + (f" + {self.op_overhead_s_per_tensor[k] * 1e6:.0f} µs/extra tensor"
                           if k in self.op_overhead_s_per_tensor else "")
-        return "; ".join(terms(k, v) for k, v in self.op_overhead_s.items())
+        alone = ", ".join(f"{k} {v * 1e6:.0f} µs" for k, v in self.op_overhead_alone_s.items())
+        return "; ".join([*(terms(k, v) for k, v in self.op_overhead_s.items()),
+                          *([f"one stage: {alone}"] if alone else [])])
 
     @staticmethod
     def _nearest(schedule: str, measured: dict[str, float]) -> str:

@@ -280,6 +280,9 @@ def test_real_calibration_writes_a_loadable_local_profile(real_run):
     # (the fixed part alone may fit to 0 on a quiet machine, the per-byte part carrying the gap)
     at_1mib = {k: prof.op_overhead_s[k] + prof.op_overhead_s_per_byte.get(k, 0.0) * MIB for k in prof.op_overhead_s}
     assert all(1e-6 < o < 4e-3 for o in at_1mib.values()), (prof.op_overhead_s, prof.op_overhead_s_per_byte)
+    # ... and around each op of GPipe's and 1F1B's loops over one stage (no messages): Python's bookkeeping only
+    assert set(prof.op_overhead_alone_s) == set(op_overhead.ALONE_SCHEDULES)
+    assert all(1e-6 < o < 2e-3 for o in prof.op_overhead_alone_s.values()), prof.op_overhead_alone_s
     assert 1.0 <= prof.concurrency_slowdown <= 4.0
     assert len(prof.calibration["concurrency_slowdown_per_rank"]) == 2
     assert prof.memory_concurrency_slowdown is not None and 1.0 <= prof.memory_concurrency_slowdown <= 4.0
