@@ -94,7 +94,7 @@ assert CHUNKS["zb-v"] == facts("zb-v").fixed_chunks
 SOLO = "solo"  # the key of the ops timed outside any pipeline (pipeline_ops.solo_events)
 # A plan of one stage (one device, or data-parallel replicas of one stage) runs GPipe's or 1F1B's loop with no
 # messages (runtime/worker.build_schedule). Charged the two-rank pipeline's fixed term, which holds posting and
-# waiting on gloo, tests/runtime_model_unet.py's one-stage 1F1B plan (two ops, 2 ms a step) read 8-16% under its
+# waiting on gloo, tests/runtime_model_unet.py's one-stage 1F1B plan (two ops, 2 ms a step) read 6-18% under its
 # prediction in every defaults-only run (benchmarks/RESULTS.md); its loop's own time was ~100 µs an op against
 # the 193 µs charged. So those loops are timed with one stage on each rank alone (pipeline_ops._alone_steps).
 ALONE_SCHEDULES: Final[tuple[ScheduleName, ...]] = ("gpipe", "1f1b")
