@@ -13,18 +13,7 @@ from pipeplan.cli.main import cli
 from pipeplan.hardware_profiles import load_profile
 from pipeplan.hardware_profiles.loader import save_profile
 from pipeplan.hardware_profiles.op_overhead import ALONE_SCHEDULES, ALONE_SHAPES, STEP, alone_key, alone_overhead_s
-
-BASE = """format: pipeplan.profile/v1
-name: box
-device: test
-memory_gib: 8
-usable_memory_gib: 7
-memory_bandwidth_gbps: 20
-peak_tflops: {fp32: 0.1}
-devices_per_node: 2
-intra_node: {kind: loopback, bandwidth_gbps: 5, latency_us: 70}
-inter_node: {kind: loopback, bandwidth_gbps: 5, latency_us: 70}
-"""
+from test_op_overhead import BASE  # a two-device profile without measured figures
 
 
 def one_step(start_s: float, op_s: list[float], per_op_s: float) -> list[tuple]:
