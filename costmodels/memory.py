@@ -418,6 +418,24 @@ def receive_buffers(schedule: str, stages: int, stage: int, microbatches: int, c
             chunks * microbatches - (microbatches if last_here else 0))
 
 
+def chunk_receive_bytes(schedule: str, mine: Sequence[int], in_bytes: Sequence[int], out_bytes: Sequence[int],
+                        microbatches: int) -> int | None:
+    """The receive buffers of a device running several virtual stages (`mine`, indexed into the model's stages'
+    `in_bytes` and `out_bytes` per microbatch) under torch's multi-stage schedules, each stage's at its own cut:
+    M input buffers for every stage but the model's first (whose input, the microbatch itself, is counted once),
+    M output-gradient buffers for every stage but the model's last (`receive_buffers` counts the same buffers).
+    None where `receive_buffers`' counts times one cut are exact: one stage a device, or a schedule that does
+    not allocate per microbatch. Why: a V's or an interleaved device's chunks cut the model in different places;
+    priced at the device's largest cut, a recomputed ZB-V device whose chunks receive gradients of 2 and 10 MiB
+    counted 32 MiB of buffers it never held (benchmarks/RESULTS.md, "Peak memory")."""
+    rule = facts(schedule)
+    if len(mine) < 2 or rule.torch_class is None or rule.receives_per_microbatch:
+        return None
+    last = len(in_bytes) - 1
+    return sum(int(in_bytes[s]) * (1 if s == 0 else microbatches) + (0 if s == last else int(out_bytes[s]) * microbatches)
+               for s in mine)
+
+
 def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_mb: int, output_bytes_per_mb: int,
                  schedule: str, stages: int, stage: int, microbatches: int, optimizer: str, dtype: str,
                  recompute: bool, chunks: int = 1, mixed_precision: str = DEFAULT_MIXED_PRECISION, sharding: str = "none",
@@ -426,7 +444,7 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
                  model_output_bytes_per_mb: int = 0, deferred_grad_bytes_per_mb: int = 0,
                  held_bytes: tuple[int, int, int] | None = None, loss_saved_bytes_per_mb: int = 0,
                  w_rerun_bytes: int = 0, checkpointed: tuple[int, int] | None = None,
-                 input_saved_bytes_per_mb: int = 0) -> MemoryBreakdown:
+                 input_saved_bytes_per_mb: int = 0, receive_bytes: int | None = None) -> MemoryBreakdown:
     """Predicted peak memory of one pipeline stage (one device).
 
     param_bytes: fp32 bytes of the stage's parameters (all its chunks when interleaved).
@@ -454,6 +472,8 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     per block, (kept per microbatch, one re-run) of `checkpointed_bytes` over the device's stages; None: one checkpoint
     per stage, which keeps the stage's input and re-runs all it saves. input_saved_bytes_per_mb: of
     saved_bytes_per_mb, what the device's stages save of their received inputs (`saved_beyond_received`).
+    receive_bytes: the receive buffers' bytes where the caller summed them per virtual stage of the device
+    (`chunk_receive_bytes`), in place of `receive_buffers`' counts times the device's largest cut.
 
     Terms (each documented in docs/cost-models.md):
     weights + stashed versions (pipedream), grads + optimizer state + master copy
@@ -489,7 +509,8 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
         saved_bytes_per_mb, kept, points, recompute, chunks, deferred_grad_bytes_per_mb, transient_bytes,
         loss_saved_bytes_per_mb, losses_waiting(schedule, stages, microbatches), w_rerun_bytes, rerun)
     ins, grads = receive_buffers(schedule, stages, stage, microbatches, chunks, inflight, recompute)
-    buffers = int(input_bytes_per_mb) * ins + int(output_bytes_per_mb) * grads
+    buffers = int(input_bytes_per_mb) * ins + int(output_bytes_per_mb) * grads if receive_bytes is None \
+        else int(receive_bytes)
     buffers += (kept_outputs(schedule, inflight) * int(output_bytes_per_mb)
                 + kept_model_outputs(schedule, stages, microbatches) * int(model_output_bytes_per_mb))
     transient_bytes += accumulating_grad_bytes(largest_layer_param_bytes, schedule=schedule, microbatches=microbatches,

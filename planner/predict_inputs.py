@@ -20,6 +20,7 @@ from pipeplan.costmodels.graph import Graph, Layer, SharedParam, weight_grad_tim
 from pipeplan.costmodels.memory import (
     MemoryBreakdown,
     checkpointed_bytes,
+    chunk_receive_bytes,
     is_mixed_precision,
     model_state_bytes,
     saved_beyond_received,
@@ -425,6 +426,7 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             w_rerun_bytes=max(sums.w_rerun[s] for s in mine) if rule.splits_backward else 0,
             checkpointed=(sum(blocked[s][0] for s in mine), max(blocked[s][1] for s in mine)) if blocked else None,
             input_saved_bytes_per_mb=sum(sums.input_saved[s] for s in mine),
+            receive_bytes=chunk_receive_bytes(config.schedule, mine, in_bytes, out_bytes, config.microbatches),
         ))
     return memory
 
