@@ -112,7 +112,8 @@ def test_a_tiny_models_traced_step_is_its_eager_step():
     """tests/runtime_model_unet.py at batch 64 (15 ops of ~10-90 µs): its traced forward + backward summed 1.6x
     its eager step here while the tracer collected garbage before every timed step; now within 40% (30% failed
     once in five CI runs at 1.305: a ~1.5 ms step on a shared 2-core host). The eager step is timed in this
-    process right after the trace."""
+    process right after the trace, as the trace is taken: the better of two tries (one median of 200 steps read
+    4.8 ms against a 2.9 ms trace in CI on a host running ~1.6x slower, 2026-11-30; alone it passed)."""
     from pipeplan.costmodels.model_file import load_model_file
     from pipeplan.costmodels.trace import trace
 
@@ -123,12 +124,15 @@ def test_a_tiny_models_traced_step_is_its_eager_step():
                                                               repeats=10).layers) for _ in range(2))
         spec = load_model_file(str(HERE / "runtime_model_unet.py"))
         model, x, target = spec.build(), spec.example_inputs(64)[0], spec.example_target(64)
-        steps = []
-        for _ in range(200):
-            t0 = time.perf_counter()
-            spec.loss(model(x), target).backward()
-            steps.append(time.perf_counter() - t0)
-        eager = statistics.median(steps)
+        medians = []
+        for _ in range(2):
+            steps = []
+            for _ in range(100):
+                t0 = time.perf_counter()
+                spec.loss(model(x), target).backward()
+                steps.append(time.perf_counter() - t0)
+            medians.append(statistics.median(steps))
+        eager = min(medians)
     finally:
         torch.set_num_threads(threads)
     assert 0.7 < traced / eager < 1.4, (traced, eager)
