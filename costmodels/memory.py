@@ -508,11 +508,11 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     acts, deferred, transient_bytes = held_bytes or held_with_deferred(
         saved_bytes_per_mb, kept, points, recompute, chunks, deferred_grad_bytes_per_mb, transient_bytes,
         loss_saved_bytes_per_mb, losses_waiting(schedule, stages, microbatches), w_rerun_bytes, rerun)
-    ins, grads = receive_buffers(schedule, stages, stage, microbatches, chunks, inflight, recompute)
-    buffers = int(input_bytes_per_mb) * ins + int(output_bytes_per_mb) * grads if receive_bytes is None \
-        else int(receive_bytes)
-    buffers += (kept_outputs(schedule, inflight) * int(output_bytes_per_mb)
-                + kept_model_outputs(schedule, stages, microbatches) * int(model_output_bytes_per_mb))
+    if receive_bytes is None:  # one cut for all the device's buffers; a caller with several cuts sums them
+        ins, grads = receive_buffers(schedule, stages, stage, microbatches, chunks, inflight, recompute)
+        receive_bytes = int(input_bytes_per_mb) * ins + int(output_bytes_per_mb) * grads
+    buffers = (int(receive_bytes) + kept_outputs(schedule, inflight) * int(output_bytes_per_mb)
+               + kept_model_outputs(schedule, stages, microbatches) * int(model_output_bytes_per_mb))
     transient_bytes += accumulating_grad_bytes(largest_layer_param_bytes, schedule=schedule, microbatches=microbatches,
                                                optimizer=optimizer, dtype=dtype, mixed_precision=mixed_precision,
                                                sharding=sharding if shards > 1 else "none")
