@@ -138,7 +138,7 @@ def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors:
     from pipeplan.lean_gpipe import single_stage_schedule
 
     n_stages = 2 * CHUNKS[name]
-    mine = device_stages(name, rank, 2, CHUNKS[name])  # the runtime's placement (runtime/worker.stage_ranks)
+    mine = device_stages(name, rank, 2, CHUNKS[name])  # the runtime's placement (runtime/placement.stage_ranks)
     events: list[Event] = []
     stages: list[Any] = []
     for index in mine:  # in model order, as the runtime lists a rank's stages

@@ -66,7 +66,7 @@ def devices_used(plan) -> int:
 def check_plan(plan, opts: LaunchOptions) -> int:
     """Everything checkable before starting processes; returns processes per node."""
     from pipeplan.precision import scales_loss, trained_dtype
-    from pipeplan.runtime.worker import stage_ranks, torch_schedule_class
+    from pipeplan.runtime.placement import stage_ranks, torch_schedule_class
     from pipeplan.schedules import facts
 
     types = sorted({s.device_type for s in plan.stages if s.device_type is not None})
@@ -349,7 +349,7 @@ def _outcome(plan, opts: LaunchOptions, per_node: int, run_dir: Path, returncode
         where = _where_output_is(opts, run_dir)
         if rank is None:
             raise RankFailed(f"the run failed (torchrun exit {returncode}){': ' + tail if tail else ''} ({where})")
-        from pipeplan.runtime.worker import stage_ranks
+        from pipeplan.runtime.placement import stage_ranks
 
         stages = sorted(s for s, rs in stage_ranks(plan).items() if rank in rs)
         names = ", ".join(f"stage {s}" for s in stages) or "no stage"

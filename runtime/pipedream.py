@@ -400,7 +400,7 @@ def close_steps(st: AsyncStage, rs, log, closed: int, upto: int, opts, mean: boo
     closes with the one before it (0 s). A step's time on this rank is from the previous close.
 
     Each last-stage replica logs the share of the step's loss its microbatches make (r/M times their
-    sum for a batch-mean loss, their sum otherwise; 0 without one), so worker.combine_losses (the mean,
+    sum for a batch-mean loss, their sum otherwise; 0 without one), so placement.combine_losses (the mean,
     or the sum, over replicas) gives the step's mean or summed loss.
     """
     m_per_step, r = rs.plan.microbatches, len(st.ranks[st.s])

@@ -116,7 +116,7 @@ def train_2bw(opts, st: TwoBWStage, rs, groups: Groups, mean: bool, after_step):
 
 def close_window(st: TwoBWStage, rs, log, k: int, opts, mean: bool, after_step) -> None:
     """Step k is done on this rank: its time since the previous close, the last stage's window loss
-    (the mean or sum of its microbatches'; worker.combine_losses then takes the replicas' mean or sum)."""
+    (the mean or sum of its microbatches'; placement.combine_losses then takes the replicas' mean or sum)."""
     if k >= opts.warmup:
         log.step_s.append(time.perf_counter() - rs.clock.origin)
     if st.last:

@@ -45,7 +45,7 @@ def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
                 "activation_bytes": st["activation_bytes"],
             })
     stages.sort(key=lambda s: (s["index"], s["replica"]))
-    from pipeplan.runtime.worker import combine_losses
+    from pipeplan.runtime.placement import combine_losses
 
     losses = combine_losses([r["losses"] for r in ranks if r.get("losses") is not None],
                             mean=all(r.get("loss_reduction", "mean") == "mean" for r in ranks))

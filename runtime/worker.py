@@ -51,10 +51,11 @@ from pipeplan.runtime.measure import (
     timed_loss,
     weight_storages,
 )
+from pipeplan.runtime.placement import combine_losses, rank_stages, stage_ranks, torch_schedule_class
 from pipeplan.runtime.recompute import recompute, recompute_blocks
 from pipeplan.runtime.sharding import ShardedParams, wrap_stage
 from pipeplan.runtime.split import Split, flat_inputs, split_program, unflatten_output
-from pipeplan.schedules import facts, stage_device
+from pipeplan.schedules import facts
 
 SEED = 1234  # every rank builds the model with this seed, so replicas of a tensor start identical
 # gloo/NCCL timeout of every collective and send/receive: a rank whose neighbour vanished (on another
@@ -105,70 +106,6 @@ def parse(argv: list[str]) -> Options:
                    a.resume, a.dump_params, a.resume_step, a.vertical_sync, a.initial_loss_scale)
 
 
-# ---------------------------------------------------------------- placement
-def stage_ranks(plan) -> dict[int, list[int]]:
-    """stage index -> its ranks, one per data-parallel replica of the whole pipeline.
-
-    torch's schedules run stage i on rank i mod P of a pipeline's process group (the V schedules on
-    rank i, then 2P - 1 - i: pipeplan.schedules.stage_device), whose ranks are in increasing order, so
-    each replica's pipeline devices must increase with the stage index (both of planner.predict.place's
-    layouts do).
-    """
-    if not facts(plan.schedule).flushes:  # asynchronous PipeDream: stages replicated one by one
-        from pipeplan.runtime.pipedream import check_async_plan
-
-        return check_async_plan(plan)
-    if not facts(plan.schedule).replicates_whole_pipeline or any(len(s.devices) != s.replicas for s in plan.stages):
-        raise UserError(
-            "this plan replicates stages individually (PipeDream); the runtime runs only whole-pipeline replicas",
-            "plan with --schedule 1f1b or gpipe",
-        )
-    reps = {s.replicas for s in plan.stages}
-    d = getattr(plan, "data_parallel", 1) or 1
-    if reps != {d}:
-        raise UserError(f"stages have {sorted(reps)} replicas but the plan's data_parallel is {d}",
-                        "re-plan: every stage must have data_parallel replicas")
-    ranks = {s.index: list(s.devices) for s in plan.stages}
-    n = len(plan.stages)
-    p = len({ranks[s][0] for s in ranks})
-    for r in range(d):
-        pipe = [ranks[s][r] for s in range(min(p, n))]
-        for s in range(n):
-            want = stage_device(plan.schedule, s, p)
-            if ranks[s][r] != pipe[want] or (s < p and s and pipe[s] <= pipe[s - 1]):
-                raise UserError(
-                    f"stage {s} is placed on device {ranks[s][r]}, but torch.distributed.pipelining runs stage {s} "
-                    f"on pipeline rank {want} (stages go {'in a V' if want != s % p else 'round-robin'} over "
-                    "increasing device ranks)",
-                    "re-plan with the default placement",
-                )
-    return ranks
-
-
-def rank_stages(ranks: dict[int, list[int]], rank: int) -> tuple[int, list[int]]:
-    """(replica index, stages) of a rank."""
-    for s in sorted(ranks):
-        if rank in ranks[s]:
-            r = ranks[s].index(rank)
-            return r, sorted(t for t in ranks if ranks[t][r] == rank)
-    return -1, []
-
-
-
-
-def torch_schedule_class(schedule: str) -> str:
-    """The torch.distributed.pipelining class that runs `schedule` (pipeplan.schedules), else the refusal.
-
-    One place for the message: the launcher checks before starting processes, the worker again.
-    """
-    name = facts(schedule).torch_class
-    if name is None:  # asynchronous schedules run in runtime/pipedream.py, not under a torch class
-        raise UserError(
-            f"asynchronous PipeDream ({schedule}: weight stashing, no flush) is not supported by "
-            "torch.distributed.pipelining's classes; the runtime runs it in runtime/pipedream.py's own loop",
-            "plan with --schedule 1f1b (PipeDream-Flush), which runs with the same partition",
-        )
-    return name
 
 
 def build_schedule(plan, stages: list, loss_fn, *, scale_grads: bool = True):
@@ -780,14 +717,6 @@ def gather_losses(losses: list[float], has_last: bool, mean: bool = True) -> lis
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, losses if has_last else None)
     return combine_losses([x for x in out if x is not None], mean)
-
-
-def combine_losses(per_replica: list[list[float]], mean: bool) -> list[float]:
-    """Global loss per step from each replica's: the mean for batch-mean losses, else the sum."""
-    if not per_replica:
-        return []
-    steps = zip(*per_replica, strict=True)  # every replica's last stage logs one loss per step of the same loop
-    return [sum(xs) / len(xs) if mean else sum(xs) for xs in steps]
 
 
 def sharded_grad_scale(level: str, dp: int, microbatches: int, mean: bool) -> float:

@@ -14,7 +14,7 @@ from pipeplan.planner.plan import Plan, Prediction, Stage
 from pipeplan.runtime import checkpoint as ckpt
 from pipeplan.runtime.launch import LaunchOptions, failed_rank, shared_cores_warning, torchrun_command
 from pipeplan.runtime.measure import SavedTensorMeter
-from pipeplan.runtime.worker import combine_losses, rank_stages, stage_ranks, torch_schedule_class
+from pipeplan.runtime.placement import combine_losses, rank_stages, stage_ranks, torch_schedule_class
 from pipeplan.schedules import SCHEDULES
 
 
