@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipeplan.runtime.loss_scale import LossScaler, unscale_grads
-from runtime_helpers import REPO, hand_plan, reference_steps, run_cli
+from runtime_helpers import REPO, hand_plan, reference_steps, run_cli, run_worker
 
 MODEL = REPO / "examples" / "gpt.py"  # a batch-mean cross-entropy: fp16 overflows it from a scale of 2^24
 
@@ -53,25 +53,53 @@ def grad_scaler_reference(batch: int, steps: int, microbatches: int, init_scale:
     return losses, scale, round(math.log2(init_scale / scale))
 
 
+FP16_CASES = {  # name -> (schedule, stages, data-parallel replicas, sharding): two ranks each
+    "1f1b-2-1-none": ("1f1b", 2, 1, "none"), "zb-h1-2-1-none": ("zb-h1", 2, 1, "none"),
+    "1f1b-1-2-none": ("1f1b", 1, 2, "none"), "1f1b-1-2-zero2": ("1f1b", 1, 2, "zero2"),
+}
+FP16_BATCH, FP16_STEPS, FP16_INIT = 8, 6, 2.0 ** 24
+
+
+def _fp16_microbatches(stages: int) -> int:
+    return 4 if stages > 1 else 2
+
+
+@pytest.fixture(scope="module")
+def fp16_runs(tmp_path_factory):
+    """Every case's plan in one torchrun (runtime_helpers.run_worker), from a scale that overflows fp16."""
+    tmp = tmp_path_factory.mktemp("fp16")
+    paths = []
+    for name, (schedule, stages, replicas, sharding) in FP16_CASES.items():
+        paths.append(tmp / f"{name}.json")
+        hand_plan(str(MODEL), stages=stages, devices=stages, schedule=schedule, microbatches=_fp16_microbatches(stages),
+                  batch_size=FP16_BATCH, dtype="fp16", data_parallel=replicas, sharding=sharding).save(paths[-1])
+    run_dir = tmp / "run"
+    run_dir.mkdir()
+    run_worker(paths, 2, "--steps", str(FP16_STEPS), "--warmup", "0", "--optimizer", "sgd", "--lr", "0.01",
+               "--initial-loss-scale", str(FP16_INIT), "--run-dir", str(run_dir), timeout=600)
+    return {name: (run_dir / str(i), path) for i, (name, path) in enumerate(zip(FP16_CASES, paths, strict=True))}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule,stages,replicas,sharding", [("1f1b", 2, 1, "none"), ("zb-h1", 2, 1, "none"),
-                                                               ("1f1b", 1, 2, "none"), ("1f1b", 1, 2, "zero2")])
-def test_an_fp16_plan_skips_the_steps_grad_scaler_skips_and_trains_like_it(tmp_path, schedule, stages, replicas,
-                                                                          sharding):
+@pytest.mark.parametrize("case", list(FP16_CASES))
+def test_an_fp16_plan_skips_the_steps_grad_scaler_skips_and_trains_like_it(fp16_runs, case):
     """2-stage 1F1B and zero-bubble pipelines, 2 data-parallel replicas, and 2 replicas under ZeRO-2, from a scale
     that overflows fp16 (2^24): the run skips the steps the single-process GradScaler skips, ends at its scale, and
-    its losses agree to fp16's rounding."""
-    batch, m, steps, init = 8, 4 if stages > 1 else 2, 6, 2.0 ** 24
-    plan = hand_plan(str(MODEL), stages=stages, devices=stages, schedule=schedule, microbatches=m, batch_size=batch,
-                     dtype="fp16", data_parallel=replicas, sharding=sharding)
-    plan.save(tmp_path / "plan.json")
-    r = run_cli("run", str(tmp_path / "plan.json"), "--steps", str(steps), "--warmup", "0", "--optimizer", "sgd",
-                "--lr", "0.01", "--initial-loss-scale", str(init), "--json", timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "warning" not in r.stderr
-    doc = json.loads(r.stdout)
-    losses, scale, skipped = grad_scaler_reference(batch, steps, m * replicas, init)
-    assert 0 < skipped < steps  # some steps overflowed, later ones trained
+    its losses agree to fp16's rounding. `pipeplan run` would warn of nothing (no precision or recipe note) and
+    report what the rank results summarize to (test_a_resumed_fp16_run_keeps_its_loss_scale runs it)."""
+    from pipeplan.planner.plan import load_plan
+    from pipeplan.precision import precision_note, recipe_note
+    from pipeplan.runtime.report import summarize
+
+    run_dir, path = fp16_runs[case]
+    plan = load_plan(path)
+    assert precision_note(plan.dtype, plan.schedule) is None
+    assert recipe_note(plan.dtype, plan.mixed_precision, plan.schedule) is None
+    doc = summarize(json.loads((run_dir / "result.json").read_text()), plan)
+    _, stages, replicas, _ = FP16_CASES[case]
+    losses, scale, skipped = grad_scaler_reference(FP16_BATCH, FP16_STEPS, _fp16_microbatches(stages) * replicas,
+                                                   FP16_INIT)
+    assert 0 < skipped < FP16_STEPS  # some steps overflowed, later ones trained
     assert doc["loss_scale"]["scale"] == scale and doc["loss_scale"]["skipped_steps"] == skipped
     torch.testing.assert_close(torch.tensor(doc["losses"]), torch.tensor(losses), rtol=2e-3, atol=1e-4)
     assert doc["losses"][-1] < doc["losses"][0]
@@ -86,6 +114,7 @@ def test_a_resumed_fp16_run_keeps_its_loss_scale(tmp_path):
     first = run_cli("run", str(tmp_path / "plan.json"), "--steps", "3", "--checkpoint-dir", str(tmp_path / "ck"),
                     "--checkpoint-every", "3", *common, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
+    assert "warning" not in first.stderr  # no precision or recipe note for fp16 under 1F1B
     resumed = run_cli("run", str(tmp_path / "plan.json"), "--steps", "6", "--checkpoint-dir", str(tmp_path / "ck"),
                       "--resume", *common, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]

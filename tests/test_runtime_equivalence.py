@@ -9,14 +9,11 @@ per case (~5-10 s on 2 cores).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_steps, run_cli
+from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_steps, run_cli, run_worker
 
 TESTS = REPO / "tests"
 CASES = {  # name -> (model file, batch size, microbatches)
@@ -61,11 +58,8 @@ def pipelined(tmp_path_factory):
         plans.append(str(path))
     run_dir, dump = tmp / "run", tmp / "params"
     run_dir.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0",
-           "-m", "pipeplan.runtime.worker", *plans, "--steps", str(STEPS), "--warmup", "0", "--optimizer", "sgd",
-           "--lr", "0.01", "--run-dir", str(run_dir), "--dump-params", str(dump)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_worker(plans, 2, "--steps", str(STEPS), "--warmup", "0", "--optimizer", "sgd", "--lr", "0.01",
+               "--run-dir", str(run_dir), "--dump-params", str(dump))
     return index, run_dir, dump
 
 
@@ -122,11 +116,8 @@ def test_data_parallel_pipeline_equals_single_process(tmp_path):
         plans.append((case, path))
     run_dir, dump = tmp_path / "run", tmp_path / "params"
     run_dir.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "--max-restarts", "0",
-           "-m", "pipeplan.runtime.worker", *[str(p) for _, p in plans], "--steps", str(STEPS), "--warmup", "0",
-           "--optimizer", "sgd", "--lr", "0.01", "--run-dir", str(run_dir), "--dump-params", str(dump)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_worker([p for _, p in plans], 4, "--steps", str(STEPS), "--warmup", "0", "--optimizer", "sgd", "--lr", "0.01",
+               "--run-dir", str(run_dir), "--dump-params", str(dump))
     from pipeplan.planner.plan import load_plan
     from pipeplan.runtime.report import summarize
 

@@ -11,14 +11,11 @@ memory" rows of benchmarks/memory_bench.py). One torchrun for all plans, like te
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_steps
+from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_steps, run_worker
 
 TESTS = REPO / "tests"
 STEPS = 2
@@ -55,11 +52,8 @@ def runs(tmp_path_factory):
         plan.save(paths[-1])
     run_dir, dump = tmp / "run", tmp / "params"
     run_dir.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0",
-           "-m", "pipeplan.runtime.worker", *map(str, paths), "--steps", str(STEPS), "--warmup", "0", "--optimizer",
-           "sgd", "--lr", "0.001", "--run-dir", str(run_dir), "--dump-params", str(dump)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_worker(paths, 2, "--steps", str(STEPS), "--warmup", "0", "--optimizer", "sgd", "--lr", "0.001",
+               "--run-dir", str(run_dir), "--dump-params", str(dump))
     out = {}
     for i, name in enumerate(NAMES):
         result = json.loads((run_dir / str(i) / "result.json").read_text())

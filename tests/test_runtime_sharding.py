@@ -14,14 +14,11 @@ tied weights stay whole), a U-Net with BatchNorm under GPipe, an MLP interleaved
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_steps
+from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_steps, run_worker
 
 CASES = {  # name -> (model file, batch, microbatches, schedule, stages, devices)
     "t-gpt-tied": (REPO / "tests" / "runtime_model_gpt.py", 8, 2, "1f1b", 2, 2),
@@ -47,11 +44,8 @@ def sharded_runs(tmp_path_factory):
         plans.append(str(path))
     run_dir, dump = tmp / "run", tmp / "params"
     run_dir.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "--max-restarts", "0",
-           "-m", "pipeplan.runtime.worker", *plans, "--steps", str(STEPS), "--warmup", "0", "--optimizer", "momentum",
-           "--lr", str(LR), "--run-dir", str(run_dir), "--dump-params", str(dump)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_worker(plans, 4, "--steps", str(STEPS), "--warmup", "0", "--optimizer", "momentum", "--lr", str(LR),
+               "--run-dir", str(run_dir), "--dump-params", str(dump), timeout=900)
     return run_dir, dump
 
 

@@ -9,9 +9,6 @@ search's plans at the smallest count each schedule allows and compares with sing
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,7 +18,7 @@ from pipeplan.errors import UserError
 from pipeplan.hardware_profiles import load_profile
 from pipeplan.planner.configs import configurations
 from pipeplan.planner.request import PlanRequest
-from runtime_helpers import EXAMPLES, reference_steps
+from runtime_helpers import EXAMPLES, reference_steps, run_worker
 
 
 def torch_refuses(schedule: str, stages: int, microbatches: int) -> bool:
@@ -88,11 +85,7 @@ def test_each_schedule_runs_at_its_smallest_microbatch_count(tmp_path):
     assert expected == [("gpipe", 1), ("1f1b", 2), ("interleaved", 2), ("gpipe", 1)]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0",
-           "-m", "pipeplan.runtime.worker", *plans, "--steps", "2", "--warmup", "0", "--optimizer", "sgd",
-           "--lr", "0.01", "--run-dir", str(run_dir)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_worker(plans, 2, "--steps", "2", "--warmup", "0", "--optimizer", "sgd", "--lr", "0.01", "--run-dir", str(run_dir))
     for i, (_, m) in enumerate(cases):
         result = json.loads((run_dir / str(i) / "result.json").read_text())
         losses = next(x["losses"] for x in result["ranks"] if x["losses"] is not None)
