@@ -14,6 +14,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,32 +75,54 @@ def torchrun(plans: list, nproc: int, run_dir, dump, *extra: str) -> subprocess.
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+def _launch_key(layout: str) -> tuple[int, bool]:
+    """What a launch fixes for every plan it runs: the world size and --vertical-sync."""
+    _, replicas, _, vertical = LAYOUTS[layout]
+    return sum(replicas), vertical
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    """layouts sharing a `_launch_key` -> one torchrun for all their plans (the worker runs them in turn and writes
+    plan i's results under run_dir/<i>), made when a layout first asks; each entry (layout, case, results folder,
+    dump folder, plan path)."""
+    done: dict[tuple[int, bool], list[tuple[str, str, Path, Path, Path]]] = {}
+
+    def run(key: tuple[int, bool]):
+        if key not in done:
+            tmp = tmp_path_factory.mktemp(f"world{key[0]}{'-vertical-sync' if key[1] else ''}")
+            plans = []
+            for name in sorted(n for n in LAYOUTS if _launch_key(n) == key):
+                stages, replicas, cases, _ = LAYOUTS[name]
+                for c in (c for c in cases if _available(c)):
+                    plans.append((name, c, tmp / f"{name}-{c}.json"))
+                    pipedream_plan(c, stages, replicas).save(plans[-1][2])
+            run_dir, dump = tmp / "run", tmp / "params"
+            run_dir.mkdir()
+            r = torchrun([p for *_, p in plans], key[0], run_dir, dump, *(["--vertical-sync"] if key[1] else []))
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+            many = len(plans) > 1
+            done[key] = [(name, c, run_dir / str(i) if many else run_dir, dump / str(i) if many else dump, path)
+                         for i, (name, c, path) in enumerate(plans)]
+        return done[key]
+    return run
+
+
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
-def layout_run(request, tmp_path_factory):
+def layout_run(request, launches):
+    """(layout, [(case, results folder, dump folder, plan path)], vertical sync) of one layout's plans."""
     name = request.param
-    stages, replicas, cases, vertical = LAYOUTS[name]
-    cases = [c for c in cases if _available(c)]
-    tmp = tmp_path_factory.mktemp(name)
-    paths = []
-    for c in cases:
-        path = tmp / f"{c}.json"
-        pipedream_plan(c, stages, replicas).save(path)
-        paths.append(path)
-    run_dir, dump = tmp / "run", tmp / "params"
-    run_dir.mkdir()
-    r = torchrun(paths, sum(replicas), run_dir, dump, *(["--vertical-sync"] if vertical else []))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return name, cases, paths, run_dir, dump, vertical
+    runs = [(c, out, dump, path) for layout, c, out, dump, path in launches(_launch_key(name)) if layout == name]
+    return name, runs, LAYOUTS[name][3]
 
 
 @pytest.mark.slow
 def test_async_pipedream_equals_reference(layout_run):
     from pipeplan.runtime.report import summarize
 
-    name, cases, paths, run_dir, dump, vertical = layout_run
-    for i, (case, path) in enumerate(zip(cases, paths, strict=True)):
+    name, runs, vertical = layout_run
+    for case, out, folder, path in runs:
         plan = load_plan(path)
-        out = run_dir / str(i) if len(cases) > 1 else run_dir
         doc = summarize(json.loads((out / "result.json").read_text()), plan)
         ref_losses, ref_params, ref_buffers = pipedream_reference(plan, STEPS, lr=LR, vertical_sync=vertical)
         _, initial, _ = pipedream_reference(plan, 0)
@@ -111,7 +134,6 @@ def test_async_pipedream_equals_reference(layout_run):
         torch.testing.assert_close(torch.tensor(doc["losses"]), torch.tensor(ref_losses), rtol=1e-4, atol=1e-6,
                                    msg=lambda s, case=case: f"{name} {case} losses: {s}")
         assert doc["measured"]["steps_measured"] == STEPS
-        folder = dump / str(i) if len(cases) > 1 else dump
         assert assert_dumped_equal(plan, folder, ref_params, ref_buffers, f"{name} {case}") > 0
         assert len(load_dumped(folder)) > 0
 
