@@ -14,6 +14,7 @@ import torch
 
 from pipeplan.costmodels.grad_passes import dp_flatten_s, grad_scale_s
 from pipeplan.hardware_profiles import load_profile
+from timing_pairs import ratios_until_within
 
 
 def test_a_pass_reads_and_writes_each_gradient_once():
@@ -52,20 +53,6 @@ def _calibrated_profile():
                                optimizer_param_s=per_param_s(per_tensor))
 
 
-def _ratios(measure_s, predict_s, attempts: int = 3) -> list[float]:
-    """Measured over predicted seconds, calibrating and measuring afresh until a pair lands within 2x, at most
-    `attempts` times. The calibration and the measurement are seconds apart on a shared host whose speed drifts
-    (in CI one pair read 0.494: a step calibrated at 28 GB/s, the division run at 56); a formula off by 2x misses
-    on every try."""
-    ratios: list[float] = []
-    for _ in range(attempts):
-        profile = _calibrated_profile()
-        ratios.append(measure_s() / predict_s(profile))
-        if 0.5 < ratios[-1] < 2.0:
-            break
-    return ratios
-
-
 def _median_s(module, fn, reps: int = 25, warmup: int = 5) -> float:
     """Median seconds of `fn` over `module`'s gradients, set to ones first: a pass divides them in place, and
     tries enough would take them to subnormal floats, which a CPU divides far slower."""
@@ -87,9 +74,12 @@ def test_torchs_own_gradient_division_takes_what_the_profile_predicts(stage):
     """torch's `_PipelineStageBase.scale_grads`, the code every schedule runs after a stage's last backward."""
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
-    ratios = _ratios(lambda: _median_s(stage, lambda: _PipelineStageBase.scale_grads(SimpleNamespace(submod=stage), 4)),
-                     lambda profile: grad_scale_s(_param_bytes(stage), profile=profile, tensors=16))
-    assert 0.5 < ratios[-1] < 2.0, ratios
+    def pair() -> tuple[float, float]:
+        predicted = grad_scale_s(_param_bytes(stage), profile=_calibrated_profile(), tensors=16)
+        return _median_s(stage, lambda: _PipelineStageBase.scale_grads(SimpleNamespace(submod=stage), 4)), predicted
+
+    ratios = ratios_until_within(pair, 0.5, 2.0)
+    assert 0.5 <= ratios[-1] <= 2.0, ratios
 
 
 def test_the_data_parallel_syncs_copies_take_what_the_profile_predicts(stage, monkeypatch):
@@ -98,8 +88,11 @@ def test_the_data_parallel_syncs_copies_take_what_the_profile_predicts(stage, mo
     from pipeplan.runtime import worker
 
     monkeypatch.setattr(worker.dist, "all_reduce", lambda *args, **kwargs: None)
-    ratios = _ratios(lambda: _median_s(stage, lambda: worker.average_replica_grads({0: stage}, {0: None}, 2, True), reps=15),
-                     lambda profile: dp_flatten_s(_param_bytes(stage), profile=profile, tensors=16))
-    assert 0.5 < ratios[-1] < 2.0, ratios
+    def pair() -> tuple[float, float]:
+        predicted = dp_flatten_s(_param_bytes(stage), profile=_calibrated_profile(), tensors=16)
+        return _median_s(stage, lambda: worker.average_replica_grads({0: stage}, {0: None}, 2, True), reps=15), predicted
+
+    ratios = ratios_until_within(pair, 0.5, 2.0)
+    assert 0.5 <= ratios[-1] <= 2.0, ratios
     # no third pass: every gradient is a view of the one reduced buffer
     assert len({p.grad.untyped_storage().data_ptr() for p in stage.parameters()}) == 1
