@@ -88,6 +88,7 @@ def test_the_data_parallel_syncs_copies_take_what_the_profile_predicts(stage, mo
     from pipeplan.runtime import worker
 
     monkeypatch.setattr(worker.dist, "all_reduce", lambda *args, **kwargs: None)
+
     def pair() -> tuple[float, float]:
         predicted = dp_flatten_s(_param_bytes(stage), profile=_calibrated_profile(), tensors=16)
         return _median_s(stage, lambda: worker.average_replica_grads({0: stage}, {0: None}, 2, True), reps=15), predicted
