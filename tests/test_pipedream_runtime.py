@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ import torch
 from pipedream_reference import assert_dumped_equal, pipedream_reference, version_seen
 from pipeplan.planner.plan import Stage, load_plan
 from pipeplan.runtime.pipedream import admitted, local_order
-from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, run_cli
+from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, run_cli, run_worker
 
 TESTS = REPO / "tests"
 CASES = {  # name -> (model file, batch size, microbatches per step)
@@ -68,11 +66,8 @@ def pipedream_plan(case: str, stages: int, replicas: list[int]):
 
 def torchrun(plans: list, nproc: int, run_dir, dump, *extra: str) -> subprocess.CompletedProcess:
     dump.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "--max-restarts", "0", "-m", "pipeplan.runtime.worker", *map(str, plans), "--steps", str(STEPS),
-           "--warmup", "0", "--optimizer", "sgd", "--lr", str(LR), "--run-dir", str(run_dir),
-           "--dump-params", str(dump), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return run_worker(plans, nproc, "--steps", str(STEPS), "--warmup", "0", "--optimizer", "sgd", "--lr", str(LR),
+                      "--run-dir", str(run_dir), "--dump-params", str(dump), *extra, check=False)
 
 
 def _launch_key(layout: str) -> tuple[int, bool]:

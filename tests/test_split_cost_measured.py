@@ -112,8 +112,11 @@ def test_the_split_is_timed_on_each_stage_but_the_first(graph):
         assert direct > 0
         return extras[-1][1], direct
 
-    ratios = ratios_until_within(pair, 0.5, 2.0)
-    assert 0.5 <= ratios[-1] <= 2.0, (ratios, extras)
+    def within(ratio: float) -> bool:
+        return 0.5 < ratio < 2.0
+
+    ratios = ratios_until_within(pair, within)
+    assert within(ratios[-1]), (ratios, extras)
     assert all(len(extra) == 2 and extra[0] == 0.0 for extra in extras)
 
 

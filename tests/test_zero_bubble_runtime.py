@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_steps
+from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_steps, run_worker
 
 TESTS = REPO / "tests"
 CASES = {  # name -> (model file, batch size, microbatches, stages, pipeline devices, schedule[, data parallel])
@@ -68,10 +66,8 @@ def pipelined(tmp_path_factory):
             plans.append(str(path))
         run_dir, dump = tmp / f"run{world}", tmp / f"params{world}"
         run_dir.mkdir()
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-               "--max-restarts", "0", "-m", "pipeplan.runtime.worker", *plans, "--steps", str(STEPS), "--warmup", "0",
-               "--optimizer", "sgd", "--lr", "0.01", "--run-dir", str(run_dir), "--dump-params", str(dump)]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        r = run_worker(plans, world, "--steps", str(STEPS), "--warmup", "0", "--optimizer", "sgd", "--lr", "0.01",
+                       "--run-dir", str(run_dir), "--dump-params", str(dump), check=False)
         Path(os.environ.get("ZB_LOG_DIR", str(tmp)), f"torchrun{world}.log").write_text(r.stdout + r.stderr)  # the whole log: rank errors come early
         assert r.returncode == 0, f"see {tmp}/torchrun{world}.log\n" + r.stdout[-3000:] + r.stderr[-3000:]
         for i, name in enumerate(names):

@@ -135,8 +135,11 @@ def test_trace_times_each_backward_as_b_and_w(tmp_path):
         keep_freed_memory()  # as the trace ran
         return graphs[-1].layers[2].bwd_weight_s, _frozen_w_s(str(path), 4, 2)
 
-    ratios = ratios_until_within(pair, 0.6, 1.6)
-    assert 0.6 <= ratios[-1] <= 1.6, ratios
+    def within(ratio: float) -> bool:
+        return 0.6 <= ratio <= 1.6
+
+    ratios = ratios_until_within(pair, within)
+    assert within(ratios[-1]), ratios
     graph = graphs[-1]
     first, relu, mid = graph.layers[0], graph.layers[1], graph.layers[2]
     assert first.bwd_weight_s == first.bwd_s > 0  # its input needs no gradient: B is empty

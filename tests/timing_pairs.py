@@ -6,16 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
-def ratios_until_within(pair: Callable[[], tuple[float, float]], low: float, high: float,
+def ratios_until_within(pair: Callable[[], tuple[float, float]], within: Callable[[float], bool],
                         attempts: int = 3) -> list[float]:
-    """measured / reference of `pair()` (each call times both afresh, back to back) until one ratio lands in
-    [low, high], at most `attempts` times; the caller asserts on the last. A model off by more than the bound
-    misses on every try; a neighbour that slowed one side of one pair does not fail the test (in CI one pair read
-    0.494 against a bound of 0.5, another 1.61 against 1.6)."""
+    """measured / reference of `pair()` (each call times both afresh, back to back) until `within` accepts a ratio,
+    at most `attempts` times; the caller asserts `within` on the last. A reference that is not positive is a miss
+    (the ratio is NaN). A model off by more than the bound misses on every try; a neighbour that slowed one side
+    of one pair does not fail the test (in CI one pair read 0.494 against a bound of 0.5, another 1.61 against 1.6)."""
     ratios: list[float] = []
     for _ in range(attempts):
         measured, reference = pair()
-        ratios.append(measured / reference)
-        if low <= ratios[-1] <= high:
+        ratios.append(measured / reference if reference > 0 else float("nan"))
+        if within(ratios[-1]):
             break
     return ratios
