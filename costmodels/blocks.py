@@ -24,6 +24,7 @@ says the same for users.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from pipeplan.costmodels.export import VIEW_OPS
 from pipeplan.costmodels.graph import Edge, Graph, Layer, SharedParam
 
 MIN_BLOCKS = 4  # below this, three traced copies save too little to be worth the check
@@ -76,6 +78,9 @@ def _value_signature(value: Any, key: str, seen: set[int], depth: int) -> Any:
         return (type(value).__name__, tuple(_value_signature(v, key, seen, depth) for v in value))
     if isinstance(value, dict):
         return ("dict", tuple(sorted((str(k), _value_signature(v, str(k), seen, depth)) for k, v in value.items())))
+    if isinstance(value, functools.partial):  # one per block, made alike (transformers' GELUTanh: gelu, tanh)
+        return ("partial", _value_signature(value.func, key, seen, depth),
+                _value_signature(value.args, key, seen, depth), _value_signature(value.keywords, key, seen, depth))
     if isinstance(value, torch.nn.Module):
         return ("module", id(value))  # a module held as a plain attribute: the very same object, or not identical
     attrs = getattr(value, "__dict__", None)
@@ -227,7 +232,7 @@ class _Layout:
         """Names of each kind one block uses, measured between copies; they must agree everywhere."""
         step: dict[str, int] = {}
         for pos, layer1 in enumerate(self.copies[1]):
-            rows = [c[pos].nodes for c in self.copies]
+            rows = self._aligned(pos)
             if any(len(r) != len(layer1.nodes) for r in rows):
                 raise NotRepeated(f"block layers differ in op count at {layer1.name}")
             for names in zip(*rows, strict=True):
@@ -240,6 +245,25 @@ class _Layout:
                     raise NotRepeated(f"op names do not advance evenly from block to block at {names[0]}")
         self._check_quiet_bases(step)
         return step
+
+    def _aligned(self, pos: int) -> list[list[str]]:
+        """Each copy's node names in its layer `pos`, less the views that only a boundary copy has.
+
+        Code before or after the blocks may take a view of the first or last block's tensor, and torch.export
+        files that view (a node that runs no kernel) under the layer that made the tensor: transformers'
+        BertLMHeadModel slices the last block's hidden states for its head (`slice_logits_to_keep`, a full slice
+        exported as `aten.alias`). A middle copy has a block on both sides and no such view; the unrolled first
+        and last blocks are cloned from the first and last copies, views and all, where the whole model's export
+        has them too (tests/test_blocks.py holds the unrolled graph against that export).
+        """
+        middle = {_split_name(n)[0] for n in self.copies[1][pos].nodes}
+        rows = []
+        for j, copy in enumerate(self.copies):
+            nodes = copy[pos].nodes
+            if j in (0, self.k - 1):
+                nodes = [n for n in nodes if _split_name(n)[0] in middle or _split_name(n)[0] not in VIEW_OPS]
+            rows.append(nodes)
+        return rows
 
     def _check_quiet_bases(self, step: dict[str, int]) -> None:
         """An op kind not seen in the blocks must not have a hole in its numbering there (a removed node).

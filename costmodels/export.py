@@ -37,8 +37,8 @@ from pipeplan.errors import UserError
 _HEAVY = ("linear", "mm", "addmm", "bmm", "baddbmm", "matmul", "einsum", "conv", "scaled_dot_product",
           "embedding", "layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "softmax",
           "log_softmax", "flash_attention", "efficient_attention")
-# Ops that only reinterpret memory: they move no bytes (excluded from bytes_moved).
-_VIEWS = ("view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "slice", "select",
+# Ops that only reinterpret memory: they move no bytes (excluded from bytes_moved) and run no kernel.
+VIEW_OPS = ("view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "slice", "select",
           "unsqueeze", "squeeze", "split", "split_with_sizes", "chunk", "unbind", "alias", "detach",
           "as_strided", "getitem", "unflatten", "flatten", "narrow", "lift_fresh_copy", "_assert_tensor_metadata",
           "sym_size", "sym_numel", "sym_stride")
@@ -314,7 +314,7 @@ _DROPOUT = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropou
 def part_kind(node: torch.fx.Node) -> str | None:
     """The cost-part kind of one node (graph.PART_KINDS), None for views, which run no kernel."""
     name = op_name(node)
-    if name in _VIEWS:
+    if name in VIEW_OPS:
         return None
     kind = node_kind(node)
     if kind == "conv" and _winograd_eligible(node):
@@ -449,7 +449,7 @@ def _bytes_moved(nodes: list[torch.fx.Node]) -> int:
     """
     total = 0
     for n in nodes:
-        if op_name(n) in _VIEWS:
+        if op_name(n) in VIEW_OPS:
             continue
         total += tensor_bytes(n.meta.get("val"))
         total += sum(tensor_bytes(a.meta.get("val")) for a in n.all_input_nodes)

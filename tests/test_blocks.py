@@ -5,6 +5,7 @@ names and order, nodes, parameters, FLOPs, saved/output/parameter bytes, edges,
 shared parameters, inputs, notes and the fingerprint the runtime compares.
 """
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -64,11 +65,13 @@ def assert_same_as_full(path, entry="build_model", count=None, batch=2, fvcore_c
 # ---- the signature ----------------------------------------------------------------------------
 
 class Attn(nn.Module):
-    def __init__(self, width, layer_idx, window=None):
+    def __init__(self, width, layer_idx, window=None, approximate="tanh"):
         super().__init__()
         self.layer_idx = layer_idx
         self.sliding_window = window
         self.proj = nn.Linear(width, width)
+        # a function object made anew in every block, as transformers' GELUTanh makes its `act`
+        self.act = functools.partial(torch.nn.functional.gelu, approximate=approximate)
 
 
 class Layer(nn.Module):
@@ -93,6 +96,12 @@ def test_signature_ignores_the_block_index_only():
     assert sig(Layer()) != sig(renamed)
     evaluating = Layer().eval()
     assert sig(Layer()) != sig(evaluating)
+    exact = Layer()
+    exact.attn.act = functools.partial(torch.nn.functional.gelu, approximate="none")
+    assert sig(Layer()) != sig(exact)
+    other = Layer()
+    other.attn.act = functools.partial(torch.nn.functional.silu)
+    assert sig(Layer()) != sig(other)
 
 
 class Model(nn.Module):
@@ -164,6 +173,21 @@ def test_hf_llama_matches_full_trace():
     graph = assert_same_as_full(DATA / "blocks_llama.py", count=6)
     # Every decoder layer reads the rotary embedding computed once before the blocks.
     assert sum(1 for e in graph.edges if e.src == "model.rotary_emb") >= 6
+
+
+@needs_hf
+def test_hf_bert_matches_full_trace():
+    """The last block's layer holds a view the middle ones lack (the head's slice of its output, `alias`)."""
+    graph = assert_same_as_full(DATA / "blocks_hf_bert.py", count=6)
+    last_norm = graph.layer("bert.encoder.layer.5.output.LayerNorm")
+    assert "alias" in last_norm.nodes
+    assert not any("alias" in graph.layer(f"bert.encoder.layer.{i}.output.LayerNorm").nodes for i in range(5))
+
+
+@needs_hf
+def test_hf_gemma_matches_full_trace():
+    """Every layer's activation holds a `functools.partial` of its own (transformers' GELUTanh)."""
+    assert_same_as_full(DATA / "blocks_hf_gemma.py", count=6)
 
 
 # ---- when it must not deduplicate ------------------------------------------------------------
