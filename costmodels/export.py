@@ -113,7 +113,7 @@ def export_program(spec: ModelSpec, model: torch.nn.Module, inputs: tuple[Any, .
     model.train()
     try:
         with quiet_torch_logs():
-            return torch.export.export(model, inputs, strict=False)
+            return _without_dtype_asserts(torch.export.export(model, inputs, strict=False))
     except UserError:
         raise
     except Exception as e:
@@ -129,6 +129,23 @@ def export_program(spec: ModelSpec, model: torch.nn.Module, inputs: tuple[Any, .
             hint = ("forward() branches on tensor values (data-dependent control flow); use torch.cond or "
                     "torch.where, or move the decision out of the model")
         raise UserError(f"{spec.path}: torch.export could not trace {spec.entry}() in {where}: {text}", hint) from e
+
+
+def _without_dtype_asserts(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """The program less its `_assert_tensor_metadata` nodes, which hold a tensor to the dtype it had when traced.
+
+    Why: export writes `x.to(torch.float32)` as such an assertion on x, then the `to`. A 16-bit plan runs the
+    program under torch.autocast (the runtime's stages, the tracer's timing and its replay of autocast's casts),
+    where x may be a matmul's bf16 output: Qwen3's and Cohere's query/key norms start with that `to`, so the
+    assertion failed where eager PyTorch, which has none, converts. The `to` stays and converts as eager does.
+    """
+    graph = ep.graph_module.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default \
+                and not node.users:
+            graph.erase_node(node)
+    ep.graph_module.recompile()
+    return ep
 
 
 def weight_free_model(spec: ModelSpec) -> tuple[torch.nn.Module, FakeTensorMode]:

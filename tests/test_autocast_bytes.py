@@ -29,7 +29,8 @@ _SPEC = importlib.util.spec_from_file_location("memory_bench", REPO / "benchmark
 assert _SPEC is not None and _SPEC.loader is not None
 mb = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(mb)
-MODELS = [("examples/gpt.py", 4), ("examples/resnet.py", 8), ("examples/unet.py", 4), ("examples/mlp.py", 16)]
+MODELS = [("examples/gpt.py", 4), ("examples/resnet.py", 8), ("examples/unet.py", 4), ("examples/mlp.py", 16),
+          ("tests/data/autocast_upcast.py", 4)]  # a norm that upcasts a matmul's 16-bit output
 
 
 class _CountEverything(set):
