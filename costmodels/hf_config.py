@@ -188,6 +188,13 @@ def _explicit_position_ids(module: torch.nn.Module, args: tuple[Any, ...],
     return args, kwargs
 
 
+# What transformers says building a model whose class has no torch.nn.functional.scaled_dot_product_attention path
+# (modeling_utils.PreTrainedModel._check_and_adjust_attn_implementation, transformers 5.x).
+SDPA_REFUSED = "does not support an attention implementation through torch.nn.functional.scaled_dot_product_attention"
+EAGER_NOTE = ("attention runs transformers' eager implementation: this architecture has no scaled_dot_product_"
+              "attention path, so its score matrices are computed, saved and priced as separate ops")
+
+
 def build_module(path: str, config: Any, seq_len: int) -> types.ModuleType:
     """A synthetic model-file module for `config` at `seq_len` (what load_model_file expects of a model.py)."""
     name = "pipeplan_hf_config_" + hashlib.sha1(path.encode()).hexdigest()[:12]
@@ -199,8 +206,16 @@ def build_module(path: str, config: Any, seq_len: int) -> types.ModuleType:
 
         # fp32 whatever the config's torch_dtype/dtype says: the graph is fp32 and --dtype picks the training precision.
         try:
-            model: torch.nn.Module = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-                config, dtype=torch.float32, attn_implementation="sdpa")
+            try:
+                model: torch.nn.Module = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                    config, dtype=torch.float32, attn_implementation="sdpa")
+            except ValueError as e:
+                if SDPA_REFUSED not in str(e):
+                    raise
+                # Bloom, GPT-Neo, Gemma 2 and others have no SDPA path: their own (eager) attention, as they train
+                model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                    config, dtype=torch.float32, attn_implementation="eager")
+                module.attention = "eager"  # type: ignore[attr-defined]
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, AssertionError) as e:
             # values the config class let through but the model cannot be built with; a RuntimeError or
             # MemoryError (out of memory building real weights) is left to ModelSpec's handling
@@ -227,6 +242,7 @@ def build_module(path: str, config: Any, seq_len: int) -> types.ModuleType:
     module.loss_fn = loss_fn  # type: ignore[attr-defined]
     module.config = config  # type: ignore[attr-defined]
     module.seq_len = seq_len  # type: ignore[attr-defined]
+    module.attention = "sdpa"  # type: ignore[attr-defined]  # "eager" once build_model fell back to it
     return module
 
 

@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from pipeplan.choices import DTYPES
-from pipeplan.costmodels import blocks
+from pipeplan.costmodels import blocks, hf_config
 from pipeplan.costmodels.autocast_bytes import count_autocast
 from pipeplan.costmodels.export import (
     build_structure,
@@ -200,6 +200,8 @@ def trace(model_file: str, batch_size: int, *, entry: str = "build_model", depth
     graph = measured.graph
     if failure is not None:
         graph.notes.insert(0, f"built with real weights: tracing without them failed ({failure})")
+    if getattr(spec.module, "attention", None) == "eager":
+        graph.notes.append(hf_config.EAGER_NOTE)
     if fvcore_check:  # fvcore builds its own copy on the meta device; `model` is its fallback, when real
         report("cross-checking FLOPs with fvcore", 0, 1)
         graph.notes.extend(fvcheck.compare(spec, graph, batch_size, measured.node_flops, measured.family,

@@ -71,6 +71,27 @@ def test_tiny_config_count_inputs_and_loss_match_transformers():
     assert torch.allclose(spec.loss(out, target), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_an_architecture_without_sdpa_is_built_with_its_eager_attention():
+    """transformers refuses attn_implementation="sdpa" for Bloom (no such path); it is built with its own
+    attention, which computes and normalises the score matrix itself, and the trace says so."""
+    from pipeplan.costmodels.hf_config import EAGER_NOTE
+    from pipeplan.costmodels.trace import trace
+
+    path = DATA / "tiny-bloom.json"
+    with pytest.raises(ValueError, match="scaled_dot_product_attention"):
+        transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(str(path)),
+                                                      attn_implementation="sdpa")
+    spec = load_model_file(str(path), seq_len=16)
+    model = spec.build()
+    assert model.config._attn_implementation == "eager" and spec.module.attention == "eager"
+    assert sum(p.numel() for p in model.parameters()) == transformers_count(path)
+    graph = trace(str(path), 2, seq_len=16, time_layers=False, fvcore_check=False)
+    nodes = [n for layer in graph.layers for n in layer.nodes]
+    assert not any("scaled_dot_product" in n for n in nodes) and any(n.startswith("softmax") for n in nodes)
+    assert EAGER_NOTE in graph.notes and EAGER_NOTE not in trace(str(TINY), 2, seq_len=16, time_layers=False,
+                                                                  fvcore_check=False).notes
+
+
 def test_default_seq_len_is_max_positions_capped():
     from pipeplan.cli.options import DEFAULT_MAX_SEQ_LEN
     from pipeplan.costmodels.hf_config import DEFAULT_MAX_SEQ_LEN as COSTMODELS_MAX
