@@ -5,9 +5,9 @@ that layer's LayerNorm: the last traced copy has a node the middle one does not.
 """
 
 import torch
-import torch.nn.functional as F
 
-VOCAB, SEQ = 512, 32
+# the same inputs, target and loss as the Llama test model (this folder is on the path when it loads)
+from blocks_llama import VOCAB, example_inputs, example_target, loss_fn  # noqa: F401
 
 
 def build_model():
@@ -19,17 +19,3 @@ def build_model():
                         attn_implementation="sdpa")
     return BertLMHeadModel(config)
 
-
-def example_inputs(batch_size):
-    g = torch.Generator().manual_seed(0)
-    return (torch.randint(0, VOCAB, (batch_size, SEQ), generator=g),)
-
-
-def example_target(batch_size):
-    g = torch.Generator().manual_seed(1)
-    return torch.randint(0, VOCAB, (batch_size, SEQ), generator=g)
-
-
-def loss_fn(output, target):
-    logits = output["logits"]
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
