@@ -18,4 +18,3 @@ def build_model():
                         num_attention_heads=4, max_position_embeddings=64, is_decoder=True, use_cache=False,
                         attn_implementation="sdpa")
     return BertLMHeadModel(config)
-

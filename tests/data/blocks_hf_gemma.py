@@ -18,4 +18,3 @@ def build_model():
                          num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
                          use_cache=False, attn_implementation="sdpa")
     return GemmaForCausalLM(config)
-
