@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 from pipeplan.choices import DTYPES
 from pipeplan.costmodels import blocks, hf_config
 from pipeplan.costmodels.autocast_bytes import count_autocast
+from pipeplan.costmodels.dtype_support import unsupported_dtype_as_user_error
 from pipeplan.costmodels.export import (
     build_structure,
     cost_parts,
@@ -287,8 +288,10 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
     timing: measure.Timing | None = None
     if time_layers:
         keep_freed_memory()  # as the runtime's ranks run: see hardware_profiles/allocator.py
+        where = device or torch.device("cpu")
         with (out_of_memory_as_user_error(spec.path, "timing the layers"),
-              training_precision(dtype, device or torch.device("cpu"))):
+              unsupported_dtype_as_user_error(spec, model, inputs, target, dtype, where),
+              training_precision(dtype, where)):
             timing = measure.time_pass(ep, model, spec, inputs, target, layer_of, n, repeats=repeats,
                                        progress=report, owned_params=_owned_params(model, graph.layers))
         fwd_s, bwd_s, graph.source["repeats"] = timing.fwd_s, timing.bwd_s, timing.repeats
