@@ -66,6 +66,7 @@ from pipeplan.runtime.pipedream_comm import (
     send_grads,
     wait_grads,
 )
+from pipeplan.runtime.placement import steps_per_round
 from pipeplan.runtime.recompute import functional_forward
 from pipeplan.runtime.split import flat_inputs, unflatten_output
 from pipeplan.schedules import local_order, replicated_inflight
@@ -103,8 +104,7 @@ def check_async_steps(plan, steps: int) -> None:
     if total % need:
         raise UserError(f"--steps {steps} x {plan.microbatches} microbatches = {total} microbatches, not a multiple "
                         f"of {need} (the least common multiple of the stages' replica counts): the last round of "
-                        "a replicated stage would not complete", f"pass --steps a multiple of "
-                        f"{need // math.gcd(need, plan.microbatches)}")
+                        "a replicated stage would not complete", f"pass --steps a multiple of {steps_per_round(plan)}")
 
 
 def tied_replicas(ranks: dict[int, list[int]], shared: dict[str, list[int]]) -> None:
@@ -376,13 +376,14 @@ def train_async(opts, st: AsyncStage, rs, groups: Groups, mean: bool, after_step
     a = admitted([len(st.ranks[t]) for t in sorted(st.ranks)], st.s)
     stats, clock, meter, log = rs.stats[st.s], rs.clock, rs.meter, StepLog()
     st.end = opts.steps * m_per_step
+    metered = steps_per_round(rs.plan) * m_per_step  # the first round's microbatches: one on every replica
     dist.barrier()
     clock.start(opts.warmup == 0)
     closed = 0
     for kind, i in local_order(opts.steps * m_per_step // r, a):
         m = i * r + st.j
         measured = m // m_per_step >= opts.warmup
-        meter.enabled = not measured or m < m_per_step
+        meter.enabled = not measured or m < metered
         with meter.op([st.module]), training_precision(rs.plan.dtype, rs.device, rs.plan.schedule):  # the plan's
             timed_op(st, kind, m, meter, stats, clock.origin if measured else None)
         if kind == "B":

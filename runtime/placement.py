@@ -1,9 +1,12 @@
 """Which ranks run which stages, and which torch schedule class runs a plan: the checks the launcher makes before
 starting any process and each worker makes again; and how the replicas' losses make a step's, which the workers
-and the launcher's report both compute. Kept free of torch, so that `pipeplan run` refuses a plan it cannot run
+and the launcher's report both compute, and how many steps make one round of a replicated PipeDream stage. Kept
+free of torch, so that `pipeplan run` refuses a plan it cannot run
 without first importing torch.distributed.pipelining (about a second on this machine's cores)."""
 
 from __future__ import annotations
+
+import math
 
 from pipeplan.errors import UserError
 from pipeplan.schedules import facts, stage_device
@@ -78,3 +81,18 @@ def combine_losses(per_replica: list[list[float]], mean: bool) -> list[float]:
         return []
     steps = zip(*per_replica, strict=True)  # every replica's last stage logs one loss per step of the same loop
     return [sum(xs) / len(xs) if mean else sum(xs) for xs in steps]
+
+
+def steps_per_round(plan) -> int:
+    """Steps of `pipeplan run` that give every replica of every PipeDream stage a microbatch: 1 elsewhere.
+
+    PipeDream sends microbatch m to replica m mod r of a stage (runtime/pipedream.py), and a step is
+    plan.microbatches microbatches. With fewer microbatches a step than replicas (1 stage x 2 replicas, M = 1),
+    the replicas take turns by step and run side by side: each replica's steps alternate one round's time and
+    none. The fewest steps whose microbatches are a multiple of every replica count is that round.
+    PipeDream-2BW replicates whole pipelines, each running every step: 1.
+    """
+    if plan.schedule != "pipedream":
+        return 1
+    need = math.lcm(*(len(s.devices) for s in plan.stages))
+    return need // math.gcd(need, plan.microbatches)

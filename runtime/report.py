@@ -1,7 +1,8 @@
 """Turn the ranks' raw measurements into the measured-vs-predicted report.
 
 Iteration time is the slowest rank's step (the pipeline is done when its last
-rank is), median over the measured steps. Per stage, compute is the summed
+rank is), median over the measured steps; where PipeDream's replicas take turns by
+step (fewer microbatches a step than replicas), over rounds of steps, per step. Per stage, compute is the summed
 forward/backward time of its microbatches in one step and everything else in
 the step is waiting/communication, the same split the planner predicts.
 This module only computes (the `--json` document); cli/run_report.py draws the table.
@@ -13,6 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 from pipeplan.runtime.measure import median
+from pipeplan.runtime.placement import steps_per_round
 from pipeplan.schedules import facts
 
 
@@ -20,7 +22,9 @@ def summarize(result: dict[str, Any], plan) -> dict[str, Any]:
     """The `--json` document: {"measured", "predicted", "losses", ...}."""
     ranks = [r for r in result["ranks"] if r is not None]
     steps = min(len(r["step_s"]) for r in ranks)
-    per_step = [max(r["step_s"][i] for r in ranks) for i in range(steps)]
+    window = steps_per_round(plan)  # 1 but for replicas taking turns: then one rank's steps read a round, 0, ...
+    per_step = [max(sum(r["step_s"][i:i + window]) for r in ranks) / window
+                for i in range(0, steps - window + 1, window)]
     iteration_s = median(per_step)
     stage_to_rank = {(st["index"], r.get("replica", 0)): r["rank"] for r in ranks for st in r["stages"]}
     stages = []

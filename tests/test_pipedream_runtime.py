@@ -293,3 +293,53 @@ def test_an_ops_wait_in_its_receive_is_not_counted_as_compute():
     assert 0.009 < fwd < 0.02
     kind, m, start, end = stats.events[0]
     assert (kind, m) == ("fwd", 0) and start >= 0.03 and end - start == pytest.approx(fwd)
+
+
+@pytest.mark.slow
+def test_replicas_taking_turns_by_step(tmp_path):
+    """One stage on 2 replicas at one microbatch a step: step m runs on replica m mod 2, so each replica's steps
+    alternate a round's time and none, side by side. The reported iteration is a round's time per step (the
+    measured steps' elapsed time over their count; the slowest rank's step reads a whole round, twice that), and
+    both replicas' memory is metered (each runs one microbatch of the first round)."""
+    from pipeplan.runtime.placement import steps_per_round
+    from pipeplan.runtime.report import summarize
+
+    plan = hand_plan(str(EXAMPLES / "mlp.py"), stages=1, devices=1, schedule="pipedream", microbatches=1,
+                     batch_size=64)
+    plan.stages = [Stage(index=0, layers=plan.stages[0].layers, devices=[0, 1], replicas=2)]
+    plan.devices = 2
+    assert steps_per_round(plan) == 2
+    path, run_dir = tmp_path / "plan.json", tmp_path / "run"
+    run_dir.mkdir()
+    plan.save(path)
+    steps, warmup = 10, 1  # the default warm-up: a replica's first microbatch of step 1 is measured
+    r = run_worker([path], 2, "--steps", str(steps), "--warmup", str(warmup), "--optimizer", "sgd", "--lr", str(LR),
+                   "--run-dir", str(run_dir), check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    doc = summarize(result, load_plan(path))
+    ranks = [x for x in result["ranks"] if x is not None]
+    elapsed = max(sum(x["step_s"]) for x in ranks) / (steps - warmup)
+    assert doc["measured"]["iteration_s"] == pytest.approx(elapsed, rel=0.3)
+    slowest_step = sorted(max(x["step_s"][i] for x in ranks) for i in range(steps - warmup))[(steps - warmup) // 2]
+    assert slowest_step > 1.5 * doc["measured"]["iteration_s"]  # what the report read before
+    peaks = [s["device_peak_bytes"] for s in doc["measured"]["stages"]]
+    assert len(peaks) == 2 and peaks[0] == peaks[1]
+    assert all(s["activation_bytes"] > 0 for s in doc["measured"]["stages"])
+    torch.testing.assert_close(torch.tensor(doc["losses"]), torch.tensor(pipedream_reference(plan, steps, lr=LR)[0]),
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_steps_per_round():
+    """The fewest steps whose microbatches are a multiple of every stage's replica count (runtime/placement.py)."""
+    from pipeplan.runtime.placement import steps_per_round
+
+    def plan(replicas, m, schedule="pipedream"):
+        p = pipedream_plan("mlp", len(replicas), replicas)
+        p.microbatches, p.schedule = m, schedule
+        return p
+
+    assert steps_per_round(plan([2], 1)) == 2 and steps_per_round(plan([2, 1], 4)) == 1
+    assert steps_per_round(plan([2, 3], 1)) == 6 and steps_per_round(plan([2, 4], 2)) == 2
+    assert steps_per_round(plan([2, 3], 2)) == 3
+    assert steps_per_round(plan([2], 1, "pipedream-2bw")) == 1 and steps_per_round(plan([1, 1], 1, "1f1b")) == 1
