@@ -3,9 +3,10 @@
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-VOCAB, SEQ = 256, 16
+# token ids and next-token targets as the Llama test model draws them (this folder is on the path when it loads)
+from blocks_llama import VOCAB, example_inputs, example_target  # noqa: F401
+from torch import nn
 
 
 class LM(nn.Module):
@@ -23,16 +24,6 @@ class LM(nn.Module):
 def build_model():
     torch.manual_seed(0)
     return LM()
-
-
-def example_inputs(batch_size):
-    g = torch.Generator().manual_seed(0)
-    return (torch.randint(0, VOCAB, (batch_size, SEQ), generator=g),)
-
-
-def example_target(batch_size):
-    g = torch.Generator().manual_seed(1)
-    return torch.randint(0, VOCAB, (batch_size, SEQ), generator=g)
 
 
 def loss_fn(output, target):
