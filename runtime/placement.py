@@ -1,8 +1,8 @@
 """Which ranks run which stages, and which torch schedule class runs a plan: the checks the launcher makes before
-starting any process and each worker makes again; and how the replicas' losses make a step's, which the workers
-and the launcher's report both compute, and how many steps make one round of a replicated PipeDream stage. Kept
-free of torch, so that `pipeplan run` refuses a plan it cannot run
-without first importing torch.distributed.pipelining (about a second on this machine's cores)."""
+starting any process and each worker makes again; how the replicas' losses make a step's, and how many steps make
+one round of a replicated PipeDream stage, which the workers and the launcher's report both compute. Kept free of
+torch, so that `pipeplan run` refuses a plan it cannot run without first importing torch.distributed.pipelining
+(about a second on this machine's cores)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """Turn the ranks' raw measurements into the measured-vs-predicted report.
 
 Iteration time is the slowest rank's step (the pipeline is done when its last
-rank is), median over the measured steps; where PipeDream's replicas take turns by
-step (fewer microbatches a step than replicas), over rounds of steps, per step. Per stage, compute is the summed
-forward/backward time of its microbatches in one step and everything else in
-the step is waiting/communication, the same split the planner predicts.
+rank is), median over the measured steps; where PipeDream's replicas take turns
+by step (fewer microbatches a step than replicas), over rounds of steps, per step.
+Per stage, compute is the summed forward/backward time of its microbatches in one
+step and everything else in the step is waiting/communication, the same split the
+planner predicts.
 This module only computes (the `--json` document); cli/run_report.py draws the table.
 """
 

@@ -313,9 +313,8 @@ def test_replicas_taking_turns_by_step(tmp_path):
     run_dir.mkdir()
     plan.save(path)
     steps, warmup = 10, 1  # the default warm-up: a replica's first microbatch of step 1 is measured
-    r = run_worker([path], 2, "--steps", str(steps), "--warmup", str(warmup), "--optimizer", "sgd", "--lr", str(LR),
-                   "--run-dir", str(run_dir), check=False)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_worker([path], 2, "--steps", str(steps), "--warmup", str(warmup), "--optimizer", "sgd", "--lr", str(LR),
+               "--run-dir", str(run_dir))
     result = json.loads((run_dir / "result.json").read_text())
     doc = summarize(result, load_plan(path))
     ranks = [x for x in result["ranks"] if x is not None]
