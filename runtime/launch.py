@@ -91,7 +91,7 @@ def check_plan(plan, opts: LaunchOptions) -> int:
     if not facts(plan.schedule).flushes:
         from pipeplan.runtime.pipedream import check_async_steps
 
-        check_async_steps(plan, opts.steps)
+        check_async_steps(plan, opts.steps, opts.warmup)
         if (opts.checkpoint_dir and opts.checkpoint_every) or opts.resume:
             raise UserError("checkpoints of an asynchronous PipeDream run are not written yet (each stage holds "
                             "stashed weight versions)", "run without --checkpoint-dir / --resume")

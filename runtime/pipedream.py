@@ -94,17 +94,26 @@ def check_async_plan(plan) -> dict[int, list[int]]:
     return ranks
 
 
-def check_async_steps(plan, steps: int) -> None:
+def check_async_steps(plan, steps: int, warmup: int = 0) -> None:
     """Every replica must finish its last round: steps x microbatches a multiple of every replica count
-    (a replica short of a microbatch would wait in the round's all-reduce for ever)."""
+    (a replica short of a microbatch would wait in the round's all-reduce for ever). Where the replicas take
+    turns by step (placement.steps_per_round > 1) the measured steps must hold a whole round too: the report
+    reads the iteration per round (runtime/report.py), and fewer measured steps read none (an iteration of 0)."""
     if plan.schedule == "pipedream-2bw":  # whole pipelines replicated: every replica runs every window
         return
     need = math.lcm(*(len(s.devices) for s in plan.stages))
     total = steps * plan.microbatches
+    round_steps = steps_per_round(plan)
     if total % need:
         raise UserError(f"--steps {steps} x {plan.microbatches} microbatches = {total} microbatches, not a multiple "
                         f"of {need} (the least common multiple of the stages' replica counts): the last round of "
-                        "a replicated stage would not complete", f"pass --steps a multiple of {steps_per_round(plan)}")
+                        "a replicated stage would not complete", f"pass --steps a multiple of {round_steps}")
+    if steps - warmup < round_steps:
+        fewest = -(-(warmup + round_steps) // round_steps) * round_steps
+        raise UserError(f"--steps {steps} --warmup {warmup} measures {steps - warmup} step(s), less than one round "
+                        f"of {round_steps}: this plan's stage replicas take turns by step ({plan.microbatches} "
+                        "microbatch(es) a step), so a replica's time is read over a round",
+                        f"pass --steps {fewest} or more, a multiple of {round_steps}")
 
 
 def tied_replicas(ranks: dict[int, list[int]], shared: dict[str, list[int]]) -> None:
@@ -313,7 +322,7 @@ def setup_async(opts, plan_path: str):
         raise UserError("checkpoints of an asynchronous PipeDream run are not written yet (each stage holds "
                         "stashed weight versions)", "run without --checkpoint-dir / --resume")
     ranks = check_async_plan(plan)
-    check_async_steps(plan, opts.steps)
+    check_async_steps(plan, opts.steps, opts.warmup)
     rank, world = dist.get_rank(), dist.get_world_size()
     w.check_launch(plan, ranks, world)
     spec, gm, split = w.load_split_model(plan)

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from pipedream_reference import assert_dumped_equal, pipedream_reference, version_seen
+from pipeplan.errors import UserError
 from pipeplan.planner.plan import Stage, load_plan
 from pipeplan.runtime.pipedream import admitted, local_order
 from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, run_cli, run_worker
@@ -230,6 +231,12 @@ def test_refusals(tmp_path):
     plan.save(tmp_path / "odd.json")
     r = run_cli("run", str(tmp_path / "odd.json"), "--steps", "2")  # 2 x 4 microbatches: rounds of 3 do not fit
     assert r.returncode == 2 and "not a multiple of 3" in r.stderr and "--steps a multiple of 3" in r.stderr, r.stderr
+    plan = pipedream_plan("mlp", 1, [2])
+    plan.microbatches = 1  # the replicas take turns by step: a round is 2 steps
+    plan.save(tmp_path / "turns.json")
+    r = run_cli("run", str(tmp_path / "turns.json"), "--steps", "2")  # the default warm-up leaves 1 measured step
+    assert r.returncode == 2 and "measures 1 step(s), less than one round of 2" in r.stderr, r.stderr
+    assert "pass --steps 4 or more, a multiple of 2" in r.stderr, r.stderr
     plan = pipedream_plan("t-gpt-tied", 2, [2, 1])
     plan.save(tmp_path / "tied.json")
     r = run_cli("run", str(tmp_path / "tied.json"), "--steps", "2", timeout=180)
@@ -327,6 +334,23 @@ def test_replicas_taking_turns_by_step(tmp_path):
     assert all(s["activation_bytes"] > 0 for s in doc["measured"]["stages"])
     torch.testing.assert_close(torch.tensor(doc["losses"]), torch.tensor(pipedream_reference(plan, steps, lr=LR)[0]),
                                rtol=1e-4, atol=1e-6)
+
+
+def test_measured_steps_hold_a_round():
+    """Replicas taking turns by step are read per round (runtime/report.py), so the measured steps must hold one;
+    the fewest steps the refusal names are a multiple of the round that leaves one after the warm-up."""
+    from pipeplan.runtime.pipedream import check_async_steps
+
+    plan = pipedream_plan("mlp", 1, [2])
+    plan.microbatches = 1
+    check_async_steps(plan, 2, warmup=0)
+    check_async_steps(plan, 4, warmup=2)
+    with pytest.raises(UserError, match="pass --steps 4 or more"):
+        check_async_steps(plan, 2, warmup=1)
+    with pytest.raises(UserError, match="pass --steps 6 or more"):
+        check_async_steps(plan, 4, warmup=3)
+    plan.microbatches = 2  # a replica a microbatch every step: any measured step is a round
+    check_async_steps(plan, 2, warmup=1)
 
 
 def test_steps_per_round():
