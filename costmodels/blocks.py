@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
@@ -185,8 +185,9 @@ def _join_name(base: str, num: int) -> str:
 class _Layout:
     """Which traced layers are before the blocks (P), in copy j, or after them (T); name steps per block."""
 
-    def __init__(self, graph: Graph, repeat: Repeat):
+    def __init__(self, graph: Graph, repeat: Repeat, module_of: Mapping[str, str] | None = None):
         self.graph, self.repeat, self.k = graph, repeat, repeat.traced
+        self.module_of = module_of or {}  # node name -> the module it ran under (export.module_paths)
         self.copy_of: dict[str, int] = {}  # layer name -> traced copy it belongs to
         copies: list[list[Layer]] = [[] for _ in range(self.k)]
         first = last = None
@@ -209,15 +210,20 @@ class _Layout:
         self.copies = copies
         self.pre, self.post = graph.layers[:first], graph.layers[last + 1:]
         self.post_names = {layer.name for layer in self.post}
+        self.trailing = self._trailing()
         self.step = self._steps()
 
     def prefix(self, j: int) -> str:
         return f"{self.repeat.module}.{j}"
 
     def _copy(self, layer: Layer) -> int | None:
+        return self._copy_of_path(layer.module)
+
+    def _copy_of_path(self, module: str) -> int | None:
+        """The traced copy a module path is in (None: outside the blocks)."""
         for j in range(self.k):
             p = self.prefix(j)
-            if layer.module == p or layer.module.startswith(p + "."):
+            if module == p or module.startswith(p + "."):
                 return j
         return None
 
@@ -246,8 +252,35 @@ class _Layout:
         self._check_quiet_bases(step)
         return step
 
+    def _boundary_nodes(self, j: int, pos: int) -> list[str]:
+        """Copy j's node names in its layer `pos`, less the views that only a boundary copy has (`_aligned`)."""
+        nodes = self.copies[j][pos].nodes
+        if j not in (0, self.k - 1):
+            return list(nodes)
+        middle = {_split_name(n)[0] for n in self.copies[1][pos].nodes}
+        return [n for n in nodes if _split_name(n)[0] in middle or _split_name(n)[0] not in VIEW_OPS]
+
+    def _trailing(self) -> int:
+        """How many nodes end the last copy's last layer beyond the middle copy's: the code after the block loop.
+
+        Code that runs after the loop and has no module of its own (a masked mean pooling: `mul`, `sum`, `div`)
+        is glue, which export.group_nodes folds into the layer before it: the last block's last layer. The whole
+        model's export does the same, and its last block is cloned from the last copy, trailing ops and all; only
+        the checks that the last copy is the middle one's twin must leave them out. Only ops that ran outside
+        every block (`module_of`) count: an op of the last copy's own is a block that differs (0: the checks
+        refuse it).
+        """
+        last_pos = len(self.copies[1]) - 1
+        nodes = self._boundary_nodes(self.k - 1, last_pos)
+        extra = len(nodes) - len(self.copies[1][last_pos].nodes)
+        if extra <= 0 or not all(n in self.module_of and self._copy_of_path(self.module_of[n]) is None
+                                 for n in nodes[-extra:]):
+            return 0
+        return extra
+
     def _aligned(self, pos: int) -> list[list[str]]:
-        """Each copy's node names in its layer `pos`, less the views that only a boundary copy has.
+        """Each copy's node names in its layer `pos`, less the views that only a boundary copy has (and, in the last
+        layer, the last copy's code after the loop: `_trailing`).
 
         Code before or after the blocks may take a view of the first or last block's tensor, and torch.export
         files that view (a node that runs no kernel) under the layer that made the tensor: transformers'
@@ -256,13 +289,9 @@ class _Layout:
         and last blocks are cloned from the first and last copies, views and all, where the whole model's export
         has them too (tests/test_blocks.py holds the unrolled graph against that export).
         """
-        middle = {_split_name(n)[0] for n in self.copies[1][pos].nodes}
-        rows = []
-        for j, copy in enumerate(self.copies):
-            nodes = copy[pos].nodes
-            if j in (0, self.k - 1):
-                nodes = [n for n in nodes if _split_name(n)[0] in middle or _split_name(n)[0] not in VIEW_OPS]
-            rows.append(nodes)
+        rows = [self._boundary_nodes(j, pos) for j in range(self.k)]
+        if pos == len(self.copies[1]) - 1 and self.trailing:  # the code after the loop (`_trailing`)
+            rows[-1] = rows[-1][:-self.trailing]
         return rows
 
     def _check_quiet_bases(self, step: dict[str, int]) -> None:
@@ -272,10 +301,10 @@ class _Layout:
         cannot account for, and the names after the blocks would be guessed wrong.
         """
         last_before: dict[str, int] = {}
-        for layer in self.pre:
-            for n in layer.nodes:
-                b, num = _split_name(n)
-                last_before[b] = max(last_before.get(b, -1), num)
+        after_loop = self._boundary_nodes(self.k - 1, len(self.copies[1]) - 1)[-self.trailing:] if self.trailing else []
+        for n in [n for layer in self.pre for n in layer.nodes] + after_loop:  # the names used before `post`'s
+            b, num = _split_name(n)
+            last_before[b] = max(last_before.get(b, -1), num)
         first_after: dict[str, int] = {}
         for layer in self.post:
             for n in layer.nodes:
@@ -294,9 +323,13 @@ class _Layout:
     # ---- checks: the copies are one block -------------------------------------------------
 
     def check(self) -> None:
-        """Copies 1 and 2 agree on everything measured; copy 0 on everything but its boundary costs; edges too."""
-        for l0, l1, l2 in zip(*self.copies, strict=True):
-            for j, other, fields in ((0, l0, _BLOCK_FIELDS), (2, l2, _BLOCK_FIELDS + _BOUNDARY_FIELDS)):
+        """Copies 1 and 2 agree on everything measured; copy 0 on everything but its boundary costs; edges too.
+        Where code after the loop ends copy 2's last layer (`_trailing`), that layer's costs include the code, so
+        only its names and ops (`_aligned`) are held against copy 1's; copy 0's costs still are."""
+        last = len(self.copies[1]) - 1
+        for pos, (l0, l1, l2) in enumerate(zip(*self.copies, strict=True)):
+            tail_fields = () if pos == last and self.trailing else _BLOCK_FIELDS + _BOUNDARY_FIELDS
+            for j, other, fields in ((0, l0, _BLOCK_FIELDS), (2, l2, tail_fields)):
                 if self.rename_path(other.name, j, 1) != l1.name or self.rename_path(other.module, j, 1) != l1.module:
                     raise NotRepeated(f"block layers differ: {other.name} vs {l1.name}")
                 if [self.rename_path(p, j, 1) for p in other.params] != l1.params:
@@ -410,14 +443,16 @@ _BLOCK_FIELDS = ("kind", "fwd_flops", "param_bytes", "bytes_moved")
 _BOUNDARY_FIELDS = ("bwd_flops", "saved_bytes")
 
 
-def expand(graph: Graph, repeat: Repeat) -> Graph:
+def expand(graph: Graph, repeat: Repeat, module_of: Mapping[str, str] | None = None) -> Graph:
     """The graph of the whole model (repeat.count blocks) from the one traced with repeat.traced blocks.
 
     Raises NotRepeated when the traced copies do not show one block repeated (see
     `_Layout.check`); the caller then traces the whole model. Times are the traced
     copies' own: middle blocks get the second copy's, the last block the third's.
+    `module_of` (export.module_paths of the traced program) lets code after the loop
+    end the last block's last layer (`_Layout._trailing`); without it that is refused.
     """
-    layout = _Layout(graph, repeat)
+    layout = _Layout(graph, repeat, module_of)
     layout.check()
     n = repeat.count
     full = layout.unrolled(n)
@@ -432,9 +467,10 @@ def expand(graph: Graph, repeat: Repeat) -> Graph:
                  source=dict(graph.source), notes=list(graph.notes))
 
 
-def expand_node_values(graph: Graph, repeat: Repeat, values: dict[str, Any]) -> dict[str, Any]:
+def expand_node_values(graph: Graph, repeat: Repeat, values: dict[str, Any],
+                       module_of: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Per-node data of the traced program (FLOPs, op families) under the whole model's node names."""
-    layout = _Layout(graph, repeat)
+    layout = _Layout(graph, repeat, module_of)
     out: dict[str, Any] = {}
     for u in layout.unrolled(repeat.count):
         for new, old in zip(u.layer.nodes, u.origin.nodes, strict=True):
@@ -444,11 +480,13 @@ def expand_node_values(graph: Graph, repeat: Repeat, values: dict[str, Any]) -> 
 
 
 class Measured(NamedTuple):
-    """What the tracer measures on one program: the graph and the per-node data the fvcore check needs."""
+    """What the tracer measures on one program: the graph and the per-node data the fvcore check needs (and,
+    for the traced copies of a block, the module each node ran under: `expand`)."""
 
     graph: Graph
     node_flops: dict[str, int]
     family: dict[str, str | None]
+    module_of: Mapping[str, str] | None = None
 
 
 def measure_once_per_block(model: torch.nn.Module, measure: Callable[[torch.nn.Module], Measured], *,
@@ -465,10 +503,10 @@ def measure_once_per_block(model: torch.nn.Module, measure: Callable[[torch.nn.M
     try:
         with shortened(model, repeat):
             short = measure(model)
-        graph = expand(short.graph, repeat)
+        graph = expand(short.graph, repeat, short.module_of)
         _check_params(graph, model)
-        result = Measured(graph, expand_node_values(short.graph, repeat, short.node_flops),
-                          expand_node_values(short.graph, repeat, short.family))
+        result = Measured(graph, expand_node_values(short.graph, repeat, short.node_flops, short.module_of),
+                          expand_node_values(short.graph, repeat, short.family, short.module_of))
     except Exception as e:  # anything: the whole-model trace below is the answer, and says why in a note
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         full = measure(model)

@@ -209,6 +209,12 @@ def _stack(node: torch.fx.Node) -> list[str]:
     return paths
 
 
+def module_paths(ep: torch.export.ExportedProgram) -> dict[str, str]:
+    """The innermost module each op was called under, by node name ('' for the root module's own forward):
+    what tells code after a block loop from the last block's own ops (costmodels/blocks.py)."""
+    return {n.name: (_stack(n) or [""])[-1] for n in ep.graph.nodes if n.op == "call_function"}
+
+
 def group_nodes(ep: torch.export.ExportedProgram, depth: int | None) -> list[tuple[str, str, list[torch.fx.Node]]]:
     """Split the call_function nodes into contiguous layers: [(name, module path, nodes)] in execution order."""
     if depth is not None and depth < 1:

@@ -24,6 +24,7 @@ from pipeplan.costmodels.export import (
     cost_parts,
     export_program,
     fake_leaves,
+    module_paths,
     node_kind,
     param_input_names,
     tensor_bytes,
@@ -333,7 +334,7 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
         layer.parts = with_loss(cost_parts([nodes[x] for x in layer.nodes if x in nodes], counts.node_flops,
                                            params, layer.bwd_flops), loss_read[i])
     graph.peak_activation_bytes = int(counts.peak_saved_bytes)
-    return blocks.Measured(graph, counts.node_flops, family)
+    return blocks.Measured(graph, counts.node_flops, family, module_paths(ep))
 
 
 def _transient(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: Any, target: Any,

@@ -190,6 +190,15 @@ def test_hf_gemma_matches_full_trace():
     assert_same_as_full(DATA / "blocks_hf_gemma.py", count=6)
 
 
+def test_code_after_the_loop_ends_the_last_block():
+    """A masked mean after the block loop, in the root module's forward: export folds it into the last block's
+    last layer, so the last traced copy has ops the middle one lacks; they are code after the loop (the module they
+    ran under says so), and the unrolled graph is the whole model's."""
+    graph = assert_same_as_full(DATA / "blocks_models.py", "build_pooled", count=6)
+    last, middle = graph.layer("blocks.5.down"), graph.layer("blocks.4.down")
+    assert len(last.nodes) > len(middle.nodes) and last.bytes_moved > middle.bytes_moved
+
+
 # ---- when it must not deduplicate ------------------------------------------------------------
 
 @pytest.mark.parametrize("entry", ["build_wider", "build_window"])
@@ -200,7 +209,8 @@ def test_different_blocks_are_traced_whole(entry):
     assert {x.name for x in graph.layers} >= {f"blocks.{i}.up" for i in range(6)}
 
 
-@pytest.mark.parametrize(("entry", "why"), [("build_counted", "IndexError"), ("build_stacked", "differ")])
+@pytest.mark.parametrize(("entry", "why"), [("build_counted", "IndexError"), ("build_stacked", "differ"),
+                                            ("build_halved_late", "op count")])
 def test_falls_back_with_a_note(entry, why):
     path = str(DATA / "blocks_models.py")
     graph = trace(path, 2, entry=entry, repeats=1, fvcore_check=False)

@@ -7,10 +7,11 @@ WIDTH, SEQ = 16, 8
 
 
 class Block(nn.Module):
-    def __init__(self, width=WIDTH, hidden=4 * WIDTH, layer_idx=0, window=None):
+    def __init__(self, width=WIDTH, hidden=4 * WIDTH, layer_idx=0, window=None, halve_from=None):
         super().__init__()
         self.layer_idx = layer_idx  # a block's own index: allowed to differ
         self.window = window
+        self.halve_from = halve_from  # blocks from this index on end in an op of their own
         self.norm = nn.LayerNorm(width)
         self.up = nn.Linear(width, hidden)
         self.down = nn.Linear(hidden, width)
@@ -19,7 +20,10 @@ class Block(nn.Module):
         h = self.up(self.norm(x))
         if self.window is not None:  # an attribute that changes what the block computes
             h = h * 0.5
-        return x + self.down(torch.relu(h))
+        out = x + self.down(torch.relu(h))
+        if self.halve_from is not None and self.layer_idx >= self.halve_from:  # the same attributes, not the same ops
+            out = out * 0.5
+        return out
 
 
 class Stack(nn.Module):
@@ -32,6 +36,7 @@ class Stack(nn.Module):
         self.head = nn.Linear(WIDTH, 4)
 
     def forward(self, x):
+        inputs = x
         x = self.embed(x)
         if self.mode == "counted":  # indexes the blocks by a count kept elsewhere
             for i in range(self.n_layer):
@@ -45,6 +50,9 @@ class Stack(nn.Module):
             return (self.head(x), *hidden)
         if self.mode == "stacked":  # every block read after the loop (the stack folds into the last block)
             return self.head(torch.stack(hidden).mean(0))
+        if self.mode == "pooled":  # a masked mean after the loop, no module of its own (folds into the last block)
+            keep = (inputs[..., :1] > 0).float()
+            return self.head((x * keep).sum(1) / keep.sum(1).clamp(min=1.0))
         return self.head(x)
 
 
@@ -62,6 +70,14 @@ def build_hidden():
 
 def build_stacked():
     return Stack([Block(layer_idx=i) for i in range(6)], mode="stacked")
+
+
+def build_pooled():
+    return Stack([Block(layer_idx=i) for i in range(6)], mode="pooled")
+
+
+def build_halved_late():
+    return Stack([Block(layer_idx=i, halve_from=2) for i in range(6)])
 
 
 def build_wider():
