@@ -117,10 +117,13 @@ def pipeplan(*args: str, out: Path | None = None) -> dict:
 
 
 def describe(plan: dict) -> str:
-    """The chosen plan in a few words: schedule, stages x replicas, microbatches of their size."""
+    """The chosen plan in a few words: schedule, stages x replicas, ZeRO stage, microbatches of their size."""
     k, d = len(plan["stages"]), plan.get("data_parallel", 1)
     chunks = f", {plan['chunks']} chunks" if plan.get("chunks", 1) > 1 else ""
-    return f"{plan['schedule']}, {k} stage{'s' if k > 1 else ''} x {d}{chunks}, M={plan['microbatches']} of {plan['microbatch_size']}"
+    sharding = plan.get("sharding", "none")
+    zero = f", ZeRO-{sharding[len('zero'):]}" if sharding.startswith("zero") else ""
+    return (f"{plan['schedule']}, {k} stage{'s' if k > 1 else ''} x {d}{chunks}{zero}, "
+            f"M={plan['microbatches']} of {plan['microbatch_size']}")
 
 
 def run_case(case: tuple, profile: Path, tmp: Path) -> dict:
