@@ -59,6 +59,7 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
         raise click.BadParameter(f"{initial_loss_scale} is not a positive finite loss scale",
                                  param_hint="'--initial-loss-scale'")
     plan = load_plan(plan_file)
+    steps = _whole_rounds(plan, steps, warmup)
     if chrome_trace:
         check_destination(chrome_trace, "--chrome-trace")
     ctx = click.get_current_context()
@@ -101,6 +102,20 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
                 out.print(f"[yellow]note (from the plan): {note}[/yellow]")
         if chrome_trace:
             out.print(f"chrome trace: {chrome_trace}")
+
+
+def _whole_rounds(plan, steps: int, warmup: int) -> int:
+    """The default --steps grown to whole rounds of a PipeDream plan's replicas (runtime/placement.whole_rounds),
+    said on stderr; steps the user asked for are checked as asked (runtime/pipedream.check_async_steps)."""
+    from pipeplan.runtime.placement import steps_per_round, whole_rounds
+
+    source = click.get_current_context().get_parameter_source("steps")
+    grown = whole_rounds(plan, steps, warmup)
+    if grown == steps or source is None or source.name != "DEFAULT":
+        return steps
+    click.echo(f"note: running {grown} steps, not the default {steps}: whole rounds of {steps_per_round(plan)} steps "
+               f"(this plan's stage replicas take turns), one of them measured after the warm-up", err=True)
+    return grown
 
 
 def _warmup(steps: int, warmup: int) -> int:

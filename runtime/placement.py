@@ -83,6 +83,15 @@ def combine_losses(per_replica: list[list[float]], mean: bool) -> list[float]:
     return [sum(xs) / len(xs) if mean else sum(xs) for xs in steps]
 
 
+def whole_rounds(plan, steps: int, warmup: int) -> int:
+    """The fewest steps, at least `steps`, that are whole rounds (`steps_per_round`) and measure one round after
+    `warmup`: what `pipeplan run`'s default --steps grows to, so a plan runs as the planner emitted it
+    (runtime/pipedream.check_async_steps refuses anything else). `steps` itself for every plan but PipeDream's
+    with replicas taking turns or replica counts that do not divide a step's microbatches."""
+    r = steps_per_round(plan)
+    return -(-max(steps, warmup + r) // r) * r
+
+
 def steps_per_round(plan) -> int:
     """Steps of `pipeplan run` that give every replica of every PipeDream stage a microbatch: 1 elsewhere.
 

@@ -353,6 +353,36 @@ def test_measured_steps_hold_a_round():
     check_async_steps(plan, 2, warmup=1)
 
 
+def test_whole_rounds():
+    """The steps `pipeplan run`'s default grows to: whole rounds, one measured after the warm-up; unchanged where a
+    round is one step."""
+    from pipeplan.runtime.placement import whole_rounds
+
+    turns = pipedream_plan("mlp", 1, [2])
+    turns.microbatches = 1
+    assert [whole_rounds(turns, 10, w) for w in (0, 1, 8, 9)] == [10, 10, 10, 12]
+    thirds = pipedream_plan("mlp", 2, [3, 1])
+    thirds.microbatches = 2  # 2 microbatches a step on 3 replicas: rounds of 3 steps
+    assert [whole_rounds(thirds, 10, w) for w in (1, 8)] == [12, 12]
+    assert whole_rounds(pipedream_plan("mlp", 2, [2, 1]), 10, 9) == 10  # 4 microbatches a step: rounds of 1
+
+
+@pytest.mark.slow
+def test_default_steps_grow_to_whole_rounds(tmp_path):
+    """A plan whose replicas take turns, with a warm-up that leaves less than a round of the default 10 steps: the
+    default grows to 12 (said on stderr), and the run measures the round after the warm-up (typed --steps are
+    refused as typed: test_refusals)."""
+    plan = pipedream_plan("mlp", 1, [2])
+    plan.microbatches = 1
+    plan.save(tmp_path / "turns.json")
+    r = run_cli("run", str(tmp_path / "turns.json"), "--warmup", "9", "--optimizer", "sgd", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "running 12 steps, not the default 10" in r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["measured"]["steps_measured"] == 3 and len(doc["losses"]) == 12
+    assert doc["measured"]["iteration_s"] > 0
+
+
 def test_steps_per_round():
     """The fewest steps whose microbatches are a multiple of every stage's replica count (runtime/placement.py)."""
     from pipeplan.runtime.placement import steps_per_round
