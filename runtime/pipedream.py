@@ -66,7 +66,7 @@ from pipeplan.runtime.pipedream_comm import (
     send_grads,
     wait_grads,
 )
-from pipeplan.runtime.placement import steps_per_round
+from pipeplan.runtime.placement import steps_per_round, whole_rounds
 from pipeplan.runtime.recompute import functional_forward
 from pipeplan.runtime.split import flat_inputs, unflatten_output
 from pipeplan.schedules import local_order, replicated_inflight
@@ -109,11 +109,10 @@ def check_async_steps(plan, steps: int, warmup: int = 0) -> None:
                         f"of {need} (the least common multiple of the stages' replica counts): the last round of "
                         "a replicated stage would not complete", f"pass --steps a multiple of {round_steps}")
     if steps - warmup < round_steps:
-        fewest = -(-(warmup + round_steps) // round_steps) * round_steps
         raise UserError(f"--steps {steps} --warmup {warmup} measures {steps - warmup} step(s), less than one round "
                         f"of {round_steps}: this plan's stage replicas take turns by step ({plan.microbatches} "
                         "microbatch(es) a step), so a replica's time is read over a round",
-                        f"pass --steps {fewest} or more, a multiple of {round_steps}")
+                        f"pass --steps {whole_rounds(plan, steps, warmup)} or more, a multiple of {round_steps}")
 
 
 def tied_replicas(ranks: dict[int, list[int]], shared: dict[str, list[int]]) -> None:

