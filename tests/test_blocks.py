@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from pipeplan.costmodels import blocks
+from pipeplan.costmodels.export import module_paths
 from pipeplan.costmodels.model_file import load_model_file
 from pipeplan.costmodels.trace import export_structure, trace
 
@@ -209,8 +210,7 @@ def test_different_blocks_are_traced_whole(entry):
     assert {x.name for x in graph.layers} >= {f"blocks.{i}.up" for i in range(6)}
 
 
-@pytest.mark.parametrize(("entry", "why"), [("build_counted", "IndexError"), ("build_stacked", "differ"),
-                                            ("build_halved_late", "op count")])
+@pytest.mark.parametrize(("entry", "why"), [("build_counted", "IndexError"), ("build_stacked", "differ")])
 def test_falls_back_with_a_note(entry, why):
     path = str(DATA / "blocks_models.py")
     graph = trace(path, 2, entry=entry, repeats=1, fvcore_check=False)
@@ -231,6 +231,29 @@ def test_expand_refuses_copies_that_differ():
     graph.layers[-2].bytes_moved += 1  # the third copy's last layer no longer matches the second's
     with pytest.raises(blocks.NotRepeated, match="bytes_moved"):
         blocks.expand(graph, repeat)
+
+
+def _shortened_program(entry: str):
+    """The traced copies of `entry`'s blocks: (graph, repeat, module paths of its nodes)."""
+    spec = load_model_file(str(DATA / "blocks_models.py"), entry)
+    model = spec.build()
+    repeat = blocks.find_repeated_blocks(model)
+    with blocks.shortened(model, repeat):
+        ep, graph = export_structure(spec, 2, model=model)
+    return graph, repeat, module_paths(ep)
+
+
+def test_code_after_the_loop_is_told_apart_by_the_module_its_ops_ran_under():
+    """Ops that only the last copy's last layer has: code after the loop when they ran outside every block
+    (build_pooled), a block that differs when the third block ran them itself (build_halved_late: blocks from
+    index 2 on halve their output, the same attributes, other ops). Without the modules, both are refused."""
+    graph, repeat, module_of = _shortened_program("build_pooled")
+    assert len(blocks.expand(graph, repeat, module_of).layers) == len(graph.layers) + 3 * 3
+    with pytest.raises(blocks.NotRepeated, match="op count"):
+        blocks.expand(graph, repeat)
+    graph, repeat, module_of = _shortened_program("build_halved_late")
+    with pytest.raises(blocks.NotRepeated, match="op count"):
+        blocks.expand(graph, repeat, module_of)
 
 
 def test_expand_refuses_a_hole_in_the_names_after_the_blocks():
