@@ -246,7 +246,7 @@ def _shortened_program(entry: str):
 def test_code_after_the_loop_is_told_apart_by_the_module_its_ops_ran_under():
     """Ops that only the last copy's last layer has: code after the loop when they ran outside every block
     (build_pooled), a block that differs when the third block ran them itself (build_halved_late: blocks from
-    index 2 on halve their output, the same attributes, other ops). Without the modules, both are refused."""
+    index 2 on halve their output, the same attributes, other ops). Without the modules the first is refused too."""
     graph, repeat, module_of = _shortened_program("build_pooled")
     assert len(blocks.expand(graph, repeat, module_of).layers) == len(graph.layers) + 3 * 3
     with pytest.raises(blocks.NotRepeated, match="op count"):
