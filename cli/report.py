@@ -41,7 +41,9 @@ def model_table(summary: dict[str, Any]) -> Table:
         t.add_row("file", f"{shown_path(source['model_file'])}{entry}")
     t.add_row("layers", str(summary.get("layers")))
     if summary.get("parameters") is not None:
-        t.add_row("parameters", f"{fmt_count(summary['parameters'])} ({fmt_bytes(summary['param_bytes'])} fp32)")
+        trainable = summary.get("trainable_parameters", summary["parameters"])
+        frozen = f"; {fmt_count(trainable)} trainable, the rest frozen" if trainable < summary["parameters"] else ""
+        t.add_row("parameters", f"{fmt_count(summary['parameters'])} ({fmt_bytes(summary['param_bytes'])} fp32{frozen})")
     if summary.get("fwd_flops_per_sample") is not None:
         t.add_row(
             "FLOPs / sample",

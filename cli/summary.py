@@ -26,6 +26,7 @@ def graph_summary(graph) -> dict[str, Any]:
         "edges": len(graph.edges),
         "parameters": parameter_count(graph.param_bytes, graph.dtype),
         "param_bytes": int(graph.param_bytes),
+        "trainable_parameters": parameter_count(graph.param_bytes - graph.frozen_param_bytes, graph.dtype),
         "fwd_flops_per_sample": graph.fwd_flops / batch,
         "bwd_flops_per_sample": graph.bwd_flops / batch,
         "peak_activation_bytes_per_sample": graph.peak_activation_bytes / batch,

@@ -82,7 +82,9 @@ def print_summary(graph, output: str | None = None, console: Console | None = No
     head.add_column(style="bold")
     head.add_column()
     head.add_row("layers", f"{t['layers']} ({len(graph.edges)} edges)")
-    head.add_row("parameters", f"{fmt_count(t['param_bytes'] // 4)} ({fmt_bytes(t['param_bytes'])} fp32)")
+    frozen = t["frozen_param_bytes"]
+    trainable = f"; {fmt_count((t['param_bytes'] - frozen) // 4)} trainable, the rest frozen" if frozen else ""
+    head.add_row("parameters", f"{fmt_count(t['param_bytes'] // 4)} ({fmt_bytes(t['param_bytes'])} fp32{trainable})")
     head.add_row("forward FLOPs", fmt_flops(t["fwd_flops"]))
     head.add_row("backward FLOPs", fmt_flops(t["bwd_flops"]))
     head.add_row("peak saved activations", fmt_bytes(t["peak_activation_bytes"]))

@@ -439,7 +439,7 @@ class _Unrolled(NamedTuple):
 
 # Fields every copy of a block layer must agree on; the first copy may differ in _BOUNDARY_FIELDS, since
 # what it saves for backward and its backward work can depend on the code before the blocks.
-_BLOCK_FIELDS = ("kind", "fwd_flops", "param_bytes", "bytes_moved")
+_BLOCK_FIELDS = ("kind", "fwd_flops", "param_bytes", "frozen_param_bytes", "bytes_moved")
 _BOUNDARY_FIELDS = ("bwd_flops", "saved_bytes")
 
 
@@ -528,6 +528,9 @@ def _check_params(graph: Graph, model: torch.nn.Module) -> None:
     total = sum(p.numel() * p.element_size() for _, p in unique.values())
     if graph.param_bytes != total:
         raise NotRepeated(f"unrolled parameter bytes {graph.param_bytes} != the model's {total}")
+    frozen = sum(p.numel() * p.element_size() for _, p in unique.values() if not p.requires_grad)
+    if graph.frozen_param_bytes != frozen:
+        raise NotRepeated(f"unrolled frozen parameter bytes {graph.frozen_param_bytes} != the model's {frozen}")
     used = {id(named[f]) for layer in graph.layers for f in layer.params if f in named}
     unused = [fqn for pid, (fqn, _) in unique.items() if pid not in used]
     marker = " parameter(s) are not used by forward() (e.g. "

@@ -15,7 +15,7 @@ judgements between published figures and are labelled so.
 from __future__ import annotations
 
 from pipeplan.choices import DTYPES
-from pipeplan.costmodels.graph import LAYER_KINDS, Graph, Layer
+from pipeplan.costmodels.graph import LAYER_KINDS, Graph, Layer, backward_free
 from pipeplan.costmodels.memory import activation_bytes_scale
 from pipeplan.errors import UserError
 from pipeplan.hardware_profiles.curve import Curve, curve_keys, interpolate
@@ -374,8 +374,8 @@ def layer_times_s(graph: Graph, profile: HardwareProfile, *, dtype: str = "fp32"
         ratio = n / batch
         return [l.fwd_s * ratio for l in graph.layers], [l.bwd_s * ratio for l in graph.layers]
     fwd, bwd = [], []
-    for layer, used in zip(graph.layers, used_param_bytes(graph), strict=True):  # one entry per layer
+    for layer, used, free in zip(graph.layers, used_param_bytes(graph), backward_free(graph), strict=True):
         f, b = layer_roofline_s(layer, profile, dtype=dtype, samples=n, batch_size=batch, weight_bytes=used)
         fwd.append(f)
-        bwd.append(b)
+        bwd.append(0.0 if free else b)  # a frozen prefix's layers run no backward (graph.backward_free)
     return fwd, bwd

@@ -530,6 +530,7 @@ def build_structure(ep: torch.export.ExportedProgram, model: torch.nn.Module, *,
             if id(p) not in owner_of_tensor:
                 owner_of_tensor[id(p)] = i
                 layers[i].param_bytes += p.numel() * p.element_size()
+                layers[i].frozen_param_bytes += 0 if p.requires_grad else p.numel() * p.element_size()
 
     for (src, _dst), tensors in edges.items():
         layers[src].outputs.update(tensors)
@@ -549,6 +550,7 @@ def build_structure(ep: torch.export.ExportedProgram, model: torch.nn.Module, *,
         holders = [j for j, l in enumerate(layers) if l.module and fqn.startswith(l.module + ".")]
         best = max(holders, key=lambda j: len(layers[j].module)) if holders else 0
         layers[best].param_bytes += p.numel() * p.element_size()
+        layers[best].frozen_param_bytes += 0 if p.requires_grad else p.numel() * p.element_size()
         owner_of_tensor[id(p)] = best
     if unused:
         notes.append(f"{len(unused)} parameter(s) are not used by forward() (e.g. {unused[0][0]}); "

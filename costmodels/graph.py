@@ -71,6 +71,9 @@ class Layer:
     fwd_flops: int = 0
     bwd_flops: int = 0
     param_bytes: int = 0  # parameters owned by this layer; a shared parameter is owned by its first user
+    # of param_bytes, parameters that need no gradient (requires_grad False: a frozen backbone, an adapter's base):
+    # they hold weights but no gradient, optimizer state or all-reduce (costmodels/memory.py, `model_state_bytes`)
+    frozen_param_bytes: int = 0
     output_bytes: int = 0  # sum of `outputs`
     saved_bytes: int = 0  # bytes autograd saves for backward during this layer's forward
     # peak bytes of the tensors in flight while its ops run (outputs not yet read, gradients passed on; the loss's
@@ -186,6 +189,10 @@ class Graph:
         return sum(layer.param_bytes for layer in self.layers)
 
     @property
+    def frozen_param_bytes(self) -> int:
+        return sum(layer.frozen_param_bytes for layer in self.layers)
+
+    @property
     def fwd_flops(self) -> int:
         return sum(layer.fwd_flops for layer in self.layers)
 
@@ -197,6 +204,7 @@ class Graph:
         return {
             "layers": len(self.layers),
             "param_bytes": self.param_bytes,
+            "frozen_param_bytes": self.frozen_param_bytes,
             "fwd_flops": self.fwd_flops,
             "bwd_flops": self.bwd_flops,
             "peak_activation_bytes": self.peak_activation_bytes,
@@ -313,6 +321,29 @@ class Graph:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         atomic_write_json(path, self.to_dict())
+
+
+def backward_free(graph: Graph) -> list[bool]:
+    """Per layer, whether its backward runs nothing because a frozen parameter starts a chain without gradients.
+
+    Autograd records an op only if a tensor it reads needs a gradient, so the layers of a frozen prefix (a frozen
+    backbone before a trainable head) run no backward at all, where a roofline would charge each a backward pass. A
+    layer is such when none of its parameters trains, it saved nothing for backward and counted no backward FLOPs
+    (the trace's own sign that autograd recorded nothing), no tied parameter reaches it, and it either holds frozen
+    parameters or reads only such layers. A parameter-free layer reading the model's inputs alone stays priced: a
+    graph does not record whether those inputs need gradients.
+    """
+    tied = {name for sp in graph.shared_params for name in sp.layers}
+    sources: list[list[int]] = [[] for _ in graph.layers]
+    for e in graph.edges:
+        sources[graph.index(e.dst)].append(graph.index(e.src))
+    free: list[bool] = []
+    for i, layer in enumerate(graph.layers):
+        quiet = (layer.param_bytes == layer.frozen_param_bytes and not layer.saved_bytes and not layer.bwd_flops
+                 and layer.name not in tied)
+        free.append(quiet and all(free[j] for j in sources[i])
+                    and (layer.frozen_param_bytes > 0 or bool(sources[i])))
+    return free
 
 
 def _layer_from_dict(d: dict[str, Any], layer_keys: set[str]) -> Layer:

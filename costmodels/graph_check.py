@@ -14,8 +14,8 @@ from typing import Any
 from pipeplan.costmodels.graph import AUTOCAST_DEVICES, AUTOCAST_FIELDS, AUTOCAST_OPTIONAL
 from pipeplan.fields import Fields
 
-COUNTS = ("fwd_flops", "bwd_flops", "param_bytes", "output_bytes", "saved_bytes", "bytes_moved", "transient_bytes",
-          "deferred_grad_bytes", "loss_saved_bytes", "nonweight_saved_bytes", "input_saved_bytes",
+COUNTS = ("fwd_flops", "bwd_flops", "param_bytes", "frozen_param_bytes", "output_bytes", "saved_bytes", "bytes_moved",
+          "transient_bytes", "deferred_grad_bytes", "loss_saved_bytes", "nonweight_saved_bytes", "input_saved_bytes",
           "input_nonweight_saved_bytes")
 TIMES = ("fwd_s", "bwd_s")
 HINT = "re-run `pipeplan trace` (docs/graph-format.md)"
@@ -80,6 +80,9 @@ def _check_layer(f: Fields, layer: Any, i: int, layer_kinds: tuple[str, ...]) ->
         for key in AUTOCAST_FIELDS:
             value = counts.get(key, 0) if key in AUTOCAST_OPTIONAL else f.require(counts, key, f"{where}.{key}")
             f.integer(value, f"{where}.{key}")
+    if layer.get("frozen_param_bytes", 0) > layer.get("param_bytes", 0):
+        raise f.fail(f"{field}.frozen_param_bytes", layer["frozen_param_bytes"],
+                     "at most the layer's param_bytes (frozen parameters are some of its parameters)")
     _check_weight_grad(f, layer, field)
     _check_save_point(f, layer, field)
     return name

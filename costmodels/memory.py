@@ -109,8 +109,11 @@ def _shard(weights: int, grads: int, opt: int, sharding: str, shards: int) -> tu
 
 
 def model_state_bytes(param_bytes_fp32: int, *, optimizer: str, dtype: str, mixed_precision: str = DEFAULT_MIXED_PRECISION,
-                      sharding: str = "none", shards: int = 1) -> ModelState:
-    """Bytes one device keeps of weights, gradients and optimizer state for parameters of `param_bytes_fp32`.
+                      sharding: str = "none", shards: int = 1, frozen_bytes_fp32: int = 0) -> ModelState:
+    """Bytes one device keeps of weights, gradients and optimizer state for parameters of `param_bytes_fp32`, of
+    which `frozen_bytes_fp32` need no gradient: those keep their weights only, whole on every replica (no `.grad`;
+    the optimizer is never given them, so no master copy or state; pipeplan's runtime shards the trainable
+    parameters only, runtime/sharding.py, where FSDP would shard frozen weights under ZeRO-3 too).
 
     Per parameter (Ψ parameters, d = `shards`, the stage's replicas), as the cited tables give them:
     - DeepSpeed (ZeRO paper §3.1 and its table 1, mixed-precision Adam, K = 12):
@@ -122,10 +125,11 @@ def model_state_bytes(param_bytes_fp32: int, *, optimizer: str, dtype: str, mixe
     _check(optimizer, OPTIMIZERS, "optimizer")
     _check(mixed_precision, MIXED_PRECISIONS, "mixed-precision recipe")
     _check(sharding, SHARDINGS, "sharding")
-    if param_bytes_fp32 < 0:
-        raise ValueError(f"negative parameter bytes {param_bytes_fp32}")
-    parts = _unsharded_parts(param_bytes_fp32, optimizer, dtype, mixed_precision)
+    if param_bytes_fp32 < 0 or not 0 <= frozen_bytes_fp32 <= param_bytes_fp32:
+        raise ValueError(f"parameter bytes {param_bytes_fp32} with {frozen_bytes_fp32} frozen")
+    parts = _unsharded_parts(param_bytes_fp32 - frozen_bytes_fp32, optimizer, dtype, mixed_precision)
     weights, grads, opt = _shard(*parts, sharding, shards)
+    weights += _unsharded_parts(frozen_bytes_fp32, optimizer, dtype, mixed_precision)[0]
     return ModelState(weights, grads, opt, weights + grads + opt)
 
 
@@ -444,15 +448,18 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
                  model_output_bytes_per_mb: int = 0, deferred_grad_bytes_per_mb: int = 0,
                  held_bytes: tuple[int, int, int] | None = None, loss_saved_bytes_per_mb: int = 0,
                  w_rerun_bytes: int = 0, checkpointed: tuple[int, int] | None = None,
-                 input_saved_bytes_per_mb: int = 0, receive_bytes: int | None = None) -> MemoryBreakdown:
+                 input_saved_bytes_per_mb: int = 0, receive_bytes: int | None = None,
+                 frozen_param_bytes: int = 0) -> MemoryBreakdown:
     """Predicted peak memory of one pipeline stage (one device).
 
-    param_bytes: fp32 bytes of the stage's parameters (all its chunks when interleaved).
+    param_bytes: fp32 bytes of the stage's parameters (all its chunks when interleaved); frozen_param_bytes: of
+    them, those that need no gradient (`model_state_bytes`).
     saved_bytes_per_mb / input_bytes_per_mb / output_bytes_per_mb: bytes for one
     microbatch in the training dtype (see the module docstring): activations the
     stage saves for backward, the tensors it receives, the tensors it sends.
     sharding / shards: the ZeRO level and the replicas the stage's state is split
-    over; largest_layer_param_bytes: fp32 bytes of its largest layer (`gathered_bytes`).
+    over; largest_layer_param_bytes: fp32 bytes of its largest layer's trainable parameters (`gathered_bytes`; frozen
+    ones are neither gathered nor given gradients).
     stage_replicas: every stage's replica count where the schedule replicates stages one by one (async
     PipeDream): the in-flight count is then the runtime's per replica (`replicated_inflight`), not K - s.
     transient_bytes: what one microbatch's step holds at its peak beyond the stage's saved activations
@@ -492,12 +499,13 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
         if value < 0:
             raise ValueError(f"negative {name}: {value}")
     state = model_state_bytes(param_bytes, optimizer=optimizer, dtype=dtype, mixed_precision=mixed_precision,
-                              sharding=sharding, shards=shards)
+                              sharding=sharding, shards=shards, frozen_bytes_fp32=frozen_param_bytes)
     gathered = gathered_bytes(largest_layer_param_bytes, optimizer=optimizer, dtype=dtype,
                               mixed_precision=mixed_precision, sharding=sharding) if shards > 1 else 0
     inflight = inflight_microbatches(schedule, stages, stage, microbatches, chunks, replicas=stage_replicas)
     versions = stashed_weight_versions(schedule, inflight)
-    weights = state.weights_bytes * versions
+    frozen_weights = _unsharded_parts(frozen_param_bytes, optimizer, dtype, mixed_precision)[0]
+    weights = (state.weights_bytes - frozen_weights) * versions + frozen_weights  # a frozen weight is never stashed
     optimizer_bytes = state.grad_bytes + state.optimizer_bytes
     if transient_bytes < 0 or model_output_bytes_per_mb < 0:
         raise ValueError(f"negative transient_bytes or model_output_bytes_per_mb: {transient_bytes}, "
@@ -539,6 +547,7 @@ class RangeMemory:
     """
 
     def __init__(self, *, param_bytes: Sequence[int], saved_bytes: Sequence[int], cut_bytes: Sequence[int],
+                 frozen_param_bytes: Sequence[int] = (),
                  input_bytes: int, schedule: str, stages: int, microbatches: int, chunks: int, recompute: bool,
                  optimizer: str, dtype: str, shared: Sequence[tuple[int, Sequence[int]]] = (),
                  mixed_precision: str = DEFAULT_MIXED_PRECISION, sharding: str = "none", shards: int = 1,
@@ -561,6 +570,8 @@ class RangeMemory:
         for i in range(n):
             self.pp.append(self.pp[-1] + param_bytes[i])
             self.sp.append(self.sp[-1] + saved_bytes[i])
+        # of pp, parameters without gradients (weights only: `model_state_bytes`); None: every one trains
+        self.fp = list(itertools.accumulate(frozen_param_bytes, initial=0)) if any(frozen_param_bytes) else None
         self.cut = list(cut_bytes)
         self.input = input_bytes
         self.inflight = [inflight_microbatches(schedule, P, p, microbatches, self.ch) for p in range(P)]
@@ -593,7 +604,8 @@ class RangeMemory:
                                               dtype=dtype, mixed_precision=mixed_precision,
                                               sharding=sharding if shards > 1 else "none") > 0
         self.largest_parts = (int(zero_holds or accumulates), 2 if zero_holds and sharding == "zero3" else 0)
-        self.largest = _RangeMax(param_bytes) if any(self.largest_parts) else None
+        self.largest = _RangeMax([p - z for p, z in zip(param_bytes, frozen_param_bytes or [0] * n, strict=True)]) \
+            if any(self.largest_parts) else None
         self.keeps = [kept_outputs(schedule, x) for x in self.inflight]
         self.keeps_model_out = kept_model_outputs(schedule, P, microbatches)
         self.model_out = model_output_bytes
@@ -604,12 +616,13 @@ class RangeMemory:
 
     def device_total(self, p: int, params: int, saved: int, inb: int, outb: int, largest: int = 0,
                      transient: int = 0, model_out: int = 0, deferred: int = 0, loss_saved: int = 0,
-                     w_rerun: int = 0, checkpointed: tuple[int, int] | None = None) -> int:
+                     w_rerun: int = 0, checkpointed: tuple[int, int] | None = None, frozen: int = 0) -> int:
         """`stage_memory(...).total_bytes` of pipeline device p holding these bytes (`model_out`: the model's
         output, where the range ends the model; `deferred`: a (chunk-)microbatch's gradients kept for W;
-        `loss_saved`, `w_rerun`, `checkpointed`: as stage_memory's)."""
-        w, g, o = (math.ceil(f * params) for f in self.per_byte)
+        `loss_saved`, `w_rerun`, `checkpointed`: as stage_memory's; `frozen`: of `params`, those without gradients)."""
+        w, g, o = (math.ceil(f * (params - frozen)) for f in self.per_byte)
         w, g, o = _shard(w, g, o, self.sharding, self.shards)
+        w_frozen = math.ceil(self.per_byte[0] * frozen)  # whole on every replica, never stashed (`stage_memory`)
         kept, rerun = checkpointed or (inb, None)
         if deferred or w_rerun:  # both 0 unless backwards split
             acts = sum(held_with_deferred(saved, kept, self.points[p], self.recompute, self.ch, deferred, transient,
@@ -621,7 +634,7 @@ class RangeMemory:
         grads_of, weights_of = self.largest_parts
         gathered = grads_of * int(largest * self.per_byte[1]) + weights_of * int(largest * self.per_byte[0])
         ins, grads = self.receives[p]
-        return (w * self.versions[p] + g + o + gathered + acts + inb * ins + outb * grads + transient
+        return (w * self.versions[p] + w_frozen + g + o + gathered + acts + inb * ins + outb * grads + transient
                 + outb * self.keeps[p] + model_out * self.keeps_model_out)
 
     def __call__(self, s: int, a: int, b: int) -> int:
@@ -649,7 +662,7 @@ class RangeMemory:
             transient = self._transient(a, b)
         return self.device_total(self.device_of[s], params * ch, saved * ch, inb, outb, largest,
                                  transient, 0 if b < self.n else self.model_out, deferred, loss_saved, w_rerun,
-                                 checkpointed)
+                                 checkpointed, (self.fp[b] - self.fp[a]) * ch if self.fp is not None else 0)
 
     def _transient(self, a: int, b: int) -> int:
         """`transient_over_saved` of layers [a, b) from the range maximum; the model's last layer apart under

@@ -107,11 +107,15 @@ def _hints(view: SearchView, f: Failure, need: int) -> list[str]:
     req, cap = view.request, int(view.profile.usable_memory_bytes)
     one_mb = view.problem(1, False)
     hints = []
-    state = model_state_bytes(sum(one_mb.param_bytes), optimizer=req.optimizer, dtype=req.training_dtype,
-                              mixed_precision=req.mixed_precision).total_bytes
-    largest = max(range(one_mb.n), key=lambda i: one_mb.param_bytes[i])
-    one = model_state_bytes(one_mb.param_bytes[largest], optimizer=req.optimizer, dtype=req.training_dtype,
-                            mixed_precision=req.mixed_precision).total_bytes
+    frozen = one_mb.frozen
+
+    def state_of(nbytes: int, frozen_bytes: int) -> int:
+        return model_state_bytes(nbytes, optimizer=req.optimizer, dtype=req.training_dtype,
+                                 mixed_precision=req.mixed_precision, frozen_bytes_fp32=frozen_bytes).total_bytes
+
+    state = state_of(sum(one_mb.param_bytes), sum(frozen))
+    largest = max(range(one_mb.n), key=lambda i: state_of(one_mb.param_bytes[i], frozen[i]))
+    one = state_of(one_mb.param_bytes[largest], frozen[largest])
     if one > cap:
         hints.append(f"layer {view.graph.layers[largest].name} alone needs {one / GIB:.1f} GiB of weights and "
                      f"optimizer state: no pipeline split fits it; use a device with more memory or a lighter optimizer")

@@ -104,7 +104,8 @@ def ilp_partition(prob: Problem, cfg: Config, mem: RangeMemory, links: LinkFn, *
     """
     S = cfg.virtual_stages
     ch = mem.ch
-    per_layer = [[mem.device_total(mem.device_of[s], prob.param_bytes[i] * ch, prob.saved_bytes[i] * ch, 0, 0)
+    per_layer = [[mem.device_total(mem.device_of[s], prob.param_bytes[i] * ch, prob.saved_bytes[i] * ch, 0, 0,
+                                   frozen=prob.frozen[i] * ch)
                   for i in range(prob.n)] for s in range(S)]
     got = partition_ilp(prob, S, link=links, capacity_bytes=capacity_bytes, memory_bytes_per_layer=per_layer,
                         time_limit_s=time_limit_s, warm_start=warm_start)

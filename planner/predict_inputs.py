@@ -194,12 +194,17 @@ class _Sums:
     params: list[int]
     own_params: list[int]
     saved: list[int]
-    largest: list[int]  # fp32 bytes of the stage's largest layer (what ZeRO-2/3 hold unsharded)
+    largest: list[int]  # fp32 bytes of the stage's largest layer's trainable parameters (what ZeRO-2/3 hold unsharded)
     transient: list[int]  # one microbatch's peak beyond the stage's saved bytes (memory.transient_over_saved)
     deferred: list[int]  # gradients a split backward's B keeps for W, per microbatch (0 on the first stage)
     w_rerun: list[int]  # recomputed under a split backward: what a W holds (memory.split_rerun_bytes)
     loss_saved: list[int]  # the loss's saved bytes on the last stage, 0 elsewhere
     input_saved: list[int]  # of saved, what its first layer saves of its received input (memory.saved_beyond_received)
+    frozen: list[int]  # of own_params, those without gradients: weights only (memory.model_state_bytes)
+
+    def trainable(self, s: int) -> int:
+        """Stage s's parameter bytes with gradients (tied copies included): what it reduces and steps."""
+        return self.params[s] - self.frozen[s]
 
 
 def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float,
@@ -208,7 +213,7 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
     LM head) is owned by its first user's stage; every other stage using it keeps a copy with
     its own gradients and optimizer state, as Megatron-LM does with its embedding group."""
     f, b = [0.0] * S, [0.0] * S
-    params, saved, largest, transient, deferred = [0] * S, [0] * S, [0] * S, [0] * S, [0] * S
+    params, saved, largest, transient, deferred, frozen = [0] * S, [0] * S, [0] * S, [0] * S, [0] * S, [0] * S
     members: list[list[int]] = [[] for _ in range(S)]  # each stage's layers, in order
     for i in range(problem.n):
         s = assignment[i]
@@ -216,8 +221,9 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
         f[s] += slow * problem.fwd_s[i]
         b[s] += slow * problem.bwd_s[i]
         params[s] += problem.param_bytes[i]
+        frozen[s] += problem.frozen[i]
         saved[s] += problem.saved_bytes[i]
-        largest[s] = max(largest[s], problem.param_bytes[i])
+        largest[s] = max(largest[s], problem.param_bytes[i] - problem.frozen[i])
         if problem.deferred_grad_bytes and s > 0:  # torch skips the first stage's B (memory.held_with_deferred)
             deferred[s] += problem.deferred_grad_bytes[i]
     own_params = list(params)
@@ -241,7 +247,8 @@ def _stage_sums(problem: Problem, assignment: Sequence[int], S: int, slow: float
         transient = [transient_over_saved([problem.saved_bytes[i] for i in mine],
                                           [problem.transient_bytes[i] for i in mine], loss_apart=recompute and s == last)
                      for s, mine in enumerate(members)]
-    return _Sums(f, b, params, own_params, saved, largest, transient, deferred, w_rerun, loss_saved, input_saved)
+    return _Sums(f, b, params, own_params, saved, largest, transient, deferred, w_rerun, loss_saved, input_saved,
+                 frozen)
 
 
 class _Held(NamedTuple):
@@ -288,7 +295,8 @@ class _Sync:
 
 
 def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, own_params: Sequence[int],
-                reps: Sequence[int], ranks: Sequence[Sequence[int]], shared: Sequence[tuple[int, list[int]]]) -> _Sync:
+                own_frozen: Sequence[int], reps: Sequence[int], ranks: Sequence[Sequence[int]],
+                shared: Sequence[tuple[int, list[int]]]) -> _Sync:
     """Per stage: the data-parallel collectives among its replicas, where the frameworks put them.
 
     Unsharded: one gradient all-reduce after the last backward. ZeRO-1 (Megatron's
@@ -299,8 +307,9 @@ def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, 
     parameters and every backward reduce-scatters the gradients (ZeRO §7.2.2:
     1.5x an all-reduce's traffic per pass); nothing is left for the end. Sizes are
     the full gradients (grad dtype) and weights (compute dtype), as
-    `model_state_bytes` counts them. Tied copies: one all-reduce over every copy,
-    charged to the owner.
+    `model_state_bytes` counts them. Frozen parameters (`own_frozen` of `own_params`) have no gradient, are
+    never updated and stay whole on every replica (runtime/sharding.py): nothing of theirs is reduced or gathered.
+    Tied copies: one all-reduce over every copy, charged to the owner.
     """
     S = len(own_params)
     step_end, fwd, bwd = [0.0] * S, [0.0] * S, [0.0] * S
@@ -308,11 +317,12 @@ def _sync_times(profile: HardwareProfile, config: Config, request: PlanRequest, 
         if reps[s] < 2:
             continue
         full = model_state_bytes(own_params[s], optimizer=request.optimizer, dtype=request.training_dtype,
-                                 mixed_precision=request.mixed_precision)
+                                 mixed_precision=request.mixed_precision, frozen_bytes_fp32=own_frozen[s])
+        gathered = model_state_bytes(own_params[s] - own_frozen[s], optimizer=request.optimizer,
+                                     dtype=request.training_dtype, mixed_precision=request.mixed_precision).weights_bytes
         rs = half_ring_time_s(full.grad_bytes, reps[s],
                               collective_link(profile, ranks[s], "reduce_scatter", full.grad_bytes))
-        ag = half_ring_time_s(full.weights_bytes, reps[s],
-                              collective_link(profile, ranks[s], "all_gather", full.weights_bytes))
+        ag = half_ring_time_s(gathered, reps[s], collective_link(profile, ranks[s], "all_gather", gathered))
         if config.sharding == "none":
             step_end[s] = allreduce_time_s(full.grad_bytes, reps[s],
                                            collective_link(profile, ranks[s], "allreduce", full.grad_bytes))
@@ -408,7 +418,7 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
     for p in range(P):
         mine = device_stages(config.schedule, p, P, S // P)
         memory.append(stage_memory(
-            param_bytes=sum(sums.params[s] for s in mine),
+            param_bytes=sum(sums.params[s] for s in mine), frozen_param_bytes=sum(sums.frozen[s] for s in mine),
             saved_bytes_per_mb=sum(sums.saved[s] for s in mine),
             input_bytes_per_mb=max(in_bytes[s] for s in mine),
             output_bytes_per_mb=max(out_bytes[s] for s in mine),
@@ -483,16 +493,17 @@ def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assig
     if blocked:  # what a stage holds beyond its kept inputs is one block's re-run, not the stage's saves
         sums = replace(sums, transient=[t for _, _, t in blocked])
     send = _send_times(profile, config.schedule, out_bytes, reps, ranks)
-    sync = _sync_times(profile, config, request, sums.own_params, reps, ranks, shared)
+    sync = _sync_times(profile, config, request, sums.own_params, sums.frozen, reps, ranks, shared)
     tensors = _param_tensors(graph, problem.names, assignment, S)
-    grads = [_grad_bytes(p, request) for p in sums.params]
+    trainable = [sums.trainable(s) for s in range(S)]
+    grads = [_grad_bytes(p, request) for p in trainable]
     scaled = scales_loss(request.training_dtype, config.schedule)
     allreduce = _with_flatten(profile, config, sync.step_end, grads, reps, tensors, slow_memory, divides=not scaled)
-    opt = _optimizer_times(profile, config, request, sums.params, grads, reps, slow_memory, tensors, scaled=scaled)
+    opt = _optimizer_times(profile, config, request, trainable, grads, reps, slow_memory, tensors, scaled=scaled)
     if scaled:
         opt = _with_unscale(profile, opt, grads, tensors, ranks, slow_memory)
     if not facts(config.schedule).flushes:  # each update also stashes a new weight version (optimizer_step.py)
-        opt = [o + slow_memory * stash_copy_s(sums.params[s], profile=profile) for s, o in enumerate(opt)]
+        opt = [o + slow_memory * stash_copy_s(trainable[s], profile=profile) for s, o in enumerate(opt)]
     splits = facts(config.schedule).splits_backward
     layers = _stage_layers(graph, problem.names, assignment, S) if rc or splits else []
     rec = rerun_times(problem, profile, assignment, layers, slow, blocks=bool(blocked),

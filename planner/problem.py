@@ -50,6 +50,8 @@ class Problem:
     # order (`checkpoint_units`), and what it passes to other blocks; (): each layer a block, passing its outputs
     block_of: tuple[int, ...] = ()
     passed_bytes: tuple[int, ...] = ()
+    # of param_bytes, parameters that need no gradient (Layer.frozen_param_bytes); (): every parameter trains
+    frozen_param_bytes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -57,7 +59,8 @@ class Problem:
             if len(getattr(self, field_name)) != n:
                 raise ValueError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries for {n} layers")
         for field_name in ("transient_bytes", "deferred_grad_bytes", "nonweight_saved_bytes", "weight_passes",
-                           "input_saved_bytes", "input_nonweight_saved_bytes", "block_of", "passed_bytes"):
+                           "input_saved_bytes", "input_nonweight_saved_bytes", "block_of", "passed_bytes",
+                           "frozen_param_bytes"):
             if getattr(self, field_name) and len(getattr(self, field_name)) != n:
                 raise ValueError(f"Problem.{field_name} has {len(getattr(self, field_name))} entries for {n} layers")
         if len(self.cut_bytes) != max(n - 1, 0):
@@ -81,6 +84,11 @@ class Problem:
         if self.block_of:
             return self.block_of, self.passed_bytes, tuple(last)
         return tuple(range(self.n)), self.output_bytes, tuple(last)
+
+    @cached_property
+    def frozen(self) -> tuple[int, ...]:
+        """Per layer, the parameter bytes that need no gradient: zeros where every parameter trains."""
+        return self.frozen_param_bytes or (0,) * self.n
 
     @cached_property
     def compute_s(self) -> tuple[float, ...]:
@@ -176,6 +184,8 @@ def build_problem(graph: Graph, profile: HardwareProfile | None, *, microbatch_s
         fwd_s=tuple(float(x) for x in fwd),
         bwd_s=tuple(float(x) for x in bwd),
         param_bytes=tuple(int(layer.param_bytes) for layer in graph.layers),
+        frozen_param_bytes=tuple(int(layer.frozen_param_bytes) for layer in graph.layers)
+        if any(layer.frozen_param_bytes for layer in graph.layers) else (),
         saved_bytes=per_layer("saved_bytes"),
         output_bytes=per_layer("output_bytes"),
         cut_bytes=tuple(act(c) for c in graph.cut_bytes(out_share)),
@@ -239,8 +249,8 @@ def range_memory(problem: Problem, config: Config, request: PlanRequest,
     per-layer bytes: one place that says which of its numbers the memory model reads."""
     p, req = problem, request
     return RangeMemory(
-        param_bytes=p.param_bytes, saved_bytes=p.saved_bytes, cut_bytes=p.cut_bytes, input_bytes=p.input_bytes,
-        schedule=config.schedule, stages=config.stages, microbatches=config.microbatches, chunks=config.chunks,
+        param_bytes=p.param_bytes, frozen_param_bytes=p.frozen_param_bytes, saved_bytes=p.saved_bytes,
+        cut_bytes=p.cut_bytes, input_bytes=p.input_bytes, schedule=config.schedule, stages=config.stages, microbatches=config.microbatches, chunks=config.chunks,
         recompute=config.recompute, optimizer=req.optimizer, dtype=req.training_dtype, shared=shared,
         mixed_precision=req.mixed_precision, sharding=config.sharding, shards=config.data_parallel,
         transient_bytes=p.transient_bytes, model_output_bytes=p.output_bytes[-1] if p.n else 0,

@@ -183,7 +183,8 @@ class _Search:
         """Model state and a greedy packing: a configuration that fails either cannot fit (recorded)."""
         req = self.request
         need = state_lower_bound(prob.param_bytes, cfg.stages, optimizer=req.optimizer, dtype=req.training_dtype,
-                                 mixed_precision=req.mixed_precision, sharding=cfg.sharding, shards=cfg.data_parallel)
+                                 mixed_precision=req.mixed_precision, sharding=cfg.sharding, shards=cfg.data_parallel,
+                                 frozen_param_bytes=prob.frozen_param_bytes)
         failure = None
         if need > self.cap:
             failure = Failure(need, "state", cfg)

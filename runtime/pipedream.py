@@ -201,8 +201,9 @@ class AsyncStage:
         return max(0, m // replicas[0] - admitted(replicas, 0) + 1)
 
     def keep_version(self) -> None:
-        """Stash the current version as leaf copies the forwards use and the backwards differentiate (§3.3)."""
-        self.versions[self.updates] = {n: p.detach().clone().requires_grad_(p.requires_grad)
+        """Stash the current version as leaf copies the forwards use and the backwards differentiate (§3.3). A frozen
+        parameter never changes, so every version reads the module's own (costmodels/memory.py charges it once)."""
+        self.versions[self.updates] = {n: p.detach().clone().requires_grad_(True) if p.requires_grad else p.detach()
                                        for n, p in self.module.named_parameters()}
 
     def stash(self, m: int) -> dict[str, torch.Tensor]:
@@ -250,7 +251,9 @@ class AsyncStage:
         pairs = [(o, g) for o, g in zip(out, grads_out, strict=True) if o.requires_grad]
         names = [n for n, p in params.items() if p.requires_grad]
         leaves = [params[n] for n in names] + [x for x in inputs if x.requires_grad]
-        grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
+        # nothing of a frozen stage reading the model's inputs needs a gradient: autograd.grad refuses empty lists
+        grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True) \
+            if pairs and leaves else (None,) * len(leaves)
         if self.s > 0:
             it = iter(grads[len(names):])
             send_grads(inputs, [next(it) if x.requires_grad else None for x in inputs], self.peer(self.s - 1, m),

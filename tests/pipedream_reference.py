@@ -34,9 +34,11 @@ def pipedream_reference(plan, steps: int, *, optimizer: str = "sgd", lr: float =
     replicas = [len(s.devices) for s in plan.stages]
     mean = callable(getattr(spec.module, "loss_fn", None)) and callable(getattr(spec.module, "example_target", None))
     modules = [split.module(s, copy=True) for s in range(k)]
-    names = [[n for n, _ in m.named_parameters()] for m in modules]
-    masters = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in modules]
-    opts = [make_optimizer(optimizer, list(masters[s].values()), lr) for s in range(k)]
+    # frozen parameters (requires_grad False) are the modules' own in every version, never stepped
+    names = [[n for n, p in m.named_parameters() if p.requires_grad] for m in modules]
+    frozen = [{n: p.detach().clone() for n, p in m.named_parameters() if not p.requires_grad} for m in modules]
+    masters = [{n: p.detach().clone() for n, p in m.named_parameters() if p.requires_grad} for m in modules]
+    opts = [make_optimizer(optimizer, list(masters[s].values()), lr) if masters[s] else None for s in range(k)]
     versions = [[{n: t.clone() for n, t in masters[s].items()}] for s in range(k)]
     buffers = {(s, j): {n: b.detach().clone() for n, b in modules[s].named_buffers()}
                for s in range(k) for j in range(replicas[s])}
@@ -66,7 +68,7 @@ def pipedream_reference(plan, steps: int, *, optimizer: str = "sgd", lr: float =
         round_end = [s for s in range(k) if m % replicas[s] == replicas[s] - 1]
         apply_rounds(round_end, acc, masters, opts, versions, shared, replicas, mean)
     losses = [sum(ls) / mb if mean else sum(ls) for ls in step_losses]
-    return losses, {s: versions[s][-1] for s in range(k)}, buffers
+    return losses, {s: {**frozen[s], **versions[s][-1]} for s in range(k)}, buffers
 
 
 def apply_rounds(stages, acc, masters, opts, versions, shared, replicas, mean) -> None:
@@ -83,7 +85,8 @@ def apply_rounds(stages, acc, masters, opts, versions, shared, replicas, mean) -
     for s in stages:
         for n, p in masters[s].items():
             p.grad = grads[s][n] / replicas[s] if mean else grads[s][n]
-        opts[s].step()
+        if opts[s] is not None:
+            opts[s].step()
         versions[s].append({n: p.detach().clone() for n, p in masters[s].items()})
         for t in acc[s].values():
             t.zero_()

@@ -1,9 +1,13 @@
-"""Hand-built graphs and profiles for the planner tests (no tracing, no catalogue)."""
+"""Hand-built graphs and profiles for the planner tests (no tracing, no catalogue), and a check they share."""
 
 from __future__ import annotations
 
+import random
+
 from pipeplan.costmodels.graph import Edge, Graph, Layer
+from pipeplan.costmodels.memory import RangeMemory, stage_memory
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
+from pipeplan.planner.problem import Problem
 
 GIB = 2**30
 
@@ -36,3 +40,24 @@ def profile(memory_gib: float = 40.0, *, per_node: int = 8, name: str = "test-gp
         mem_bw_bytes_per_s=1.5e12, peak_flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
         devices_per_node=per_node, intra_node=Link("nvlink", 300e9, 5e-6), inter_node=Link("infiniband", 25e9, 1e-5),
     )
+
+
+def assert_range_memory_is_stage_memory(prob: Problem, mem: RangeMemory, *, stages: int, chunks: int,
+                                        microbatches: int, ranges: int, **request: object) -> None:
+    """RangeMemory (the partitioner's prefix sums) gives `stage_memory`'s number on `ranges` random layer ranges and
+    stages; `request`: what both take alike (schedule, optimizer, dtype, recompute, sharding, shards, ...)."""
+    rng = random.Random(0)
+    n = prob.n
+    for _ in range(ranges):
+        a = rng.randrange(n)
+        b = rng.randrange(a + 1, n + 1)
+        s = rng.randrange(stages * chunks)
+        want = stage_memory(param_bytes=sum(prob.param_bytes[a:b]) * chunks,
+                            frozen_param_bytes=sum(prob.frozen[a:b]) * chunks,
+                            saved_bytes_per_mb=sum(prob.saved_bytes[a:b]) * chunks,
+                            input_bytes_per_mb=prob.input_bytes if a == 0 else prob.cut_bytes[a - 1],
+                            output_bytes_per_mb=prob.cut_bytes[b - 1] if b < n else 0, stages=stages,
+                            stage=s % stages, microbatches=max(microbatches, stages), chunks=chunks,
+                            largest_layer_param_bytes=max(prob.param_bytes[i] - prob.frozen[i] for i in range(a, b)),
+                            **request).total_bytes
+        assert mem(s, a, b) == want

@@ -32,6 +32,7 @@ CASES = {  # name -> (model file, batch size, microbatches per step)
     "hf_gpt2": (TESTS / "runtime_model_hf_gpt2.py", 4, 4),
     "t-unet": (TESTS / "runtime_model_unet.py", 8, 4),
     "t-gpt-tied": (TESTS / "runtime_model_gpt.py", 8, 4),
+    "frozen": (TESTS / "data" / "frozen_backbone.py", 8, 4),  # stage 0 of 2 holds frozen parameters only
 }
 STEPS = 3  # enough microbatches (12) that every stage runs on stale, stashed versions
 LR = 5e-4  # 12 SGD updates: at 0.01 the summed-output GPT diverges and float noise, not the rule, would decide

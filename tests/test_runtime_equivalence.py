@@ -24,6 +24,7 @@ CASES = {  # name -> (model file, batch size, microbatches)
     "hf_gpt2": (TESTS / "runtime_model_hf_gpt2.py", 4, 4),  # the example with dropout off
     "t-unet": (TESTS / "runtime_model_unet.py", 8, 4),
     "t-gpt-tied": (TESTS / "runtime_model_gpt.py", 8, 4),
+    "frozen": (TESTS / "data" / "frozen_backbone.py", 8, 4),  # a frozen backbone: the first stage trains nothing
 }
 SCHEDULES = {"gpipe": (2, 2), "1f1b": (2, 2), "interleaved": (4, 2)}  # schedule -> (stages, devices)
 STEPS = 2

@@ -18,12 +18,15 @@ import json
 import pytest
 import torch
 
+from pipeplan.costmodels.model_file import load_model_file
+from pipeplan.planner.plan import load_plan
 from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, reference_steps, run_worker
 
 CASES = {  # name -> (model file, batch, microbatches, schedule, stages, devices)
     "t-gpt-tied": (REPO / "tests" / "runtime_model_gpt.py", 8, 2, "1f1b", 2, 2),
     "t-unet": (REPO / "tests" / "runtime_model_unet.py", 8, 2, "gpipe", 2, 2),
     "mlp": (EXAMPLES / "mlp.py", 8, 2, "interleaved", 4, 2),
+    "frozen": (REPO / "tests" / "data" / "frozen_backbone.py", 8, 2, "1f1b", 2, 2),  # stage 0: frozen weights only
 }
 LEVELS = ("zero1", "zero2", "zero3")
 IDS = [(c, lv) for c in sorted(CASES) for lv in LEVELS]
@@ -79,7 +82,7 @@ def _records(run_dir, case, level):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(set(CASES) - {"frozen"}))
 def test_each_level_holds_its_shards(case, sharded_runs):
     """Measured on every rank and stage: ZeRO-1 keeps half the momentum buffers (2 replicas); ZeRO-2 also
     about half the gradients, ZeRO-3 also about half the weights (tied weights and buffers stay whole)."""
@@ -90,3 +93,27 @@ def test_each_level_holds_its_shards(case, sharded_runs):
         assert z2[key]["grad_bytes"] < 0.75 * st["grad_bytes"]
         assert z2[key]["weights_bytes"] == st["weights_bytes"]
         assert z3[key]["weights_bytes"] < 0.75 * st["weights_bytes"]
+
+
+@pytest.mark.slow
+def test_frozen_weights_stay_whole_and_hold_no_state(sharded_runs):
+    """The frozen backbone's stage (stage 0 of 2: frozen parameters only) keeps its whole weights and no gradient
+    or optimizer state at every level, as costmodels/memory.py `model_state_bytes` charges it; the trainable
+    stage's state is sharded as any other's."""
+    run_dir, _ = sharded_runs
+    plan = load_plan(run_dir.parent / "frozen-zero1.json")
+    model = load_model_file(str(CASES["frozen"][0])).build()
+
+    def held(stage: int, trains: bool) -> int:
+        return sum(p.numel() * p.element_size() for name in plan.stages[stage].layers
+                   for p in model.get_submodule(name).parameters(recurse=False) if p.requires_grad == trains)
+
+    assert held(0, True) == 0 < held(0, False) and held(1, True) > 0 < held(1, False)
+    z1, z2, z3 = (_records(run_dir, "frozen", level) for level in LEVELS)
+    assert sorted(z1) == sorted(z2) == sorted(z3) and len(z1) == 4  # 2 replicas x 2 stages
+    for key, st in z1.items():
+        frozen, trainable = held(key[1], False), held(key[1], True)
+        assert st["weights_bytes"] == z2[key]["weights_bytes"] == frozen + trainable
+        assert z3[key]["weights_bytes"] == frozen + trainable // 2  # frozen weights whole, the rest halved
+        assert st["grad_bytes"] == trainable and st["optimizer_bytes"] == trainable // 2  # momentum: 4 B, halved
+        assert z2[key]["grad_bytes"] == z3[key]["grad_bytes"] == trainable // 2

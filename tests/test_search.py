@@ -23,7 +23,7 @@ from pipeplan.planner.problem import build_problem
 from pipeplan.planner.replay import simulate_plan
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.search import search
-from search_fixtures import gpt_like, profile
+from search_fixtures import assert_range_memory_is_stage_memory, gpt_like, profile
 
 
 def uniform_graph(n=8, f=1e-3, b=2e-3, batch=8, params=4096, saved=1024):
@@ -239,21 +239,9 @@ def test_stage_memory_model_equals_costmodel(schedule, chunks, dtype, optimizer,
                         input_bytes=prob.input_bytes, schedule=schedule, stages=P, microbatches=M, chunks=chunks,
                         recompute=recompute, optimizer=optimizer, dtype=dtype, sharding=sharding, shards=3,
                         mixed_precision=mixed_precision)
-    rng = random.Random(0)
-    n = prob.n
-    for _ in range(40):
-        a = rng.randrange(n)
-        b = rng.randrange(a + 1, n + 1)
-        s = rng.randrange(P * chunks)
-        want = stage_memory(param_bytes=sum(prob.param_bytes[a:b]) * chunks,
-                            saved_bytes_per_mb=sum(prob.saved_bytes[a:b]) * chunks,
-                            input_bytes_per_mb=prob.input_bytes if a == 0 else prob.cut_bytes[a - 1],
-                            output_bytes_per_mb=prob.cut_bytes[b - 1] if b < n else 0, schedule=schedule, stages=P,
-                            stage=s % P, microbatches=max(M, P), optimizer=optimizer, dtype=dtype,
-                            recompute=recompute, chunks=chunks, sharding=sharding, shards=3,
-                            mixed_precision=mixed_precision,
-                            largest_layer_param_bytes=max(prob.param_bytes[a:b])).total_bytes
-        assert model(s, a, b) == want
+    assert_range_memory_is_stage_memory(prob, model, stages=P, chunks=chunks, microbatches=M, ranges=40,
+                                        schedule=schedule, optimizer=optimizer, dtype=dtype, recompute=recompute,
+                                        sharding=sharding, shards=3, mixed_precision=mixed_precision)
 
 
 def test_min_bottleneck_brute_force():
