@@ -108,6 +108,39 @@ def quiet_torch_logs() -> Iterator[None]:
             lg.setLevel(level)
 
 
+@contextmanager
+def plain_checkpoints() -> Iterator[list[int]]:
+    """While export traces, the model's own torch.utils.checkpoint regions run as plain code; [calls] counted.
+
+    pipeplan plans recomputation itself (`--recompute`) from what each layer computes once. Export already records
+    a non-reentrant checkpoint's ops once; a reentrant one (CheckpointFunction) runs its function under no_grad, so
+    the program would hold a region that trains nothing (torch 2.13: `wrap_with_set_grad_enabled(False)`). Here it
+    calls the function directly instead; both kinds are counted, for the trace's note.
+    """
+    import torch.utils.checkpoint as ckpt
+
+    calls = [0]
+    generator = getattr(ckpt, "_checkpoint_without_reentrant_generator", None)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return generator(*args, **kwargs)  # type: ignore[misc]  # not None where installed
+
+    def direct(function: Any, _preserve_rng_state: bool, *args: Any) -> Any:
+        calls[0] += 1
+        return function(*args)
+
+    if generator is not None:
+        ckpt._checkpoint_without_reentrant_generator = counted
+    ckpt.CheckpointFunction.apply = direct  # type: ignore[method-assign]  # shadows autograd.Function.apply here only
+    try:
+        yield calls
+    finally:
+        if generator is not None:
+            ckpt._checkpoint_without_reentrant_generator = generator
+        del ckpt.CheckpointFunction.apply
+
+
 def export_program(spec: ModelSpec, model: torch.nn.Module, inputs: tuple[Any, ...]) -> torch.export.ExportedProgram:
     """torch.export (non-strict) in training mode; every failure is the user's model, so a UserError."""
     model.train()

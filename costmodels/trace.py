@@ -27,6 +27,7 @@ from pipeplan.costmodels.export import (
     module_paths,
     node_kind,
     param_input_names,
+    plain_checkpoints,
     tensor_bytes,
     user_output_bytes,
     weight_free_model,
@@ -107,13 +108,18 @@ def export_structure(spec: ModelSpec, batch_size: int, *, depth: int | None = No
         model = spec.build()
     if inputs is None:
         inputs = spec.example_inputs(batch_size)
-    ep = export_program(spec, model, inputs)
+    with plain_checkpoints() as checkpoints:
+        ep = export_program(spec, model, inputs)
     name = os.path.splitext(os.path.basename(spec.path))[0]
     if spec.entry != "build_model":
         name = f"{name}:{spec.entry}"
     graph = build_structure(ep, model, name=name, batch_size=batch_size, depth=depth, input_bytes=_input_bytes(inputs))
     if not graph.layers:
         raise UserError(f"{spec.path}: {spec.entry}() has no operations to trace", "the model's forward() does nothing")
+    if checkpoints[0]:
+        graph.notes.append("forward() calls torch.utils.checkpoint: traced and run as plain code, each op once, as "
+                           "pipeplan plans recomputation itself (--recompute on; --recompute-granularity block "
+                           "for a checkpoint per block, as the model's own)")
     graph.source = {
         "model_file": spec.path,
         "entry": spec.entry,
