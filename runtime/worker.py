@@ -38,6 +38,7 @@ from pipeplan.lean_gpipe import single_stage_schedule
 from pipeplan.optimizers import DEFAULT_LR, make_optimizer
 from pipeplan.precision import scales_loss, training_precision
 from pipeplan.runtime import checkpoint as ckpt
+from pipeplan.runtime.complete_split import complete_split_backward
 from pipeplan.runtime.loss_scale import DEFAULT_INITIAL_SCALE, LossScaler, overflow_anywhere, unscale_grads
 from pipeplan.runtime.measure import (
     SavedTensorMeter,
@@ -477,10 +478,12 @@ def build_pipeline(plan, spec, gm, modules: dict[int, torch.nn.Module], group, d
     """
     from torch.distributed.pipelining import PipelineStage
 
+    complete_split_backward()  # zero bubble's W misses weights that meet no input's graph (runtime/complete_split.py)
     pipe_stages = []
     for s in modules:
         stage = PipelineStage(modules[s], s, len(plan.stages), device, group=group)
         keep_buffers_through_shape_inference(stage)
+        zeroed_inference_inputs(stage)
         if s in sharded:
             wrap_stage(stage, sharded[s])
         instrument(stage, stats[s], clock, meter)
@@ -671,6 +674,28 @@ def dump_parameters(st: RunState, dump_dir: Path) -> None:
         torch.save({k: v.detach().cpu() for k, v in st.modules[s].state_dict().items()}, buf)
         name = f"stage-{s}.pt" if st.replica == 0 else f"stage-{s}-replica{st.replica}.pt"
         atomic_write_bytes(Path(dump_dir) / name, buf.getvalue())
+
+
+def zeroed_inference_inputs(stage) -> None:
+    """Received inputs of the stage's shape-inference pass start as zeros, not torch.empty's leftover bytes.
+
+    torch.distributed.pipelining (2.13, stage.py `_to_tensor`) runs a later stage's real forward on inputs made
+    from their metadata with `torch.empty`. An integer input consumed past the first stage (ids an embedding bag
+    reads on stage 1) then holds whatever the memory held, and the forward fails ("Index 0 of input takes value
+    68719476760 which is not in the valid range"); zeros index every table. The real steps receive real values.
+    """
+    to_tensor = getattr(stage, "_to_tensor", None)
+    if to_tensor is None:
+        return
+
+    def zeroed(arg):
+        out = to_tensor(arg)
+        if not isinstance(arg, torch.Tensor):  # made from metadata, not a real input of the first stage
+            with torch.no_grad():
+                out.zero_()
+        return out
+
+    stage._to_tensor = zeroed
 
 
 def keep_buffers_through_shape_inference(stage) -> None:

@@ -38,6 +38,9 @@ CASES = {  # name -> (model file, batch size, microbatches, stages, pipeline dev
     "dpv-t-gpt-tied": (TESTS / "runtime_model_gpt.py", 8, 4, 4, 2, "dualpipev"),
     "zbv-t-gpt-dp2": (TESTS / "runtime_model_gpt.py", 16, 4, 4, 2, "zb-v", 2),  # replicas of a V pipeline
     "zbv-gpt-view": (EXAMPLES / "gpt.py", 8, 4, 4, 2, "zb-v"),  # a stage output that is a view (CUTS)
+    # integer ids received past the first stage, and embedding tables whose graph meets no input's on stage 1
+    "zbv-bags": (TESTS / "data" / "embedding_bags.py", 8, 4, 4, 2, "zb-v"),
+    "dpv-bags": (TESTS / "data" / "embedding_bags.py", 8, 4, 4, 2, "dualpipev"),
 }
 # Cuts where the even split would miss the case: after h.1.attn, whose output is a reshape (a view), which
 # torch's input-gradient pass cannot detach in place unless the stage sends a copy (runtime/split.py)
