@@ -31,7 +31,9 @@ def stage_inputs(split: Any, spec: Any, stage: int, microbatch: int) -> tuple[An
     gradient past the first stage (floating-point ones), as a pipeline's received activations do."""
     import torch
 
-    values = tuple(spec.example_inputs(microbatch))
+    from pipeplan.runtime.split import flat_inputs
+
+    values = flat_inputs(tuple(spec.example_inputs(microbatch)), split.gm)  # a dict input: its leaves, as run feeds
     with torch.no_grad():
         for s in range(stage):
             values = split.module(s, copy=True)(*values)
