@@ -56,6 +56,7 @@ import torch.distributed as dist
 
 from pipeplan.errors import UserError
 from pipeplan.precision import training_precision
+from pipeplan.runtime.batch_split import batch_leaves, cut
 from pipeplan.runtime.measure import SavedTensorMeter, StageStats, StepClock, state_keys, weight_storages
 from pipeplan.runtime.pipedream_comm import (
     GradRecv,
@@ -143,6 +144,7 @@ class Microbatches:
 
     data: Iterator
     m_per_step: int
+    batch: tuple[bool, ...]  # per flat model input, whether it carries the batch (runtime/batch_split.py)
     step: int = -1
     parts: list[tuple[tuple, Any]] = field(default_factory=list)
 
@@ -150,10 +152,9 @@ class Microbatches:
         while self.step < m // self.m_per_step:
             inputs, target = next(self.data)
             self.step += 1
-            xs = [t.tensor_split(self.m_per_step) if isinstance(t, torch.Tensor) else [t] * self.m_per_step
-                  for t in inputs]
+            xs = cut(inputs, self.m_per_step, self.batch)
             ys = target.tensor_split(self.m_per_step) if isinstance(target, torch.Tensor) else [target] * self.m_per_step
-            self.parts = [(tuple(x[i] for x in xs), ys[i]) for i in range(self.m_per_step)]
+            self.parts = [(xs[i], ys[i]) for i in range(self.m_per_step)]
         return self.parts[m % self.m_per_step]
 
 
@@ -342,14 +343,15 @@ def setup_async(opts, plan_path: str):
 
     needs_data = s == 0 or s == len(ranks) - 1
     data = w.batches(spec, plan.batch_size)
+    batch = batch_leaves(spec, gm)
     kind: type[AsyncStage] = AsyncStage
     if plan.schedule == "pipedream-2bw":  # replica j of the whole pipeline trains on its share of every batch
         from pipeplan.runtime.pipedream_2bw import TwoBWStage, check_2bw_plan
 
         check_2bw_plan(ranks, opts)
-        data = (w.replica_share(x, y, len(ranks[s]), j) for x, y in data)
+        data = (w.replica_share(x, y, len(ranks[s]), j, batch) for x, y in data)
         kind = TwoBWStage
-    mbs = Microbatches(data, plan.microbatches) if needs_data else None
+    mbs = Microbatches(data, plan.microbatches, batch) if needs_data else None
     st = kind(s=s, j=j, ranks=ranks, module=module, optimizer=optimizers.get(s), loss=loss_fn,
               microbatches=mbs, gm=gm, n_inputs=len(split.infos[s].inputs),
               vertical_sync=opts.vertical_sync, recompute=plan.recompute)

@@ -38,6 +38,7 @@ from pipeplan.lean_gpipe import single_stage_schedule
 from pipeplan.optimizers import DEFAULT_LR, make_optimizer
 from pipeplan.precision import scales_loss, training_precision
 from pipeplan.runtime import checkpoint as ckpt
+from pipeplan.runtime.batch_split import batch_leaves, chunk_spec, cut
 from pipeplan.runtime.complete_split import complete_split_backward
 from pipeplan.runtime.loss_scale import DEFAULT_INITIAL_SCALE, LossScaler, overflow_anywhere, unscale_grads
 from pipeplan.runtime.measure import (
@@ -109,32 +110,34 @@ def parse(argv: list[str]) -> Options:
 
 
 
-def build_schedule(plan, stages: list, loss_fn, *, scale_grads: bool = True):
+def build_schedule(plan, stages: list, loss_fn, *, scale_grads: bool = True, args_chunk_spec: Any = None):
     """The torch schedule object for the plan's schedule, with user errors for what it cannot run.
 
     An interleaving schedule takes all of a device's stages (model chunks); the others exactly one.
+    `args_chunk_spec`: how the first stage's inputs are cut into microbatches (runtime/batch_split.py).
     """
     from torch.distributed import pipelining
 
     cls = getattr(pipelining, torch_schedule_class(plan.schedule))
     m = plan.microbatches
+    common = {"scale_grads": scale_grads, "args_chunk_spec": args_chunk_spec}  # what every schedule class takes
     if facts(plan.schedule).splits_backward and len(stages) == 1:
         # zero bubble (ZB-H1): torch's ScheduleInterleavedZeroBubble is a multi-stage class; with one stage
         # per rank its order is ZB-H1 (Qi et al. 2024 §3.1: warm-up K - r - 1, W deferred by r microbatches)
         try:
-            return cls(stages, m, loss_fn=loss_fn, scale_grads=scale_grads)
+            return cls(stages, m, loss_fn=loss_fn, **common)
         except ValueError as e:
             raise UserError(f"zero-bubble schedule: {e}", "pick a microbatch count the schedule accepts") from None
     if facts(plan.schedule).interleaves:
         try:
-            return cls(stages, m, loss_fn=loss_fn, scale_grads=scale_grads)
+            return cls(stages, m, loss_fn=loss_fn, **common)
         except ValueError as e:
             raise UserError(f"interleaved schedule: {e}", "pick a microbatch count the schedule accepts") from None
     if len(stages) != 1:
         raise UserError(f"schedule {plan.schedule} runs one stage per device, but the plan puts {len(stages)} on one device",
                         "use the interleaved schedule or re-plan")
     # GPipe and 1F1B: pipeplan's loops, each receive buffer living as long as its microbatch (pipeplan/lean_gpipe.py)
-    return single_stage_schedule(cls, stages[0], m, loss_fn=loss_fn, scale_grads=scale_grads)
+    return single_stage_schedule(cls, stages[0], m, loss_fn=loss_fn, **common)
 
 
 # ---------------------------------------------------------------- data
@@ -212,6 +215,7 @@ class RunState:
     mean_loss: bool
     first_step: int
     scaler: LossScaler | None = None  # an fp16 plan's dynamic loss scale (runtime/loss_scale.py)
+    batch: tuple[bool, ...] = ()  # per flat model input, whether it carries the batch (runtime/batch_split.py)
 
     @property
     def divides_grads(self) -> bool:
@@ -298,13 +302,14 @@ def setup(opts: Options, plan_path: str) -> RunState:
         if device.type == "cpu" else None
     clock = StepClock()
     stats = {s: StageStats(index=s) for s in mine}
+    batch = batch_leaves(spec, gm)
     schedule, mean_loss = build_pipeline(plan, spec, gm, modules, pp_groups[replica], device, stats, clock, meter,
-                                         sharded, scaler)
+                                         sharded, scaler, chunk_spec(batch))
     return RunState(plan=plan, spec=spec, gm=gm, device=device, rank=rank, world=world, replica=replica, dp=dp,
                     mine=mine, modules=modules, optimizers=optimizers, sharded=sharded, shared=shared,
                     my_ranks=my_ranks,
                     tied_groups=tied, dp_groups=dp_groups, stats=stats, meter=meter, clock=clock,
-                    schedule=schedule, mean_loss=mean_loss, first_step=first_step, scaler=scaler)
+                    schedule=schedule, mean_loss=mean_loss, first_step=first_step, scaler=scaler, batch=batch)
 
 
 def check_launch(plan, ranks: dict[int, list[int]], world: int) -> None:
@@ -466,7 +471,8 @@ def resume_step(opts: Options, plan, modules: dict[int, torch.nn.Module],
 
 def build_pipeline(plan, spec, gm, modules: dict[int, torch.nn.Module], group, device: torch.device,
                    stats: dict[int, StageStats], clock: StepClock, meter: SavedTensorMeter | None,
-                   sharded: dict[int, ShardedParams], scaler: LossScaler | None = None) -> tuple[Any, bool]:
+                   sharded: dict[int, ShardedParams], scaler: LossScaler | None = None,
+                   args_chunk_spec: Any = None) -> tuple[Any, bool]:
     """(schedule, mean_loss): this rank's instrumented PipelineStages under the plan's torch schedule.
 
     mean_loss says whether the model file's loss is a batch mean (its loss_fn) or a sum
@@ -499,7 +505,8 @@ def build_pipeline(plan, spec, gm, modules: dict[int, torch.nn.Module], group, d
 
     last = len(plan.stages) - 1
     timed = timed_loss(loss_fn, stats[last], clock, device) if last in stats else loss_fn
-    return build_schedule(plan, pipe_stages, timed, scale_grads=mean_loss and scaler is None), mean_loss
+    return build_schedule(plan, pipe_stages, timed, scale_grads=mean_loss and scaler is None,
+                          args_chunk_spec=args_chunk_spec), mean_loss
 
 
 def loss_weight(plan, mean_loss: bool) -> float:
@@ -521,7 +528,7 @@ def train(opts: Options, st: RunState, after_step: StepHook) -> StepLog:
     if st.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(st.device)
     for step in range(st.first_step, opts.steps):
-        inputs, target = replica_share(*next(data), st.dp, st.replica)
+        inputs, target = replica_share(*next(data), st.dp, st.replica, st.batch)
         train_step(st, inputs, target, measured=step - st.first_step >= opts.warmup,
                    first=step == st.first_step, log=log)
         if opts.checkpoint_dir and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
@@ -531,10 +538,11 @@ def train(opts: Options, st: RunState, after_step: StepHook) -> StepLog:
     return log
 
 
-def replica_share(inputs: tuple, target: Any, dp: int, replica: int) -> tuple[tuple, Any]:
-    """This replica's rows of a global batch: data parallelism splits every batch dp ways."""
+def replica_share(inputs: tuple, target: Any, dp: int, replica: int, batch: tuple[bool, ...]) -> tuple[tuple, Any]:
+    """This replica's rows of a global batch: data parallelism splits every batch dp ways, along the inputs that
+    carry it (`batch`: runtime/batch_split.py; the others, and a dict's, whole or cut as any)."""
     if dp > 1:
-        inputs = tuple(t.tensor_split(dp)[replica] if isinstance(t, torch.Tensor) else t for t in inputs)
+        inputs = cut(inputs, dp, batch)[replica]
         target = target.tensor_split(dp)[replica] if isinstance(target, torch.Tensor) else target
     return inputs, target
 

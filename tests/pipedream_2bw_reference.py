@@ -24,8 +24,10 @@ def two_bw_reference(plan, steps: int, *, optimizer: str = "sgd", lr: float = 0.
     k, mb, r = len(plan.stages), plan.microbatches, len(plan.stages[0].devices)
     mean = callable(getattr(spec.module, "loss_fn", None)) and callable(getattr(spec.module, "example_target", None))
     modules = [split.module(s, copy=True) for s in range(k)]
-    masters = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in modules]
-    opts = [make_optimizer(optimizer, list(masters[s].values()), lr) for s in range(k)]
+    # frozen parameters (requires_grad False) are the modules' own in every version, never stepped
+    frozen = [{n: p.detach().clone() for n, p in m.named_parameters() if not p.requires_grad} for m in modules]
+    masters = [{n: p.detach().clone() for n, p in m.named_parameters() if p.requires_grad} for m in modules]
+    opts = [make_optimizer(optimizer, list(masters[s].values()), lr) if masters[s] else None for s in range(k)]
     versions = [[{n: t.clone() for n, t in masters[s].items()} for s in range(k)]]  # versions[v][s]
     buffers = {(s, j): {n: b.detach().clone() for n, b in modules[s].named_buffers()} for s in range(k) for j in range(r)}
     shared = split.shared_attrs()
@@ -37,7 +39,7 @@ def two_bw_reference(plan, steps: int, *, optimizer: str = "sgd", lr: float = 0.
         acc = [{n: torch.zeros_like(t) for n, t in masters[s].items()} for s in range(k)]
         window_losses = []
         for j in range(r):
-            x, y = replica_share(*batch, r, j)
+            x, y = replica_share(*batch, r, j, (True,) * len(flat_inputs(batch[0], gm)))  # every input batch-sized
             for i in range(mb):
                 leaves = [{n: t.clone().requires_grad_() for n, t in versions[v][s].items()} for s in range(k)]
                 vals = flat_inputs(tuple(t.tensor_split(mb)[i] for t in x), gm)
@@ -58,7 +60,8 @@ def two_bw_reference(plan, steps: int, *, optimizer: str = "sgd", lr: float = 0.
         for s in range(k):
             for n, p in masters[s].items():
                 p.grad = acc[s][n] / (mb * r) if mean else acc[s][n]
-            opts[s].step()
+            if opts[s] is not None:
+                opts[s].step()
         versions.append([{n: p.detach().clone() for n, p in masters[s].items()} for s in range(k)])
         losses.append(sum(window_losses) / len(window_losses) if mean else sum(window_losses))
-    return losses, {s: versions[-1][s] for s in range(k)}, buffers, used
+    return losses, {s: {**frozen[s], **versions[-1][s]} for s in range(k)}, buffers, used

@@ -26,6 +26,7 @@ CASES = {  # name -> (model file, batch size, microbatches)
     "t-gpt-tied": (TESTS / "runtime_model_gpt.py", 8, 4),
     "frozen": (TESTS / "data" / "frozen_backbone.py", 8, 4),  # a frozen backbone: the first stage trains nothing
     "t-checkpointed": (TESTS / "data" / "checkpointed.py", 8, 4),  # its own reentrant torch.utils.checkpoint calls
+    "t-shared-input": (TESTS / "data" / "shared_input.py", 8, 4),  # an input every microbatch gets whole
 }
 SCHEDULES = {"gpipe": (2, 2), "1f1b": (2, 2), "interleaved": (4, 2)}  # schedule -> (stages, devices)
 STEPS = 2

@@ -27,6 +27,7 @@ CASES = {  # name -> (model file, batch, microbatches, schedule, stages, devices
     "t-unet": (REPO / "tests" / "runtime_model_unet.py", 8, 2, "gpipe", 2, 2),
     "mlp": (EXAMPLES / "mlp.py", 8, 2, "interleaved", 4, 2),
     "frozen": (REPO / "tests" / "data" / "frozen_backbone.py", 8, 2, "1f1b", 2, 2),  # stage 0: frozen weights only
+    "shared-input": (REPO / "tests" / "data" / "shared_input.py", 8, 2, "gpipe", 2, 2),  # each replica: the table whole
 }
 LEVELS = ("zero1", "zero2", "zero3")
 IDS = [(c, lv) for c in sorted(CASES) for lv in LEVELS]
