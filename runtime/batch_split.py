@@ -19,29 +19,37 @@ from pipeplan.runtime.split import flat_inputs
 __all__ = ["batch_leaves", "chunk_spec", "cut"]
 
 
-def batch_leaves(spec: Any, gm: Any) -> tuple[bool, ...]:
+def batch_leaves(spec: Any, gm: Any) -> tuple[bool, ...] | None:
     """Per flat model input (`flat_inputs`' order): whether its first dimension is the batch, i.e. grows from
-    `example_inputs(1)` to `example_inputs(2)`."""
-    one = flat_inputs(tuple(spec.example_inputs(1)), gm)
-    two = flat_inputs(tuple(spec.example_inputs(2)), gm)
+    `example_inputs(1)` to `example_inputs(2)`; None where those cannot be made (a model file that wants larger
+    batches): then every tensor with a first dimension is taken to carry it, as before."""
+    try:
+        one = flat_inputs(tuple(spec.example_inputs(1)), gm)
+        two = flat_inputs(tuple(spec.example_inputs(2)), gm)
+    except Exception:  # noqa: BLE001 -- the model file's own function; the runtime's own batch size still works
+        return None
+    if len(one) != len(two):
+        return None
     return tuple(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() > 0 and b.dim() > 0
                  and a.shape[0] != b.shape[0] for a, b in zip(one, two, strict=True))
 
 
-def cut(inputs: tuple, parts: int, batch: tuple[bool, ...]) -> list[tuple]:
+def cut(inputs: tuple, parts: int, batch: tuple[bool, ...] | None) -> list[tuple]:
     """`inputs` (as example_inputs gives them, dicts included) in `parts` along the batch; the inputs that do not
     carry it go whole into every part."""
     leaves, tree = pytree.tree_flatten(tuple(inputs))
+    if batch is None:
+        batch = tuple(isinstance(leaf, torch.Tensor) and leaf.dim() > 0 for leaf in leaves)
     pieces = [leaf.tensor_split(parts) if is_batch else [leaf] * parts
               for leaf, is_batch in zip(leaves, batch, strict=True)]
     return [pytree.tree_unflatten([p[i] for p in pieces], tree) for i in range(parts)]
 
 
-def chunk_spec(batch: tuple[bool, ...]) -> tuple[Any, ...] | None:
+def chunk_spec(batch: tuple[bool, ...] | None) -> tuple[Any, ...] | None:
     """torch's `args_chunk_spec` for the flat inputs: dim 0 of the batch-sized ones, the others replicated; None
-    (torch's default, dim 0 of all) where every input is batch-sized."""
+    (torch's default, dim 0 of all) where every input is batch-sized or which ones are is not known."""
     from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
 
-    if all(batch):
+    if batch is None or all(batch):
         return None
     return tuple(TensorChunkSpec(0) if is_batch else _Replicate() for is_batch in batch)

@@ -144,7 +144,7 @@ class Microbatches:
 
     data: Iterator
     m_per_step: int
-    batch: tuple[bool, ...]  # per flat model input, whether it carries the batch (runtime/batch_split.py)
+    batch: tuple[bool, ...] | None  # per flat model input, whether it carries the batch (runtime/batch_split.py)
     step: int = -1
     parts: list[tuple[tuple, Any]] = field(default_factory=list)
 

@@ -215,7 +215,7 @@ class RunState:
     mean_loss: bool
     first_step: int
     scaler: LossScaler | None = None  # an fp16 plan's dynamic loss scale (runtime/loss_scale.py)
-    batch: tuple[bool, ...] = ()  # per flat model input, whether it carries the batch (runtime/batch_split.py)
+    batch: tuple[bool, ...] | None = None  # per flat model input, whether it carries the batch (runtime/batch_split.py)
 
     @property
     def divides_grads(self) -> bool:
@@ -538,7 +538,8 @@ def train(opts: Options, st: RunState, after_step: StepHook) -> StepLog:
     return log
 
 
-def replica_share(inputs: tuple, target: Any, dp: int, replica: int, batch: tuple[bool, ...]) -> tuple[tuple, Any]:
+def replica_share(inputs: tuple, target: Any, dp: int, replica: int,
+                  batch: tuple[bool, ...] | None) -> tuple[tuple, Any]:
     """This replica's rows of a global batch: data parallelism splits every batch dp ways, along the inputs that
     carry it (`batch`: runtime/batch_split.py; the others, and a dict's, whole or cut as any)."""
     if dp > 1:

@@ -99,3 +99,34 @@ def test_a_dict_input_seeds_the_stages_timed_apart():
     assert all(t.requires_grad == t.is_floating_point() for t in second)
     out = split.module(1, copy=True)(*second)
     assert unflatten_output(out if isinstance(out, tuple) else (out,), gm)["logits"].shape == (4, 2)
+
+
+def test_inputs_that_do_not_carry_the_batch_go_whole_into_every_part():
+    """runtime/batch_split.py: shared_input.py's positional table (T, D) does not grow with example_inputs' batch,
+    so every part gets it whole and torch's schedule is told to replicate it; a dict's values are told apart alike;
+    where example_inputs cannot make a batch of 1, every tensor with a first dimension is cut, as before."""
+    from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
+
+    from pipeplan.runtime.batch_split import batch_leaves, chunk_spec, cut
+    from pipeplan.runtime.worker import load_split_model
+    from runtime_helpers import REPO, hand_plan
+
+    plan = hand_plan(str(REPO / "tests" / "data" / "shared_input.py"), stages=2, devices=2, schedule="1f1b",
+                     microbatches=2, batch_size=8)
+    spec, gm, _ = load_split_model(plan)
+    batch = batch_leaves(spec, gm)
+    assert batch == (True, False)
+    x, pos = spec.example_inputs(8)
+    parts = cut((x, pos), 4, batch)
+    assert [p[0].shape[0] for p in parts] == [2, 2, 2, 2] and all(p[1] is pos for p in parts)
+    assert torch.equal(torch.cat([p[0] for p in parts]), x)
+    spec_ = chunk_spec(batch)
+    assert isinstance(spec_[0], TensorChunkSpec) and spec_[0].split_dim == 0 and isinstance(spec_[1], _Replicate)
+    assert chunk_spec((True, True)) is None and chunk_spec(None) is None
+
+    plan = hand_plan(str(REPO / "tests" / "data" / "dict_input.py"), stages=2, devices=2, schedule="1f1b",
+                     microbatches=2, batch_size=8)
+    spec, gm, _ = load_split_model(plan)
+    assert batch_leaves(spec, gm) == (True, True)
+    halves = cut(spec.example_inputs(8), 2, None)  # not known: every tensor with a first dimension is cut
+    assert [h[0]["ids"].shape[0] for h in halves] == [4, 4]
