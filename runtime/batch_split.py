@@ -19,13 +19,13 @@ from pipeplan.runtime.split import flat_inputs
 __all__ = ["batch_leaves", "chunk_spec", "cut"]
 
 
-def batch_leaves(spec: Any, gm: Any) -> tuple[bool, ...] | None:
-    """Per flat model input (`flat_inputs`' order): whether its first dimension is the batch, i.e. grows from
-    `example_inputs(1)` to `example_inputs(2)`; None where those cannot be made (a model file that wants larger
-    batches): then every tensor with a first dimension is taken to carry it, as before."""
+def batch_leaves(spec: Any) -> tuple[bool, ...] | None:
+    """Per leaf of the model's inputs (pytree order, numbers included): whether its first dimension is the batch,
+    i.e. grows from `example_inputs(1)` to `example_inputs(2)`; None where those cannot be made (a model file that
+    wants larger batches): then every tensor with a first dimension is taken to carry it, as before."""
     try:
-        one = flat_inputs(tuple(spec.example_inputs(1)), gm)
-        two = flat_inputs(tuple(spec.example_inputs(2)), gm)
+        one = pytree.tree_leaves(tuple(spec.example_inputs(1)))
+        two = pytree.tree_leaves(tuple(spec.example_inputs(2)))
     except Exception:  # noqa: BLE001 -- the model file's own function; the runtime's own batch size still works
         return None
     if len(one) != len(two):
@@ -45,11 +45,13 @@ def cut(inputs: tuple, parts: int, batch: tuple[bool, ...] | None) -> list[tuple
     return [pytree.tree_unflatten([p[i] for p in pieces], tree) for i in range(parts)]
 
 
-def chunk_spec(batch: tuple[bool, ...] | None) -> tuple[Any, ...] | None:
-    """torch's `args_chunk_spec` for the flat inputs: dim 0 of the batch-sized ones, the others replicated; None
-    (torch's default, dim 0 of all) where every input is batch-sized or which ones are is not known."""
+def chunk_spec(batch: tuple[bool, ...] | None, gm: Any) -> tuple[Any, ...] | None:
+    """torch's `args_chunk_spec` for the inputs the first stage is fed (`flat_inputs`: numbers export baked into
+    the program left out): dim 0 of the batch-sized ones, the others replicated; None (torch's default, dim 0 of
+    all) where every one is batch-sized or which ones are is not known."""
     from torch.distributed.pipelining.microbatch import TensorChunkSpec, _Replicate
 
-    if batch is None or all(batch):
+    fed = None if batch is None else flat_inputs(batch, gm)  # the same leaves as the inputs: flags in their place
+    if fed is None or all(fed):
         return None
-    return tuple(TensorChunkSpec(0) if is_batch else _Replicate() for is_batch in batch)
+    return tuple(TensorChunkSpec(0) if is_batch else _Replicate() for is_batch in fed)

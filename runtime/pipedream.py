@@ -144,7 +144,7 @@ class Microbatches:
 
     data: Iterator
     m_per_step: int
-    batch: tuple[bool, ...] | None  # per flat model input, whether it carries the batch (runtime/batch_split.py)
+    batch: tuple[bool, ...] | None  # per input leaf, whether it carries the batch (runtime/batch_split.py)
     step: int = -1
     parts: list[tuple[tuple, Any]] = field(default_factory=list)
 
@@ -343,7 +343,7 @@ def setup_async(opts, plan_path: str):
 
     needs_data = s == 0 or s == len(ranks) - 1
     data = w.batches(spec, plan.batch_size)
-    batch = batch_leaves(spec, gm)
+    batch = batch_leaves(spec)
     kind: type[AsyncStage] = AsyncStage
     if plan.schedule == "pipedream-2bw":  # replica j of the whole pipeline trains on its share of every batch
         from pipeplan.runtime.pipedream_2bw import TwoBWStage, check_2bw_plan

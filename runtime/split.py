@@ -102,9 +102,16 @@ def node_stages(gm: fx.GraphModule, layer_nodes: dict[str, list[str]], layer_sta
     return stage
 
 
+def _baked(node: fx.Node) -> bool:
+    """A model input export baked into the program: a Python number (non-strict export specializes it), which
+    only ep.module()'s input guard reads. No stage takes it (torch's stages take tensors only), and it is not fed."""
+    return "val" in node.meta and not isinstance(node.meta["val"], torch.Tensor) and \
+        all(u.op == "call_module" for u in node.users)
+
+
 def plan_stages(gm: fx.GraphModule, stage_of: dict[str, int], num_stages: int) -> list[StageInfo]:
     """Live-in / live-out sets of every stage (see the module docstring)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder" and not _baked(n)]
     output = next(n for n in gm.graph.nodes if n.op == "output")
     order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
     produced_at = {n.name: 0 for n in placeholders}  # model inputs enter at stage 0
@@ -247,12 +254,16 @@ def unflatten_output(leaves: Any, gm: fx.GraphModule) -> Any:
 
 
 def flat_inputs(args: tuple, gm: fx.GraphModule) -> tuple[torch.Tensor, ...]:
-    """Model inputs (as example_inputs gives them) in the order of stage 0's placeholders."""
+    """Model inputs (as example_inputs gives them) in the order of stage 0's placeholders, less the ones export
+    baked into the program (`_baked`)."""
     spec = getattr(gm, "_in_spec", None)
     if spec is not None and spec.num_children == 2:  # (args, kwargs)
         leaves = pytree.tree_leaves((tuple(args), {}))
     else:
         leaves = pytree.tree_leaves(tuple(args))
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(inputs) == len(leaves):
+        leaves = [leaf for leaf, n in zip(leaves, inputs, strict=True) if not _baked(n)]
     return tuple(leaves)
 
 

@@ -215,7 +215,7 @@ class RunState:
     mean_loss: bool
     first_step: int
     scaler: LossScaler | None = None  # an fp16 plan's dynamic loss scale (runtime/loss_scale.py)
-    batch: tuple[bool, ...] | None = None  # per flat model input, whether it carries the batch (runtime/batch_split.py)
+    batch: tuple[bool, ...] | None = None  # per input leaf, whether it carries the batch (runtime/batch_split.py)
 
     @property
     def divides_grads(self) -> bool:
@@ -302,9 +302,9 @@ def setup(opts: Options, plan_path: str) -> RunState:
         if device.type == "cpu" else None
     clock = StepClock()
     stats = {s: StageStats(index=s) for s in mine}
-    batch = batch_leaves(spec, gm)
+    batch = batch_leaves(spec)
     schedule, mean_loss = build_pipeline(plan, spec, gm, modules, pp_groups[replica], device, stats, clock, meter,
-                                         sharded, scaler, chunk_spec(batch))
+                                         sharded, scaler, chunk_spec(batch, gm))
     return RunState(plan=plan, spec=spec, gm=gm, device=device, rank=rank, world=world, replica=replica, dp=dp,
                     mine=mine, modules=modules, optimizers=optimizers, sharded=sharded, shared=shared,
                     my_ranks=my_ranks,
@@ -559,7 +559,8 @@ def train_step(st: RunState, inputs: tuple, target: Any, *, measured: bool, firs
         st.meter.enabled = not measured or first
     dist.barrier()
     st.clock.start(measured)
-    args = tuple(t.to(st.device) for t in flat_inputs(inputs, st.gm)) if st.has_first else ()
+    args = tuple(t.to(st.device) if isinstance(t, torch.Tensor) else t  # a Python number as forward() takes it
+                 for t in flat_inputs(inputs, st.gm)) if st.has_first else ()
     kwargs: dict[str, Any] = {}
     mb_losses: list[torch.Tensor] = []
     if st.has_last:

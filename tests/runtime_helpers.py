@@ -68,12 +68,12 @@ def reference_steps(model_file: str, batch_size: int, steps: int, *, microbatche
     torch.manual_seed(SEED)
     model = spec.build().to(device)
     opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
-    x = tuple(t.to(device) for t in spec.example_inputs(batch_size))
+    x = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in spec.example_inputs(batch_size))
     y = spec.example_target(batch_size)
     y = y.to(device) if y is not None else None
     # an input whose first dimension is not the batch (a table every sample shares) goes whole into every microbatch
-    xs = [tuple(t.tensor_split(microbatches)[i] if t.dim() and t.shape[0] == batch_size else t for t in x)
-          for i in range(microbatches)]
+    xs = [tuple(t.tensor_split(microbatches)[i] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == batch_size
+                else t for t in x) for i in range(microbatches)]
     ys = [y.tensor_split(microbatches)[i] if y is not None else None for i in range(microbatches)]
     losses = []
     for _ in range(steps):

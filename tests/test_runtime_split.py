@@ -114,19 +114,23 @@ def test_inputs_that_do_not_carry_the_batch_go_whole_into_every_part():
     plan = hand_plan(str(REPO / "tests" / "data" / "shared_input.py"), stages=2, devices=2, schedule="1f1b",
                      microbatches=2, batch_size=8)
     spec, gm, _ = load_split_model(plan)
-    batch = batch_leaves(spec, gm)
-    assert batch == (True, False)
-    x, pos = spec.example_inputs(8)
-    parts = cut((x, pos), 4, batch)
-    assert [p[0].shape[0] for p in parts] == [2, 2, 2, 2] and all(p[1] is pos for p in parts)
+    batch = batch_leaves(spec)
+    assert batch == (True, False, False)
+    x, pos, scale = spec.example_inputs(8)
+    parts = cut((x, pos, scale), 4, batch)
+    assert [p[0].shape[0] for p in parts] == [2, 2, 2, 2] and all(p[1] is pos and p[2] == scale for p in parts)
     assert torch.equal(torch.cat([p[0] for p in parts]), x)
-    spec_ = chunk_spec(batch)
-    assert isinstance(spec_[0], TensorChunkSpec) and spec_[0].split_dim == 0 and isinstance(spec_[1], _Replicate)
-    assert chunk_spec((True, True)) is None and chunk_spec(None) is None
+    # the number is baked into the program by export: stage 0 neither takes it nor is fed it (torch's stages take
+    # tensors only: "Stage arg[1] has type float")
+    assert [type(t) for t in flat_inputs((x, pos, scale), gm)] == [torch.Tensor, torch.Tensor]
+    spec_ = chunk_spec(batch, gm)
+    assert len(spec_) == 2 and isinstance(spec_[0], TensorChunkSpec) and spec_[0].split_dim == 0
+    assert isinstance(spec_[1], _Replicate)
+    assert chunk_spec((True, True), gm) is None and chunk_spec(None, gm) is None
 
     plan = hand_plan(str(REPO / "tests" / "data" / "dict_input.py"), stages=2, devices=2, schedule="1f1b",
                      microbatches=2, batch_size=8)
     spec, gm, _ = load_split_model(plan)
-    assert batch_leaves(spec, gm) == (True, True)
+    assert batch_leaves(spec) == (True, True)
     halves = cut(spec.example_inputs(8), 2, None)  # not known: every tensor with a first dimension is cut
     assert [h[0]["ids"].shape[0] for h in halves] == [4, 4]

@@ -1,5 +1,6 @@
-"""A model with an input every sample shares: a positional table of shape (T, D) beside the batch
-(tests/test_runtime_equivalence.py, tests/test_runtime_sharding.py, runtime/batch_split.py)."""
+"""A model with inputs every sample shares: a positional table of shape (T, D) beside the batch, and a Python
+number (which torch.export bakes into the program) (tests/test_runtime_equivalence.py, tests/test_runtime_sharding.py,
+runtime/batch_split.py, runtime/split.py `_baked`)."""
 
 import torch
 import torch.nn as nn
@@ -15,8 +16,8 @@ class WithTable(nn.Module):
         self.layers = nn.ModuleList(nn.Sequential(nn.Linear(D, D), nn.GELU()) for _ in range(4))
         self.out = nn.Linear(D, 3)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # x: (B, T, 8); pos: (T, D)
-        h = self.inp(x) + pos
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:  # x: (B, T, 8); pos: (T, D)
+        h = self.inp(x) + scale * pos
         for layer in self.layers:
             h = h + layer(h)
         return self.out(h.mean(1))
@@ -26,9 +27,9 @@ def build_model() -> nn.Module:
     return WithTable()
 
 
-def example_inputs(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def example_inputs(batch_size: int) -> tuple[torch.Tensor, torch.Tensor, float]:
     g = torch.Generator().manual_seed(0)
-    return torch.randn(batch_size, T, 8, generator=g), torch.randn(T, D, generator=torch.Generator().manual_seed(2))
+    return torch.randn(batch_size, T, 8, generator=g), torch.randn(T, D, generator=torch.Generator().manual_seed(2)), 0.5
 
 
 def example_target(batch_size: int) -> torch.Tensor:
