@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ from pipeplan.planner.predict import evaluate
 from pipeplan.planner.problem import build_problem
 from search_fixtures import assert_range_memory_is_stage_memory, gpt_like, profile
 
-FILE = "tests/data/frozen_backbone.py"
+FILE = str(Path(__file__).parent / "data" / "frozen_backbone.py")
 
 
 def _model():

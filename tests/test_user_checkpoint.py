@@ -8,13 +8,15 @@ a note saying so (costmodels/export.py `plain_checkpoints`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch.utils.checkpoint import CheckpointFunction, checkpoint
 
 import pipeplan
 from pipeplan.costmodels.export import plain_checkpoints
 
-FILE = "tests/data/checkpointed.py"
+FILE = str(Path(__file__).parent / "data" / "checkpointed.py")
 
 
 def _summary(graph):
