@@ -512,6 +512,13 @@ def _bytes_moved(nodes: list[torch.fx.Node]) -> int:
     return total
 
 
+def _own(layer: Layer, p: torch.nn.Parameter) -> None:
+    """Charge a parameter's bytes to the layer owning it, and to its frozen bytes where it needs no gradient."""
+    nbytes = p.numel() * p.element_size()
+    layer.param_bytes += nbytes
+    layer.frozen_param_bytes += 0 if p.requires_grad else nbytes
+
+
 def build_structure(ep: torch.export.ExportedProgram, model: torch.nn.Module, *, name: str, batch_size: int,
                     depth: int | None, input_bytes: int) -> Graph:
     """The layer graph of an exported program: layers, edges, parameters, sharing; no measurements."""
@@ -562,8 +569,7 @@ def build_structure(ep: torch.export.ExportedProgram, model: torch.nn.Module, *,
                 users_of_tensor[id(p)].append(i)
             if id(p) not in owner_of_tensor:
                 owner_of_tensor[id(p)] = i
-                layers[i].param_bytes += p.numel() * p.element_size()
-                layers[i].frozen_param_bytes += 0 if p.requires_grad else p.numel() * p.element_size()
+                _own(layers[i], p)
 
     for (src, _dst), tensors in edges.items():
         layers[src].outputs.update(tensors)
@@ -582,8 +588,7 @@ def build_structure(ep: torch.export.ExportedProgram, model: torch.nn.Module, *,
     for fqn, p in unused:  # the innermost layer whose module contains it, else the first layer
         holders = [j for j, l in enumerate(layers) if l.module and fqn.startswith(l.module + ".")]
         best = max(holders, key=lambda j: len(layers[j].module)) if holders else 0
-        layers[best].param_bytes += p.numel() * p.element_size()
-        layers[best].frozen_param_bytes += 0 if p.requires_grad else p.numel() * p.element_size()
+        _own(layers[best], p)
         owner_of_tensor[id(p)] = best
     if unused:
         notes.append(f"{len(unused)} parameter(s) are not used by forward() (e.g. {unused[0][0]}); "

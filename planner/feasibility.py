@@ -18,17 +18,16 @@ __all__ = ["state_lower_bound", "greedy_fits", "least_capacity"]
 
 
 def state_lower_bound(param_bytes: Sequence[int], stages: int, *, optimizer: str, dtype: str,
-                      mixed_precision: str = DEFAULT_MIXED_PRECISION, sharding: str = "none", shards: int = 1,
-                      frozen_param_bytes: Sequence[int] = ()) -> int:
+                      frozen_param_bytes: Sequence[int], mixed_precision: str = DEFAULT_MIXED_PRECISION,
+                      sharding: str = "none", shards: int = 1) -> int:
     """Model state no partition can avoid on its busiest device: the total spread evenly, and the largest layer's
-    (`frozen_param_bytes`: of each layer's, those without gradients; (): none)."""
+    (`frozen_param_bytes`: of each layer's, those without gradients)."""
     def state(nbytes: int, frozen: int) -> int:
         return model_state_bytes(nbytes, optimizer=optimizer, dtype=dtype, mixed_precision=mixed_precision,
                                  sharding=sharding, shards=shards, frozen_bytes_fp32=frozen).total_bytes
 
-    frozen = list(frozen_param_bytes) or [0] * len(param_bytes)
-    total = state(sum(param_bytes), sum(frozen))
-    one = max((state(p, z) for p, z in zip(param_bytes, frozen, strict=True)), default=0)
+    total = state(sum(param_bytes), sum(frozen_param_bytes))
+    one = max((state(p, z) for p, z in zip(param_bytes, frozen_param_bytes, strict=True)), default=0)
     return max(-(-total // stages), one)
 
 

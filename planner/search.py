@@ -184,7 +184,7 @@ class _Search:
         req = self.request
         need = state_lower_bound(prob.param_bytes, cfg.stages, optimizer=req.optimizer, dtype=req.training_dtype,
                                  mixed_precision=req.mixed_precision, sharding=cfg.sharding, shards=cfg.data_parallel,
-                                 frozen_param_bytes=prob.frozen_param_bytes)
+                                 frozen_param_bytes=prob.frozen)
         failure = None
         if need > self.cap:
             failure = Failure(need, "state", cfg)

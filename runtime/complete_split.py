@@ -48,15 +48,15 @@ def complete_split_backward() -> None:
     def backward_input(stage_outputs_or_loss: list[torch.Tensor], output_grads: list[torch.Tensor] | None,
                        input_values: list[Any], weights: Iterator[torch.nn.Parameter]) -> Any:
         params = list(weights)
-        pairs = [(o, torch.ones_like(o) if output_grads is None else output_grads[i])
-                 for i, o in enumerate(stage_outputs_or_loss) if o.requires_grad or o.grad_fn is not None]
         key = tuple(id(p) for p in params)
+        outputs = [(i, o) for i, o in enumerate(stage_outputs_or_loss) if o.requires_grad or o.grad_fn is not None]
         if key not in left_out:
-            left_out[key] = _disconnected([o for o, _ in pairs], input_values, params) if pairs else []
+            left_out[key] = _disconnected([o for _, o in outputs], input_values, params) if outputs else []
         missing = [params[i] for i in left_out[key]]
-        if missing:
-            grads = torch.autograd.grad([o for o, _ in pairs], missing, [g for _, g in pairs], retain_graph=True,
-                                        allow_unused=True)
+        if missing:  # a stage's first microbatch found some: their gradients, from the stage's outputs
+            grads = torch.autograd.grad([o for _, o in outputs], missing,
+                                        [torch.ones_like(o) if output_grads is None else output_grads[i]
+                                         for i, o in outputs], retain_graph=True, allow_unused=True)
             for p, g in zip(missing, grads, strict=True):
                 if g is not None and p.grad is None:
                     p.grad = g
