@@ -370,18 +370,19 @@ class _Layout:
         """Copy j's layer as block m's: module paths, parameter names and node names moved m - j blocks."""
         return replace(layer, name=self.rename_path(layer.name, j, m), module=self.rename_path(layer.module, j, m),
                        params=[self.rename_path(p, j, m) for p in layer.params],
+                       frozen_params=[self.rename_path(p, j, m) for p in layer.frozen_params],
                        nodes=[self.shift(n, m - j) for n in layer.nodes],
                        outputs={self.shift(t, m - j): b for t, b in layer.outputs.items()})
 
     def _after(self, layer: Layer, n: int) -> Layer:
         """A layer after the blocks: same name, node names moved past n - k more blocks."""
-        return replace(layer, params=list(layer.params), nodes=[self.shift(x, n - self.k) for x in layer.nodes],
+        return replace(layer, params=list(layer.params), frozen_params=list(layer.frozen_params), nodes=[self.shift(x, n - self.k) for x in layer.nodes],
                        outputs={self.shift(t, n - self.k): b for t, b in layer.outputs.items()})
 
     def unrolled(self, n: int) -> list[_Unrolled]:
         """The full model's layers in order: (layer, traced origin, origin copy, block) ."""
-        out = [_Unrolled(replace(x, params=list(x.params), nodes=list(x.nodes), outputs=dict(x.outputs)), x, None, None)
-               for x in self.pre]
+        out = [_Unrolled(replace(x, params=list(x.params), frozen_params=list(x.frozen_params), nodes=list(x.nodes),
+                                 outputs=dict(x.outputs)), x, None, None) for x in self.pre]
         for m in range(n):
             j = 0 if m == 0 else self.k - 1 if m == n - 1 else 1
             out.extend(_Unrolled(self._clone(x, j, m), x, j, m) for x in self.copies[j])

@@ -559,6 +559,7 @@ def build_structure(ep: torch.export.ExportedProgram, model: torch.nn.Module, *,
                     src = layer_of[a.name]
                     edges.setdefault((src, i), {})[a.name] = tensor_bytes(a.meta.get("val"))
         layers.append(Layer(name=lname, kind=_layer_kind(nodes), module=key, params=params,
+                            frozen_params=[f for f in params if f in named and not named[f].requires_grad],
                             nodes=[n.name for n in nodes], bytes_moved=_bytes_moved(nodes), outputs=outputs))
         for fqn in params:
             p = named.get(fqn)

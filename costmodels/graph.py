@@ -98,6 +98,8 @@ class Layer:
     bytes_moved: int = 0  # estimated memory traffic of one forward (inputs + outputs + weights), for the roofline
     outputs: dict[str, int] = field(default_factory=dict)  # tensor name -> bytes, for tensors other layers read
     params: list[str] = field(default_factory=list)  # fully qualified parameter names this layer uses
+    # of params, those that need no gradient: no weight-gradient pass, optimizer tensor or W for them
+    frozen_params: list[str] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)  # exported-program node names that make up the layer
     parts: list[CostPart] = field(default_factory=list)  # per op kind; empty: priced as one op of `kind`
     bwd_weight_flops: int | None = None  # of bwd_flops, the weight-gradient part (zero bubble's W); None: not split
@@ -112,6 +114,13 @@ class Layer:
     # the byte counts above (AUTOCAST_FIELDS) as a bf16/fp16 step under torch.autocast holds them, per device whose
     # autocast lists were replayed (AUTOCAST_DEVICES); empty: not counted (priced at half the fp32 bytes)
     autocast: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def trainable_params(layer: Layer) -> list[str]:
+    """The parameter names a layer uses that get a gradient: what its weight-gradient passes and the optimizer's
+    per-tensor work count (a frozen one has neither)."""
+    frozen = set(layer.frozen_params)
+    return [p for p in layer.params if p not in frozen]
 
 
 def weight_grad_share(layer: Layer) -> float:

@@ -71,6 +71,9 @@ def _check_layer(f: Fields, layer: Any, i: int, layer_kinds: tuple[str, ...]) ->
     for tensor, size in f.mapping(layer.get("outputs", {}), f"{field}.outputs").items():
         f.integer(size, f"{field}.outputs[{tensor[:40]!r}]")
     f.strings(layer.get("params", []), f"{field}.params")
+    f.strings(layer.get("frozen_params", []), f"{field}.frozen_params")
+    if not set(layer.get("frozen_params", [])) <= set(layer.get("params", [])):
+        raise f.fail(f"{field}.frozen_params", layer["frozen_params"], "names among the layer's params")
     f.strings(layer.get("nodes", []), f"{field}.nodes")
     for device, counts in f.mapping(layer.get("autocast", {}), f"{field}.autocast").items():
         if device not in AUTOCAST_DEVICES:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeplan.costmodels.graph import Layer
+from pipeplan.costmodels.graph import Layer, trainable_params
 from pipeplan.hardware_profiles.profile import HardwareProfile
 
 
@@ -98,8 +98,8 @@ def weight_grad_passes(layers: Sequence[Layer]) -> int:
     unnamed = 0
     for layer in layers:
         if layer.params:
-            owners.update(name.rsplit(".", 1)[0] for name in layer.params)
-        elif layer.param_bytes:
+            owners.update(name.rsplit(".", 1)[0] for name in trainable_params(layer))
+        elif layer.param_bytes > layer.frozen_param_bytes:
             unnamed += 1
     return len(owners) + unnamed
 
@@ -111,8 +111,8 @@ def weight_passes_added(layers: Sequence[Layer]) -> list[int]:
     seen: set[str] = set()
     added = []
     for layer in layers:
-        owners = {name.rsplit(".", 1)[0] for name in layer.params}
-        added.append(len(owners - seen) + int(not layer.params and layer.param_bytes > 0))
+        owners = {name.rsplit(".", 1)[0] for name in trainable_params(layer)}
+        added.append(len(owners - seen) + int(not layer.params and layer.param_bytes > layer.frozen_param_bytes))
         seen |= owners
     return added
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeplan.costmodels.graph import Layer
+from pipeplan.costmodels.graph import Layer, trainable_params
 from pipeplan.costmodels.recompute import weight_grad_passes
 
 # Of a layer's parameter tensors, how many reduce over its output gradient apart: a weight and a bias.
@@ -35,7 +35,7 @@ def cold_gradient_bytes(layers: Sequence[Layer]) -> int:
     uses (at most `MAX_REDUCTIONS`; one for a layer with parameter bytes but no names: analytic graphs)."""
     total = 0
     for layer in layers:
-        tensors = len(layer.params) or (1 if layer.param_bytes else 0)
+        tensors = len(trainable_params(layer)) or (1 if layer.param_bytes > layer.frozen_param_bytes else 0)
         total += layer.output_bytes * min(MAX_REDUCTIONS, tensors)
     return total
 

@@ -33,7 +33,7 @@ from pipeplan.costmodels.export import (
     weight_free_model,
     with_loss,
 )
-from pipeplan.costmodels.graph import Graph, Layer
+from pipeplan.costmodels.graph import Graph, Layer, trainable_params
 from pipeplan.costmodels.model_file import (
     ModelSpec,
     OutOfMemory,
@@ -387,7 +387,7 @@ def _weight_grad_s(layer: Layer, measured_s: float) -> float:
     timings of the same nodes there, and their noise is not W. A layer whose W the FLOP counter
     misses (a LayerNorm's affine gradients count no FLOPs) keeps its measured W.
     """
-    if not layer.params:
+    if not trainable_params(layer):
         return 0.0
     return max(0.0, min(layer.bwd_s, measured_s))
 

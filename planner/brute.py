@@ -145,7 +145,7 @@ def _precedence_assignments(nodes: tuple[int, ...], k: int, parents: list[list[i
 def _brute_pipedream_sets(problem: Problem, levels: list[tuple[int, Link]], stage_time: StageTime) -> float:
     """Optimum when a stage at any level may be any precedence-respecting node set (dag=True)."""
     comp = problem.compute_s
-    params = problem.param_bytes
+    params = problem.trainable  # what all-reduces: frozen parameters get no gradient
     parents: list[list[int]] = [[] for _ in range(problem.n)]
     for src, dst, _ in problem.edges:
         parents[dst].append(src)
@@ -168,7 +168,7 @@ def _brute_pipedream_sets(problem: Problem, levels: list[tuple[int, Link]], stag
 def _brute_pipedream_ranges(problem: Problem, levels: list[tuple[int, Link]], stage_time: StageTime) -> float:
     """Optimum over nested contiguous ranges of the topological order (dag=False)."""
     comp = problem.compute_s
-    params = problem.param_bytes
+    params = problem.trainable  # what all-reduces: frozen parameters get no gradient
 
     @lru_cache(maxsize=None)
     def best_range(level: int, a: int, b: int) -> float:

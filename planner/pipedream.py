@@ -80,7 +80,8 @@ class _Solver:
                  param_factor: float) -> None:
         self.n = problem.n
         self.C = np.concatenate([[0.0], np.cumsum(np.asarray(problem.compute_s, dtype=np.float64))])
-        self.P = np.concatenate([[0.0], np.cumsum(np.asarray(problem.param_bytes, dtype=np.float64))])
+        self.P = np.concatenate([[0.0], np.cumsum(np.asarray(problem.trainable, dtype=np.float64))])
+        F = np.concatenate([[0.0], np.cumsum(np.asarray(problem.frozen, dtype=np.float64))])
         self.A = np.concatenate([[0.0], np.cumsum(np.asarray(problem.saved_bytes, dtype=np.float64))])
         self.counts = [int(c) for c, _ in levels]
         self.bw = [float(link.bandwidth_bytes_per_s) for _, link in levels]
@@ -95,7 +96,7 @@ class _Solver:
             coef = 4.0 * (v - 1) / (self.bw[0] * v)
             self.h[v] = self.C + coef * self.P
             if memory_capacity_bytes is not None:
-                self.mem[v] = param_factor * self.P + math.ceil(self.total / v) * self.A
+                self.mem[v] = param_factor * self.P + F + math.ceil(self.total / v) * self.A
         self.cap = memory_capacity_bytes
 
     def stage_time(self, level: int, x: float, start: int, end: int, r: int) -> float:
@@ -201,8 +202,8 @@ def partition_pipedream(problem: Problem, levels: list[tuple[int, Link]], *, mem
 
     levels=[(8, nvlink)] is one 8-device node; [(4, nvlink), (2, infiniband)] is
     two 4-device nodes (PipeDream's `-n 4 2 -b bw1 bw2`). Memory, when capped: a
-    device holds param_factor x its stage's fp32 parameter bytes (weights, grads,
-    Adam state: 4 by default) plus ceil(devices / replicas) microbatches of saved
+    device holds param_factor x its stage's trainable fp32 parameter bytes (weights,
+    grads, Adam state: 4 by default), its frozen ones once, plus ceil(devices / replicas) microbatches of saved
     activations (PipeDream's in-flight count for an input stage). Returns a
     Partition of device-level stages: replicas[s] counts all copies of stage s;
     stage_s[s] is that stage's time at the device level; solver["blocks"] holds
@@ -358,7 +359,8 @@ class _IdealSums:
     """
 
     C: FloatArray
-    P: FloatArray
+    P: FloatArray  # trainable parameter bytes: all-reduced, and param_factor x in memory
+    F: FloatArray  # frozen parameter bytes: weights only, once in memory
     A: FloatArray
     subset: npt.NDArray[np.bool_]  # subset[k, j]: ideal k is strictly inside ideal j
 
@@ -372,7 +374,8 @@ def _ideal_sums(problem: Problem, ideals: list[int]) -> _IdealSums:
     # ideal k is strictly inside ideal j: |k \ j| == 0 and k is smaller
     subset = ((bits @ (1.0 - bits).T) == 0) & (size[:, None] < size[None, :])
     return _IdealSums(C=b64 @ np.asarray(problem.compute_s, dtype=np.float64),
-                      P=b64 @ np.asarray(problem.param_bytes, dtype=np.float64),
+                      P=b64 @ np.asarray(problem.trainable, dtype=np.float64),
+                      F=b64 @ np.asarray(problem.frozen, dtype=np.float64),
                       A=b64 @ np.asarray(problem.saved_bytes, dtype=np.float64), subset=subset)
 
 
@@ -411,7 +414,7 @@ def _partition_ideals(problem: Problem, level: tuple[int, Link], ideals: list[in
         for i in nodes:
             assignment[i] = s
         c = float(comp[nodes].sum())
-        p = float(sum(problem.param_bytes[i] for i in nodes))
+        p = float(sum(problem.trainable[i] for i in nodes))
         ts = (c + allreduce_pipedream_s(p, v, bw)) / v
         stage_s.append(ts)
         replicas.append(v)
@@ -469,7 +472,8 @@ def _last_stage_times(sums: _IdealSums, j: int, anc: npt.NDArray[np.intp], vs: F
     t: FloatArray = (dC[None, :] + coef[:, None] * dP[None, :]) / vs[:, None]
     if cap is not None:
         dA = sums.A[j] - sums.A[anc]
-        need = param_factor * dP[None, :] + np.ceil(N / vs)[:, None] * dA[None, :]
+        dF = sums.F[j] - sums.F[anc]
+        need = param_factor * dP[None, :] + dF[None, :] + np.ceil(N / vs)[:, None] * dA[None, :]
         t = np.where(need <= cap, t, np.inf)
     return t
 
@@ -524,7 +528,7 @@ def _partition_ideals_two_level(problem: Problem, levels: list[tuple[int, Link]]
         for members, v1 in stages:
             nodes = [i for i in range(n) if (members >> i) & 1]
             c = math.fsum(comp[i] for i in nodes)
-            p = float(sum(problem.param_bytes[i] for i in nodes))
+            p = float(sum(problem.trainable[i] for i in nodes))
             ts = (c + allreduce_pipedream_s(p, v1, bw1)) / v1
             for i in nodes:
                 assignment[i] = len(stage_s)

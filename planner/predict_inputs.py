@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from pipeplan.costmodels.comm import allreduce_time_s, collective_link, half_ring_time_s, p2p_time_s
 from pipeplan.costmodels.grad_passes import dp_flatten_s, grad_scale_s, unscale_s
-from pipeplan.costmodels.graph import Graph, Layer, SharedParam, weight_grad_time_share
+from pipeplan.costmodels.graph import Graph, Layer, SharedParam, trainable_params, weight_grad_time_share
 from pipeplan.costmodels.memory import (
     MemoryBreakdown,
     checkpointed_bytes,
@@ -633,12 +633,12 @@ def _cold_input_bytes(problem: Problem, into: Sequence[Sequence[tuple[int, int]]
 
 
 def _param_tensors(graph: Graph, names: Sequence[str], assignment: Sequence[int], S: int) -> list[int]:
-    """Parameter tensors of each stage: the distinct parameters its layers use (a tied one in every stage holding
-    a copy)."""
+    """Parameter tensors each stage's optimizer steps: the distinct trainable parameters its layers use (a tied one
+    in every stage holding a copy; a frozen one has no gradient to step)."""
     layers = {layer.name: layer for layer in graph.layers}
     fqns: list[set[str]] = [set() for _ in range(S)]
     for i, name in enumerate(names):
-        fqns[assignment[i]].update(layers[name].params)
+        fqns[assignment[i]].update(trainable_params(layers[name]))
     return [len(f) for f in fqns]
 
 

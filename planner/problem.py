@@ -91,6 +91,12 @@ class Problem:
         return self.frozen_param_bytes or (0,) * self.n
 
     @cached_property
+    def trainable(self) -> tuple[int, ...]:
+        """Per layer, the parameter bytes that get a gradient: what data parallelism all-reduces and the
+        optimizer keeps state for (cost-models.md §3.1)."""
+        return tuple(p - f for p, f in zip(self.param_bytes, self.frozen, strict=True))
+
+    @cached_property
     def compute_s(self) -> tuple[float, ...]:
         """fwd + bwd per layer (cached: the search reads it for every configuration)."""
         return tuple(f + b for f, b in zip(self.fwd_s, self.bwd_s, strict=True))

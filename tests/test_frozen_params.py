@@ -17,8 +17,10 @@ import pytest
 import pipeplan
 from pipeplan.costmodels.graph import Graph
 from pipeplan.costmodels.memory import RangeMemory, model_state_bytes
+from pipeplan.costmodels.recompute import weight_grad_passes, weight_passes_added
 from pipeplan.errors import UserError
 from pipeplan.planner.predict import evaluate
+from pipeplan.planner.predict_inputs import _param_tensors
 from pipeplan.planner.problem import build_problem
 from search_fixtures import assert_range_memory_is_stage_memory, gpt_like, profile
 
@@ -43,6 +45,7 @@ def test_trace_records_each_layers_frozen_bytes(repeated_blocks):
     for layer in graph.layers:
         assert layer.frozen_param_bytes == sum(frozen.get(fqn, 0) for fqn in layer.params), layer.name
         assert layer.frozen_param_bytes in (0, layer.param_bytes)  # a Linear is frozen whole, or trains whole
+        assert layer.frozen_params == [fqn for fqn in layer.params if fqn in frozen], layer.name
     assert graph.frozen_param_bytes == sum(frozen.values()) == 6 * (256 * 256 + 256) * 4
     assert graph.param_bytes - graph.frozen_param_bytes == sum(
         p.numel() * 4 for p in model.parameters() if p.requires_grad)
@@ -54,10 +57,29 @@ def test_graph_file_keeps_frozen_bytes_and_refuses_more_than_the_layer_holds(tmp
     graph.save(path)
     again = pipeplan.load_graph(path)
     assert [layer.frozen_param_bytes for layer in again.layers] == [layer.frozen_param_bytes for layer in graph.layers]
+    assert [layer.frozen_params for layer in again.layers] == [layer.frozen_params for layer in graph.layers]
     doc = json.loads(path.read_text())
     doc["layers"][0]["frozen_param_bytes"] = doc["layers"][0]["param_bytes"] + 4
     with pytest.raises(UserError, match=r"layers\[0\].*frozen_param_bytes"):
         Graph.from_dict(doc, path)
+    doc = json.loads(path.read_text())
+    doc["layers"][0]["frozen_params"] = ["not.a.parameter.of.this.layer"]
+    with pytest.raises(UserError, match=r"layers\[0\].*frozen_params"):
+        Graph.from_dict(doc, path)
+
+
+def test_frozen_parameters_are_no_weight_pass_and_no_optimizer_tensor():
+    """A frozen parameter gets no gradient, so torch's split backward makes no weight-gradient group for it
+    (its grad accumulator is None in `_get_grad_fn_or_grad_acc`) and the optimizer steps no tensor for it:
+    both counts are those of the model's trainable parameters, counted from the model itself."""
+    model = _model()
+    graph = pipeplan.trace(FILE, batch_size=8, time_layers=False)
+    trainable = [fqn for fqn, p in model.named_parameters() if p.requires_grad]
+    modules = {fqn.rsplit(".", 1)[0] for fqn in trainable}
+    assert weight_grad_passes(graph.layers) == len(modules) == 2  # the head's two Linears
+    assert sum(weight_passes_added(graph.layers)) == len(modules)
+    names = [layer.name for layer in graph.layers]
+    assert _param_tensors(graph, names, [0] * len(names), 1) == [len(trainable)] == [4]
 
 
 def test_model_state_charges_frozen_parameters_their_weights_only():

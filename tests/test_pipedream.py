@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 from pipeplan.hardware_profiles.profile import Link
 from pipeplan.planner.brute import brute_pipedream
 from pipeplan.planner.pipedream import allreduce_pipedream_s, partition_pipedream
-from pipeplan.planner.problem import Problem, chain_problem
+from pipeplan.planner.problem import Problem, chain_problem, dag_problem
 
 INTRA = Link("nvlink", 10e9, 0.0)
 INTER = Link("ib", 1e9, 0.0)
@@ -123,3 +125,36 @@ def test_memory_cap_forces_a_split():
     # a device holding both layers needs 4*2000 + ceil(2/2)*20 = 8020 bytes; cap below that
     capped = partition_pipedream(p, [(2, INTER)], memory_capacity_bytes=8000)
     assert capped.replicas == [1, 1] and capped.bottleneck_s == pytest.approx(3.0)
+
+
+@st.composite
+def frozen_parts(draw, problem):
+    """Of each layer's parameter bytes, a part that needs no gradient."""
+    return tuple(draw(st.integers(0, p)) for p in problem.param_bytes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data(), st.booleans(), st.integers(1, 3))
+def test_frozen_parameters_are_not_all_reduced(data, dag, workers):
+    # frozen weights get no gradient, so PipeDream's all-reduce term sees only the trainable bytes: the
+    # optimum equals brute force on the same model with the frozen bytes taken out of its parameters
+    problem = data.draw(dags(max_n=5) if dag else chains(max_n=5))
+    frozen = data.draw(frozen_parts(problem))
+    with_frozen = replace(problem, frozen_param_bytes=frozen)
+    trainable_only = replace(problem, param_bytes=tuple(p - f for p, f in zip(problem.param_bytes, frozen, strict=True)))
+    levels = [(workers, INTER)]
+    got = partition_pipedream(with_frozen, levels)
+    assert got.bottleneck_s == pytest.approx(brute_pipedream(trainable_only, levels, dag=dag), rel=1e-9)
+
+
+@pytest.mark.parametrize("dag", [False, True])
+def test_frozen_weights_are_held_once_under_a_memory_cap(dag):
+    # 1000 bytes of weights on one device: trainable, they need 4 x 1000 (weights, gradients, Adam's two
+    # moments); frozen, their 1000 alone. A cap of 2000 fits the frozen model only.
+    edges = [(0, 1, 0), (0, 2, 0), (1, 2, 0)]
+    p = dag_problem([1.0, 1.0, 1.0], edges, param_bytes=[1000, 0, 0]) if dag else \
+        chain_problem([1.0, 1.0, 1.0], param_bytes=[1000, 0, 0])
+    assert not partition_pipedream(p, [(1, INTER)], memory_capacity_bytes=2000).assignment
+    frozen = partition_pipedream(replace(p, frozen_param_bytes=(1000, 0, 0)), [(1, INTER)],
+                                 memory_capacity_bytes=2000)
+    assert frozen.assignment == [0, 0, 0] and frozen.bottleneck_s == pytest.approx(3.0)
