@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from pipeplan.costmodels.autocast_policy import Casts
+from pipeplan.costmodels.autocast_policy import Casts, cast_kind, op_name
 from pipeplan.costmodels.graph import AUTOCAST_DEVICES, Graph
 from pipeplan.costmodels.measure import count_pass
 from pipeplan.costmodels.model_file import ModelSpec
@@ -32,6 +32,10 @@ def count_autocast(ep: torch.export.ExportedProgram, model: torch.nn.Module, spe
     counted: dict[str, list[dict[str, int]]] = {}
     try:
         for device in AUTOCAST_DEVICES:
+            same = next((d for d in counted if same_casts(ep, d, device)), None)
+            if same is not None:  # the two lists treat every op of this program alike: the same step, counted once
+                counted[device] = [dict(c) for c in counted[same]]
+                continue
             counts = count_pass(ep, model, spec, inputs, target, layer_of, n, casts=Casts(device, torch.bfloat16))
             flight = transient_bytes(ep, model, spec, inputs, target, layer_of, n, param_shapes,
                                      casts=Casts(device, torch.bfloat16))
@@ -49,3 +53,13 @@ def count_autocast(ep: torch.export.ExportedProgram, model: torch.nn.Module, spe
         return
     for i, layer in enumerate(graph.layers):
         layer.autocast = {device: counted[device][i] for device in AUTOCAST_DEVICES}
+
+
+def same_casts(ep: torch.export.ExportedProgram, a: str, b: str) -> bool:
+    """Whether autocast on devices `a` and `b` casts the inputs of every op of the program alike, so that replaying
+    one device's lists counts the other's bytes too. Only the forward's ops are cast (their backward follows the
+    dtypes autocast chose), and the loss runs under the same context for both (`Casts.loss_context`). A
+    convolutional net often qualifies (convolutions and matmuls 16-bit on both, its norms and pools on neither);
+    a transformer does not (CUDA's lists run layer_norm and softmax in fp32, the CPU's leave them)."""
+    names = {op_name(node.target) for node in ep.graph.nodes if node.op == "call_function"}
+    return all(cast_kind(a, name) == cast_kind(b, name) for name in names)

@@ -80,6 +80,15 @@ def op_name(target: Any) -> str:
     return schema.name.split("::")[-1] if schema is not None else ""
 
 
+def cast_kind(device: str, name: str) -> str | None:
+    """What autocast on `device` does to the inputs of the op `name`: "lower", "fp32", "promote", or None (nothing)."""
+    if name in LOWER_PRECISION[device]:
+        return "lower"
+    if name in FP32[device]:
+        return "fp32"
+    return "promote" if name in PROMOTE[device] else None
+
+
 def _floating(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64
 
@@ -96,12 +105,12 @@ class Casts:
     def cast(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...],
                                                                                      dict[str, Any]]:
         """The arguments autocast would hand the op `target`."""
-        name = op_name(target)
-        if name in LOWER_PRECISION[self.device]:
+        kind = cast_kind(self.device, op_name(target))
+        if kind == "lower":
             to: Callable[[torch.Tensor], torch.Tensor] = self._lower
-        elif name in FP32[self.device]:
+        elif kind == "fp32":
             to = self._fp32
-        elif name in PROMOTE[self.device]:
+        elif kind == "promote":
             widest = torch.float32 if any(_floating(a) and a.dtype == torch.float32
                                           for a in pytree.tree_leaves((args, kwargs))) else self.dtype
             to = self._fp32 if widest == torch.float32 else self._lower

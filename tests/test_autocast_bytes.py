@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeplan.costmodels import autocast_bytes
 from pipeplan.costmodels import trace as trace_module
 from pipeplan.costmodels.autocast_policy import Casts
 from pipeplan.costmodels.graph import Graph
@@ -90,6 +91,21 @@ def test_autocast_recipe_predicts_a_real_autocast_step(path, batch, half_misses_
     g = trace_module.trace(full, batch, time_layers=False)
     assert mb.predicted_peak_bytes(g, recipe="autocast") == pytest.approx(measured, rel=0.05)
     assert abs(mb.predicted_peak_bytes(g, recipe="deepspeed") / measured - 1) > half_misses_by
+
+
+@pytest.mark.parametrize("path,batch,alike", [("examples/resnet.py", 8, True), ("examples/gpt.py", 4, False),
+                                              ("examples/unet.py", 4, False)])
+def test_one_replay_serves_both_devices_only_where_their_lists_agree(path, batch, alike, monkeypatch):
+    """The trace replays one device's lists for both only where, op by op, they cast alike (a ResNet: its linear
+    and convolutions 16-bit on both, norms and pools on neither; the GPT's layer_norm and softmax are fp32 on CUDA
+    only, the U-Net's skip `cat` is promoted on CPU only): its counts equal two full replays."""
+    spec, model, inputs, target, ep, graph, layer_of = _program(str(REPO / path), batch)
+    assert autocast_bytes.same_casts(ep, "cuda", "cpu") == alike
+    shared = trace_module.trace(str(REPO / path), batch, time_layers=False, repeated_blocks=False)
+    monkeypatch.setattr(autocast_bytes, "same_casts", lambda *_: False)
+    apart = trace_module.trace(str(REPO / path), batch, time_layers=False, repeated_blocks=False)
+    assert [x.autocast for x in shared.layers] == [x.autocast for x in apart.layers]
+    assert all(x.autocast["cpu"] == x.autocast["cuda"] for x in shared.layers) or not alike
 
 
 def test_autocast_model_state_is_fp32_state_and_a_16_bit_copy():

@@ -41,9 +41,11 @@ def comparable(graph, autocast_in_flight=True):
     return doc
 
 
-def assert_same_as_full(path, entry="build_model", count=None, batch=2, fvcore_check=True, autocast_in_flight=True):
-    deduped = trace(str(path), batch, entry=entry, repeats=1, fvcore_check=fvcore_check)
-    full = trace(str(path), batch, entry=entry, repeats=1, fvcore_check=fvcore_check, repeated_blocks=False)
+def assert_same_as_full(path, entry="build_model", count=None, batch=2, fvcore_check=True, autocast_in_flight=True,
+                        time_layers=True):
+    deduped = trace(str(path), batch, entry=entry, repeats=1, fvcore_check=fvcore_check, time_layers=time_layers)
+    full = trace(str(path), batch, entry=entry, repeats=1, fvcore_check=fvcore_check, repeated_blocks=False,
+                 time_layers=time_layers)
     record = deduped.source.get("repeated_blocks")
     assert record is not None and record["traced"] == blocks.TRACED, deduped.notes
     if count is not None:
@@ -59,7 +61,7 @@ def assert_same_as_full(path, entry="build_model", count=None, batch=2, fvcore_c
     spec = load_model_file(str(path), entry)
     assert export_structure(spec, batch)[1].fingerprint() == deduped.fingerprint()
     # Layers of cloned blocks carry the traced copies' times.
-    assert all(x.fwd_s > 0 for x in deduped.layers if x.fwd_flops > 0)
+    assert all(x.fwd_s > 0 for x in deduped.layers if x.fwd_flops > 0) or not time_layers
     return deduped
 
 
@@ -158,8 +160,9 @@ def test_gpt_tiny_has_too_few_blocks():
 @pytest.mark.slow
 def test_gpt2_small_matches_full_trace(monkeypatch):
     monkeypatch.setenv("PIPEPLAN_GPT_SEQ", "16")  # GPT-2 small's 12 blocks and 124M parameters, short sequences
+    # without weights, as a catalogue profile traces it (the timed path is the smaller models' above)
     graph = assert_same_as_full(ROOT / "examples" / "gpt.py", "build_gpt2_small", count=12, batch=1,
-                                fvcore_check=False)
+                                fvcore_check=False, time_layers=False)
     assert len([x for x in graph.layers if x.name.startswith("h.11.")]) == 8
     assert graph.shared_params[0].layers == ["wte", "lm_head"]
 
