@@ -215,7 +215,8 @@ def build_module(path: str, config: Any, seq_len: int) -> types.ModuleType:
                 # Bloom, GPT-Neo, Gemma 2 and others have no SDPA path: their own (eager) attention, as they train
                 model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
                     config, dtype=torch.float32, attn_implementation="eager")
-                module.attention = "eager"  # type: ignore[attr-defined]
+                # an attention-free model (Mamba, RWKV: no heads in the config) has no score matrices to speak of
+                module.attention = "eager" if getattr(config, "num_attention_heads", None) else "none"  # type: ignore[attr-defined]
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, AssertionError) as e:
             # values the config class let through but the model cannot be built with; a RuntimeError or
             # MemoryError (out of memory building real weights) is left to ModelSpec's handling
@@ -242,7 +243,7 @@ def build_module(path: str, config: Any, seq_len: int) -> types.ModuleType:
     module.loss_fn = loss_fn  # type: ignore[attr-defined]
     module.config = config  # type: ignore[attr-defined]
     module.seq_len = seq_len  # type: ignore[attr-defined]
-    module.attention = "sdpa"  # type: ignore[attr-defined]  # "eager" once build_model fell back to it
+    module.attention = "sdpa"  # type: ignore[attr-defined]  # "eager" (or "none") once build_model fell back
     return module
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_backward_flop_count, sdpa_flop_count
 from torch.utils.hooks import RemovableHandle
 
 from pipeplan.costmodels.accumulate import accumulate_times
@@ -54,15 +54,33 @@ def _cpu_sdpa_backward_flop(grad_out_shape: Sequence[int], query_shape: Sequence
     return flops
 
 
-CPU_SDPA_FLOPS = {
+def _conv_backward_flop(grad_out_shape: Sequence[int], x_shape: Sequence[int], w_shape: Sequence[int], _bias: Any,
+                        _stride: Any, _padding: Any, _dilation: Any, transposed: bool, _output_padding: Any,
+                        _groups: Any, output_mask: Sequence[bool], *args: Any, out_shape: Any = None,
+                        **kwargs: Any) -> int:
+    """A convolution's backward: its input gradient and its weight gradient each take the forward's multiply-adds
+    (the same products, other operands: torch's own derivation in flop_counter.conv_backward_flop).
+
+    torch 2.13's formula counts the weight gradient as an ungrouped convolution of the input with the output
+    gradient, `groups` times too many: a depthwise convolution (MobileNet, ConvNeXt, Mamba's causal conv1d over
+    4096 channels) counted thousands of times its forward in backward. The forward's count, from the weight's shape
+    (C_out, C_in / groups, k...), is right for any groups, so each gradient asked for is priced as one forward."""
+    forward: int = conv_flop_count(  # type: ignore[no-untyped-call]
+        list(x_shape), list(w_shape), list(grad_out_shape), transposed)
+    return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
+
+
+FLOP_FORMULAS = {
     aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flop,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward_flop,
+    aten.convolution_backward: _conv_backward_flop,
 }
 
 
 def flop_counter() -> FlopCounterMode:
-    """FlopCounterMode with the CPU attention formulas added; FLOP = 2 per multiply-add."""
-    return FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FLOPS)
+    """FlopCounterMode with the CPU attention formulas added and grouped convolutions' backward counted with their
+    groups; FLOP = 2 per multiply-add."""
+    return FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS)
 
 
 def program_args(ep: torch.export.ExportedProgram, model: torch.nn.Module, user_args: list[Any]) -> list[Any]:

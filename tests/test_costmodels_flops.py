@@ -7,12 +7,15 @@ traced graphs and of the roofline inputs.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeplan.costmodels import analytic
+from pipeplan.costmodels.measure import flop_counter
 
 
 class TinyGPTLayer(nn.Module):
@@ -62,3 +65,38 @@ def test_conv_formula_matches_flopcounter():
     with FlopCounterMode(display=False) as c:
         grouped(torch.randn(2, 32, 10, 10))
     assert c.get_total_flops() == analytic.conv2d_fwd_flops(2, 32, 64, 10, 10, 3, 3, groups=4)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("groups", [1, 4, 32])
+def test_a_grouped_convolutions_backward_is_twice_its_forward(groups, transposed):
+    """Its input gradient and its weight gradient each take the forward's multiply-adds, whatever the groups
+    (the formula above: 2 N H_out W_out C_out (C_in / groups) K_h K_w); torch 2.13's own counter prices the weight
+    gradient as an ungrouped convolution, `groups` times too many."""
+    conv = (nn.ConvTranspose2d if transposed else nn.Conv2d)(32, 32, 3, padding=1, groups=groups)
+    x = torch.randn(2, 32, 10, 10, requires_grad=True)
+    with flop_counter() as fwd:
+        y = conv(x)
+    expected = analytic.conv2d_fwd_flops(2, 32, 32, 10, 10, 3, 3, groups=groups)
+    assert fwd.get_total_flops() == expected
+    with flop_counter() as bwd:
+        y.sum().backward()
+    assert bwd.get_total_flops() == 2 * expected
+    if groups > 1:
+        with FlopCounterMode(display=False) as torchs:
+            conv(x).sum().backward()
+        assert torchs.get_total_flops() > 2 * expected  # what the fix is for
+
+
+def test_a_traced_depthwise_layers_backward_is_its_input_and_weight_gradients():
+    """Traced (tests/data/depthwise_convnet.py, 16x16 images, batch 2): the depthwise layer's backward counts its
+    input and weight gradients, each its forward (C_in / groups = 1); the stem's input needs no gradient, so its
+    backward is the weight gradient alone."""
+    import pipeplan
+
+    graph = pipeplan.trace(str(Path(__file__).parent / "data" / "depthwise_convnet.py"), 2, time_layers=False)
+    depthwise, stem = graph.layer("depthwise"), graph.layer("stem")
+    assert depthwise.fwd_flops == analytic.conv2d_fwd_flops(2, 32, 32, 16, 16, 3, 3, groups=32)
+    assert depthwise.bwd_flops == 2 * depthwise.fwd_flops and depthwise.bwd_weight_flops == depthwise.fwd_flops
+    assert stem.fwd_flops == analytic.conv2d_fwd_flops(2, 3, 32, 16, 16, 3, 3)
+    assert stem.bwd_flops == stem.fwd_flops

@@ -92,6 +92,21 @@ def test_an_architecture_without_sdpa_is_built_with_its_eager_attention():
                                                                   fvcore_check=False).notes
 
 
+def test_an_attention_free_architecture_has_no_attention_note_and_its_convolution_counts_its_groups():
+    """Mamba (tests/data/tiny-mamba.json) has no SDPA path and no attention either: no note about score matrices.
+    Its causal conv1d is depthwise (groups = its 128 inner channels), and every layer's backward counts twice its
+    forward (input and weight gradients of its projections and convolution), where torch's own counter priced the
+    convolution's weight gradient 128 times over."""
+    from pipeplan.costmodels.hf_config import EAGER_NOTE
+    from pipeplan.costmodels.trace import trace
+
+    graph = trace(str(DATA / "tiny-mamba.json"), 2, seq_len=16, time_layers=False, fvcore_check=False)
+    assert EAGER_NOTE not in graph.notes
+    counted = [layer for layer in graph.layers if layer.fwd_flops > 0]
+    assert counted and all(layer.bwd_flops == 2 * layer.fwd_flops for layer in counted), \
+        [(layer.name, layer.fwd_flops, layer.bwd_flops) for layer in counted]
+
+
 def test_default_seq_len_is_max_positions_capped():
     from pipeplan.cli.options import DEFAULT_MAX_SEQ_LEN
     from pipeplan.costmodels.hf_config import DEFAULT_MAX_SEQ_LEN as COSTMODELS_MAX
