@@ -34,7 +34,7 @@ from pipeplan.errors import UserError
 
 # Ops that do real work: a run of these is a layer of its own even when it sits in a
 # container's forward (e.g. the attention core between two projections).
-_HEAVY = ("linear", "mm", "addmm", "bmm", "baddbmm", "matmul", "einsum", "conv", "scaled_dot_product",
+_HEAVY = ("linear", "mm", "addmm", "bmm", "baddbmm", "matmul", "einsum", "grouped_mm", "conv", "scaled_dot_product",
           "embedding", "layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "softmax",
           "log_softmax", "flash_attention", "efficient_attention")
 # Ops that only reinterpret memory: they move no bytes (excluded from bytes_moved) and run no kernel.
@@ -47,7 +47,8 @@ _OTHER = ("max_pool", "avg_pool", "adaptive", "cat", "index", "gather", "scatter
 _KIND_RULES = (  # (kind, op-name fragments), first match wins, in order of typical cost
     ("conv", ("conv",)),
     ("attention", ("scaled_dot_product", "flash_attention", "efficient_attention")),
-    ("matmul", ("linear", "addmm", "mm", "bmm", "baddbmm", "matmul", "einsum")),
+    # grouped_mm: a mixture of experts' expert GEMMs (torch's _grouped_mm, transformers' grouped_mm_fallback)
+    ("matmul", ("linear", "addmm", "mm", "bmm", "baddbmm", "matmul", "einsum", "grouped_mm")),
     ("embedding", ("embedding",)),
     ("norm", ("layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm")),
 )

@@ -148,6 +148,14 @@ def test_tiny_mixtral_traces_and_counts_expert_flops():
     mlp = sum(l.fwd_flops for l in graph.layers if l.name.startswith("model.layers.0.mlp"))
     assert mlp == experts
     assert sum(l.param_bytes for l in graph.layers) == 4 * transformers_count(TINY_MOE)
+    # the experts' two grouped GEMMs are matmul layers of their own, each holding its expert weights and pricing its
+    # FLOPs as a matmul (they had been folded into the router's layer and the activation's, priced as elementwise)
+    experts_layers = [l for l in graph.layers if l.name.startswith("model.layers.0.mlp.experts") and l.kind == "matmul"]
+    assert [l.param_bytes for l in experts_layers] == [4 * e * h * 2 * i, 4 * e * i * h]
+    assert [sum(p.fwd_flops for p in l.parts if p.kind == "matmul") for l in experts_layers] == [
+        2 * tokens * k * h * 2 * i, 2 * tokens * k * i * h]
+    router = graph.layer("model.layers.0.mlp.gate")
+    assert router.param_bytes == 4 * h * e and router.fwd_flops == 2 * tokens * h * e
 
 
 def run(args):
