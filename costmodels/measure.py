@@ -65,8 +65,7 @@ def _conv_backward_flop(grad_out_shape: Sequence[int], x_shape: Sequence[int], w
     gradient, `groups` times too many: a depthwise convolution (MobileNet, ConvNeXt, Mamba's causal conv1d over
     4096 channels) counted thousands of times its forward in backward. The forward's count, from the weight's shape
     (C_out, C_in / groups, k...), is right for any groups, so each gradient asked for is priced as one forward."""
-    forward: int = conv_flop_count(  # type: ignore[no-untyped-call]
-        list(x_shape), list(w_shape), list(grad_out_shape), transposed)
+    forward: int = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed)
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
