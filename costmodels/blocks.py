@@ -376,7 +376,8 @@ class _Layout:
 
     def _after(self, layer: Layer, n: int) -> Layer:
         """A layer after the blocks: same name, node names moved past n - k more blocks."""
-        return replace(layer, params=list(layer.params), frozen_params=list(layer.frozen_params), nodes=[self.shift(x, n - self.k) for x in layer.nodes],
+        return replace(layer, params=list(layer.params), frozen_params=list(layer.frozen_params),
+                       nodes=[self.shift(x, n - self.k) for x in layer.nodes],
                        outputs={self.shift(t, n - self.k): b for t, b in layer.outputs.items()})
 
     def unrolled(self, n: int) -> list[_Unrolled]:

@@ -216,7 +216,8 @@ def build_module(path: str, config: Any, seq_len: int) -> types.ModuleType:
                 model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
                     config, dtype=torch.float32, attn_implementation="eager")
                 # an attention-free model (Mamba, RWKV: no heads in the config) has no score matrices to speak of
-                module.attention = "eager" if getattr(config, "num_attention_heads", None) else "none"  # type: ignore[attr-defined]
+                heads = getattr(config, "num_attention_heads", None)
+                module.attention = "eager" if heads else "none"  # type: ignore[attr-defined]
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, AssertionError) as e:
             # values the config class let through but the model cannot be built with; a RuntimeError or
             # MemoryError (out of memory building real weights) is left to ModelSpec's handling

@@ -203,8 +203,9 @@ def partition_pipedream(problem: Problem, levels: list[tuple[int, Link]], *, mem
     levels=[(8, nvlink)] is one 8-device node; [(4, nvlink), (2, infiniband)] is
     two 4-device nodes (PipeDream's `-n 4 2 -b bw1 bw2`). Memory, when capped: a
     device holds param_factor x its stage's trainable fp32 parameter bytes (weights,
-    grads, Adam state: 4 by default), its frozen ones once, plus ceil(devices / replicas) microbatches of saved
-    activations (PipeDream's in-flight count for an input stage). Returns a
+    grads, Adam state: 4 by default), its frozen ones once, plus ceil(devices /
+    replicas) microbatches of saved activations (PipeDream's in-flight count for an
+    input stage); the all-reduce moves the trainable bytes only. Returns a
     Partition of device-level stages: replicas[s] counts all copies of stage s;
     stage_s[s] is that stage's time at the device level; solver["blocks"] holds
     the nested configuration.
