@@ -417,10 +417,12 @@ def skip_if_busy(prof) -> None:
 
 
 # measured / predicted for ops the calibration did not run. Inside the band is machine
-# noise (which only adds time: CI hosts measured up to 1.56x); outside it is a unit
-# slip (MACs as FLOPs, bytes read but not written), a factor of 2. The accuracy on a
-# quiet machine (1-20%) is a benchmark figure: benchmarks/calibrate_bench.py.
-LOW, HIGH = 1 / 1.5, 1.9
+# noise, which only adds time, but to either side: to the test's op (CI hosts measured up
+# to 1.56x) or to the calibration's (a CI run on 2026-11-30 calibrated a copy at 22.5 GB/s
+# and then copied at x0.66 of that time); outside it is a unit slip (MACs as FLOPs, bytes
+# read but not written), a factor of 2. The accuracy on a quiet machine (1-20%) is a
+# benchmark figure: benchmarks/calibrate_bench.py.
+LOW, HIGH = 1 / 1.6, 1.9
 
 
 def _ratio_within_band(measure, pred_s: float, prof) -> None:
