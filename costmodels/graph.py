@@ -118,7 +118,10 @@ class Layer:
 
 def trainable_params(layer: Layer) -> list[str]:
     """The parameter names a layer uses that get a gradient: what its weight-gradient passes and the optimizer's
-    per-tensor work count (a frozen one has neither)."""
+    per-tensor work count (a frozen one has neither). Read per layer for every plan the search prices
+    (predict_inputs._param_tensors): a layer without frozen parameters returns its own list, not a copy."""
+    if not layer.frozen_params:
+        return layer.params
     frozen = set(layer.frozen_params)
     return [p for p in layer.params if p not in frozen]
 
