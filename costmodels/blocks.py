@@ -10,7 +10,10 @@ middle blocks cloned from the second copy, last block from the third, everything
 after the blocks shifted. Three copies, not two, because the first block's
 boundary with the code before it and the last block's boundary with the code after
 it may differ from a middle block's (what it saves for backward, what reads its
-output); the second copy is the one block that has a block on both sides.
+output); the second copy is the one block that has a block on both sides. Children
+that are not identical but repeat in groups (Gemma's alternating sliding-window and
+full attention) are handled the same way with a group of `period` children as the
+block (`Repeat`).
 
 Exported node names are predictable: torch.export names an op after its ATen
 packet plus a per-name counter (`linear`, `linear_1`, ...), in execution order, so
@@ -36,13 +39,15 @@ import torch
 from pipeplan.costmodels.export import VIEW_OPS
 from pipeplan.costmodels.graph import Edge, Graph, Layer, SharedParam
 
-MIN_BLOCKS = 4  # below this, three traced copies save too little to be worth the check
+MIN_BLOCKS = 4  # below this many blocks (groups), three traced copies save too little to be worth the check
+MAX_PERIOD = 8  # the longest group of different blocks looked for (Gemma 3: 6; Jamba: attention every 8 layers)
 TRACED = 3  # first, middle and last block: see the module docstring
 # Integer attributes whose name says they are the block's own index (HF's layer_idx, Megatron's layer_number).
 INDEX_NAMES = frozenset({"layer_idx", "layer_id", "layer_index", "layer_number", "layer_num", "idx", "index",
                          "block_idx", "block_id", "block_index", "block_num", "i"})
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))  # nn.Module's own bookkeeping attributes
 _SUFFIX = re.compile(r"(.*)_(\d+)$")  # torch.fx's name-counter suffix (torch/fx/graph.py, _Namespace)
+_CHILD = re.compile(r"(\d+)(?=$|[.:])")  # a child's key after the list's path (`:2`: export's second layer)
 
 
 class NotRepeated(Exception):
@@ -51,15 +56,47 @@ class NotRepeated(Exception):
 
 @dataclass
 class Repeat:
-    """A ModuleList of `count` identical blocks at dotted path `module`, of which `traced` are traced."""
+    """A ModuleList of `count` children at dotted path `module` that repeat a group of `period` of them; `traced`
+    groups are traced.
+
+    `period` is 1 for identical blocks. Gemma 2 and gpt-oss alternate sliding-window and full attention (a group
+    of 2), Gemma 3 runs five sliding-window layers to one full one (6). A count that is not a multiple of the
+    period ends in `rest` children, the start of one more group (Gemma-3-4B's 34 layers: five groups of six, then
+    four), which are traced as they are, with the code after the groups.
+    """
 
     module: str
     count: int
     traced: int = TRACED
+    period: int = 1
+
+    @property
+    def groups(self) -> int:
+        return self.count // self.period
+
+    @property
+    def rest(self) -> int:
+        return self.count % self.period
 
     def record(self) -> dict[str, Any]:
         """What `graph.source["repeated_blocks"]` says."""
-        return {"module": self.module, "count": self.count, "traced": self.traced}
+        out: dict[str, Any] = {"module": self.module, "count": self.count, "traced": self.traced}
+        if self.period > 1:
+            out["period"] = self.period
+        return out
+
+    def describe(self) -> str:
+        """'model.layers holds 80 identical blocks', or how its blocks repeat, for graph notes."""
+        if self.period == 1:
+            return f"{self.module} holds {self.count} identical blocks"
+        more = f", then {self.rest} more" if self.rest else ""
+        return f"{self.module} holds {self.count} blocks, a group of {self.period} repeated {self.groups} times{more}"
+
+    def traced_text(self) -> str:
+        """'3' (blocks) or '3 groups (6 blocks)': what the trace ran."""
+        if self.period == 1:
+            return str(self.traced)
+        return f"{self.traced} groups ({self.traced * self.period + self.rest} blocks)"
 
 
 # ---- finding identical blocks ---------------------------------------------------------------
@@ -131,11 +168,11 @@ def _shares_tensors(model: torch.nn.Module, children: list[torch.nn.Module]) -> 
 
 
 def find_repeated_blocks(model: torch.nn.Module, min_blocks: int = MIN_BLOCKS) -> Repeat | None:
-    """The ModuleList of at least `min_blocks` identical children that covers the most modules, or None.
+    """The ModuleList of at least `min_blocks` repeated blocks (or groups) that covers the most modules, or None.
 
-    All children must match the first one's `module_signature` and own their tensors
-    (no weight tied between blocks): runs of identical blocks inside a list that also
-    holds different ones are not grouped, the whole list is traced as it is.
+    Its children must repeat the signatures of the first `period` of them (`_period`), and own
+    their tensors (no weight tied between blocks): runs of identical blocks inside a list that
+    otherwise does not repeat are not grouped, the whole list is traced as it is.
     """
     best: Repeat | None = None
     best_size = 0
@@ -143,27 +180,43 @@ def find_repeated_blocks(model: torch.nn.Module, min_blocks: int = MIN_BLOCKS) -
         if not path or not isinstance(m, torch.nn.ModuleList) or len(m) < min_blocks:
             continue
         children = list(m)
-        size = len(children) * sum(1 for _ in children[0].modules())
+        size = sum(1 for c in children for _ in c.modules())
         if size <= best_size:
             continue
-        first = module_signature(children[0])
-        if all(module_signature(c) == first for c in children[1:]) and not _shares_tensors(model, children):
-            best, best_size = Repeat(module=path, count=len(children)), size
+        period = _period([module_signature(c) for c in children], min_blocks)
+        if period is not None and not _shares_tensors(model, children):
+            best, best_size = Repeat(module=path, count=len(children), period=period), size
     return best
+
+
+def _period(signatures: list[tuple[Any, ...]], min_blocks: int) -> int | None:
+    """The shortest p (up to MAX_PERIOD) where every child i has child (i mod p)'s signature and there are at least
+    `min_blocks` whole groups of p; None when there is none."""
+    for p in range(1, MAX_PERIOD + 1):
+        if len(signatures) // p < min_blocks:
+            return None
+        if all(signatures[i] == signatures[i % p] for i in range(p, len(signatures))):
+            return p
+    return None
 
 
 @contextmanager
 def shortened(model: torch.nn.Module, repeat: Repeat) -> Iterator[torch.nn.Module]:
-    """The model with `repeat.module` cut to its first `repeat.traced` children; restored on exit.
+    """The model with `repeat.module` cut to its first `repeat.traced` groups (and the `rest` after the last
+    group); restored on exit.
 
     The list is shortened in place, so the model's own forward (a `for block in
     self.h` loop, HF's `self.layers[:n]`) runs over the traced blocks only, and the
-    parameters of the others are out of `named_parameters()` for the trace.
+    parameters of the others are out of `named_parameters()` for the trace. The rest
+    keep their keys, so their layers have the whole model's names already; a forward
+    that looks a block's kind up by its position (`layer_types[i]`) sees the same kind
+    there, since the cut is a whole number of groups.
     """
     lst = model.get_submodule(repeat.module)
     original = lst._modules
     keys = list(original)
-    lst.__dict__["_modules"] = {k: original[k] for k in keys[:repeat.traced]}
+    kept = keys[:repeat.traced * repeat.period] + keys[repeat.groups * repeat.period:]
+    lst.__dict__["_modules"] = {k: original[k] for k in kept}
     try:
         yield model
     finally:
@@ -213,26 +266,28 @@ class _Layout:
         self.trailing = self._trailing()
         self.step = self._steps()
 
-    def prefix(self, j: int) -> str:
-        return f"{self.repeat.module}.{j}"
+    def _child(self, path: str) -> int | None:
+        """The index of the list's child a module path, layer or parameter name is in (None: outside the list)."""
+        head = self.repeat.module + "."
+        found = _CHILD.match(path, len(head)) if path.startswith(head) else None
+        return int(found.group(1)) if found else None
 
     def _copy(self, layer: Layer) -> int | None:
         return self._copy_of_path(layer.module)
 
     def _copy_of_path(self, module: str) -> int | None:
-        """The traced copy a module path is in (None: outside the blocks)."""
-        for j in range(self.k):
-            p = self.prefix(j)
-            if module == p or module.startswith(p + "."):
-                return j
-        return None
+        """The traced copy (group) a module path is in (None: outside the traced groups, the rest included)."""
+        c = self._child(module)
+        return None if c is None or c >= self.k * self.repeat.period else c // self.repeat.period
 
     def rename_path(self, path: str, j: int, m: int) -> str:
-        """'model.layers.1.mlp' (copy j=1) -> 'model.layers.7.mlp' (block m=7); other paths unchanged."""
-        p = self.prefix(j)
-        if path == p or path.startswith((p + ".", p + ":")):
-            return self.prefix(m) + path[len(p):]
-        return path
+        """'model.layers.1.mlp' (copy j=1) -> 'model.layers.7.mlp' (block m=7): the child moves m - j groups;
+        other paths unchanged."""
+        c = self._child(path)
+        if c is None or self._copy_of_path(path) != j:
+            return path
+        head = f"{self.repeat.module}.{c}"
+        return f"{self.repeat.module}.{c + (m - j) * self.repeat.period}{path[len(head):]}"
 
     def _steps(self) -> dict[str, int]:
         """Names of each kind one block uses, measured between copies; they must agree everywhere."""
@@ -413,13 +468,10 @@ class _Layout:
 
     def shared(self, full: list[_Unrolled], n: int) -> list[SharedParam]:
         """Shared parameters: a model-level one gains every block that reads it; a block's own, one per block."""
-        def copy_of_param(name: str) -> int | None:
-            return next((j for j in range(self.k) if name.startswith(self.prefix(j) + ".")), None)
-
         out: list[SharedParam] = []
         inserted = False
         for sp in self.graph.shared_params:
-            if copy_of_param(sp.name) is None:
+            if self._copy_of_path(sp.name) is None:
                 users = set(sp.layers)
                 out.append(SharedParam(sp.name, sp.bytes, [u.layer.name for u in full if u.origin.name in users]))
             elif not inserted:
@@ -428,7 +480,7 @@ class _Layout:
                     j = 0 if m == 0 else self.k - 1 if m == n - 1 else 1
                     out.extend(SharedParam(self.rename_path(s.name, j, m), s.bytes,
                                            [self.rename_path(x, j, m) for x in s.layers])
-                               for s in self.graph.shared_params if copy_of_param(s.name) == j)
+                               for s in self.graph.shared_params if self._copy_of_path(s.name) == j)
         return out
 
 
@@ -446,7 +498,7 @@ _BOUNDARY_FIELDS = ("bwd_flops", "saved_bytes")
 
 
 def expand(graph: Graph, repeat: Repeat, module_of: Mapping[str, str] | None = None) -> Graph:
-    """The graph of the whole model (repeat.count blocks) from the one traced with repeat.traced blocks.
+    """The graph of the whole model (repeat.groups blocks) from the one traced with repeat.traced blocks.
 
     Raises NotRepeated when the traced copies do not show one block repeated (see
     `_Layout.check`); the caller then traces the whole model. Times are the traced
@@ -456,7 +508,7 @@ def expand(graph: Graph, repeat: Repeat, module_of: Mapping[str, str] | None = N
     """
     layout = _Layout(graph, repeat, module_of)
     layout.check()
-    n = repeat.count
+    n = repeat.groups
     full = layout.unrolled(n)
     inputs = {name: [u.layer.name for u in full if u.origin.name in readers]
               for name, readers in graph.inputs.items()}
@@ -474,7 +526,7 @@ def expand_node_values(graph: Graph, repeat: Repeat, values: dict[str, Any],
     """Per-node data of the traced program (FLOPs, op families) under the whole model's node names."""
     layout = _Layout(graph, repeat, module_of)
     out: dict[str, Any] = {}
-    for u in layout.unrolled(repeat.count):
+    for u in layout.unrolled(repeat.groups):
         for new, old in zip(u.layer.nodes, u.origin.nodes, strict=True):
             if old in values:
                 out[new] = values[old]
@@ -512,12 +564,12 @@ def measure_once_per_block(model: torch.nn.Module, measure: Callable[[torch.nn.M
     except Exception as e:  # anything: the whole-model trace below is the answer, and says why in a note
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         full = measure(model)
-        full.graph.notes.append(f"{repeat.module} holds {repeat.count} identical blocks, but tracing "
-                                f"{repeat.traced} of them did not stand for all ({reason}); the whole model was traced")
+        full.graph.notes.append(f"{repeat.describe()}, but tracing {repeat.traced_text()} of them did not stand "
+                                f"for all ({reason}); the whole model was traced")
         return full
     graph.source["repeated_blocks"] = repeat.record()
-    graph.notes.append(f"{repeat.module} holds {repeat.count} identical blocks: {repeat.traced} were traced and "
-                       f"the others cloned from them (docs/tracing.md)")
+    graph.notes.append(f"{repeat.describe()}: {repeat.traced_text()} were traced and the others cloned from them "
+                       "(docs/tracing.md)")
     return result
 
 

@@ -37,12 +37,12 @@ def comparable(graph, autocast_in_flight=True):
             if not autocast_in_flight:
                 counts.pop("transient_bytes")
     doc["source"] = {k: v for k, v in doc["source"].items() if k not in ("repeats", "repeated_blocks")}
-    doc["notes"] = [n for n in doc["notes"] if "identical blocks" not in n]
+    doc["notes"] = [n for n in doc["notes"] if "cloned from them" not in n]
     return doc
 
 
 def assert_same_as_full(path, entry="build_model", count=None, batch=2, fvcore_check=True, autocast_in_flight=True,
-                        time_layers=True):
+                        time_layers=True, period=None):
     deduped = trace(str(path), batch, entry=entry, repeats=1, fvcore_check=fvcore_check, time_layers=time_layers)
     full = trace(str(path), batch, entry=entry, repeats=1, fvcore_check=fvcore_check, repeated_blocks=False,
                  time_layers=time_layers)
@@ -50,8 +50,10 @@ def assert_same_as_full(path, entry="build_model", count=None, batch=2, fvcore_c
     assert record is not None and record["traced"] == blocks.TRACED, deduped.notes
     if count is not None:
         assert record["count"] == count
+    assert record.get("period", 1) == (period or 1)
     assert "repeated_blocks" not in full.source
-    assert any("identical blocks" in n and "cloned" in n for n in deduped.notes)
+    assert any(("identical blocks" if period is None else f"a group of {period}") in n and "cloned" in n
+               for n in deduped.notes)
     a, b = comparable(deduped, autocast_in_flight), comparable(full, autocast_in_flight)
     assert [x["name"] for x in a["layers"]] == [x["name"] for x in b["layers"]]
     assert a["edges"] == b["edges"]
@@ -123,6 +125,15 @@ def test_find_repeated_blocks():
     # One different block: not grouped.
     odd = [Layer(window=4 if i == 4 else None) for i in range(6)]
     assert blocks.find_repeated_blocks(Model(odd)).module == "small"
+    # Every second block different: a group of two, when there are at least 4 groups; the rest after them counts.
+    for n, found_module, period in ((8, "layers", 2), (9, "layers", 2), (7, "small", 1)):
+        alternating = blocks.find_repeated_blocks(Model([Layer(window=4 if i % 2 else None) for i in range(n)]))
+        assert (alternating.module, alternating.period) == (found_module, period), n
+    found = blocks.find_repeated_blocks(Model([Layer(window=4 if i % 2 else None) for i in range(9)]))
+    assert (found.count, found.groups, found.rest) == (9, 4, 1)
+    # A pattern that breaks off: not grouped.
+    broken = [Layer(window=4 if i % 2 and i != 5 else None) for i in range(10)]
+    assert blocks.find_repeated_blocks(Model(broken)).module == "small"
     # Weights tied between blocks: not grouped.
     tied = [Layer() for _ in range(6)]
     tied[1].attn.proj.weight = tied[0].attn.proj.weight
@@ -139,6 +150,12 @@ def test_shortened_restores_the_list():
         assert [b.attn.layer_idx for b in model.layers] == [0, 1, 2]
         assert not any(n.startswith("layers.3.") for n, _ in model.named_parameters())
     assert len(model.layers) == 6 and [n for n, _ in model.named_parameters()] == names
+    # Groups of two and one block more: three groups, then the rest under its own key.
+    model = Model([Layer(layer_idx=i, window=4 if i % 2 else None) for i in range(11)])
+    with blocks.shortened(model, blocks.find_repeated_blocks(model)):
+        assert [b.attn.layer_idx for b in model.layers] == [0, 1, 2, 3, 4, 5, 10]
+        assert list(model.layers._modules) == ["0", "1", "2", "3", "4", "5", "10"]
+    assert len(model.layers) == 11
 
 
 # ---- the oracle: the full trace ----------------------------------------------------------------
@@ -192,6 +209,25 @@ def test_hf_bert_matches_full_trace():
 def test_hf_gemma_matches_full_trace():
     """Every layer's activation holds a `functools.partial` of its own (transformers' GELUTanh)."""
     assert_same_as_full(DATA / "blocks_hf_gemma.py", count=6)
+
+
+@pytest.mark.parametrize(("entry", "count", "period"), [("build_alternating", 8, 2), ("build_grouped_rest", 14, 3)])
+def test_blocks_that_repeat_in_groups_match_full_trace(entry, count, period):
+    """Blocks that differ by a rule of their position: a group repeated (every second block, every third), and
+    after the last whole group, two blocks more (the start of another group), traced as they are."""
+    graph = assert_same_as_full(DATA / "blocks_models.py", entry, count=count, period=period)
+    assert len(graph.layers) == 2 + 3 * count
+    plain = len(graph.layer("blocks.0.up").nodes)
+    with_window = [i for i in range(count) if len(graph.layer(f"blocks.{i}.up").nodes) > plain]  # the `h * 0.5`
+    assert with_window == [i for i in range(count) if i % period == period - 1]
+
+
+@needs_hf
+def test_hf_gemma3_alternating_attention_matches_full_trace():
+    """Sliding-window and full attention layer by layer (transformers' `layer_types`), 9 layers: 4 groups of 2 and
+    one more. Traced without weights (the timed path is the small models' above)."""
+    graph = assert_same_as_full(DATA / "blocks_hf_gemma3.py", count=9, period=2, time_layers=False, fvcore_check=False)
+    assert graph.source["repeated_blocks"] == {"module": "model.layers", "count": 9, "traced": 3, "period": 2}
 
 
 def test_code_after_the_loop_ends_the_last_block():

@@ -88,6 +88,16 @@ def build_window():
     return Stack([Block(window=4 if i == 2 else None) for i in range(6)])
 
 
+def build_alternating():
+    """Blocks that alternate (Gemma 2's sliding-window and full attention): a group of 2, repeated 4 times."""
+    return Stack([Block(layer_idx=i, window=4 if i % 2 else None) for i in range(8)])
+
+
+def build_grouped_rest():
+    """Every third block differs (Gemma 3's one full-attention layer in six): 4 groups of 3, then 2 more."""
+    return Stack([Block(layer_idx=i, window=4 if i % 3 == 2 else None) for i in range(14)])
+
+
 def example_inputs(batch_size):
     g = torch.Generator().manual_seed(0)
     return (torch.randn(batch_size, SEQ, WIDTH, generator=g),)
