@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from pipeplan.choices import DTYPES
-from pipeplan.costmodels import blocks, hf_config
+from pipeplan.costmodels import blocks, gpu_attention, hf_config
 from pipeplan.costmodels.autocast_bytes import count_autocast
 from pipeplan.costmodels.dtype_support import unsupported_dtype_as_user_error
 from pipeplan.costmodels.export import (
@@ -274,10 +274,14 @@ def _measure_on(spec: ModelSpec, model: torch.nn.Module, batch_size: int, depth:
     report("counting FLOPs and saved bytes", 0, 1)
     in_flight = InFlight.none_counted(n)
     try:
-        counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n)
-        param_shapes = _param_shapes(model, graph)
-        in_flight = _transient(ep, model, spec, inputs, target, layer_of, graph, param_shapes)
-        count_autocast(ep, model, spec, inputs, target, layer_of, graph, param_shapes)
+        # untimed: the graph is for a catalogue (GPU) profile, so attention is counted as a GPU runs it
+        with gpu_attention.counting_as_gpu(enabled=not time_layers) as replaced:
+            counts = measure.count_pass(ep, model, spec, inputs, target, layer_of, n)
+            param_shapes = _param_shapes(model, graph)
+            in_flight = _transient(ep, model, spec, inputs, target, layer_of, graph, param_shapes)
+            count_autocast(ep, model, spec, inputs, target, layer_of, graph, param_shapes)
+        if (said := gpu_attention.note(replaced)) is not None:
+            graph.notes.append(said)
     except UserError:
         raise
     except Exception as e:  # an op without a fake-tensor implementation: count on real tensors instead
