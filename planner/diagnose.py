@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from pipeplan.costmodels.graph import Graph
-from pipeplan.costmodels.memory import RangeMemory, is_mixed_precision, model_state_bytes
+from pipeplan.costmodels.memory import RangeMemory, gathered_bytes, is_mixed_precision, model_state_bytes
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.dp import partition_dp
@@ -117,8 +117,7 @@ def _hints(view: SearchView, f: Failure, need: int) -> list[str]:
     largest = max(range(one_mb.n), key=lambda i: state_of(one_mb.param_bytes[i], frozen[i]))
     one = state_of(one_mb.param_bytes[largest], frozen[largest])
     if one > cap:
-        hints.append(f"layer {view.graph.layers[largest].name} alone needs {one / GIB:.1f} GiB of weights and "
-                     f"optimizer state: no pipeline split fits it; use a device with more memory or a lighter optimizer")
+        hints.append(_layer_too_big(view, largest, one))
     else:
         want = max(req.devices + 1, math.ceil(req.devices * need / cap), math.ceil(state / cap))
         hints.append(f"more devices (about {want})")
@@ -135,6 +134,29 @@ def _hints(view: SearchView, f: Failure, need: int) -> list[str]:
     if req.mixed_precision == "autocast" and is_mixed_precision(req.training_dtype):
         hints.append("--mixed-precision megatron or deepspeed if the plan is for that framework (16-bit activations)")
     return hints
+
+
+def _layer_too_big(view: SearchView, i: int, state_bytes: int) -> str:
+    """The hint for a layer whose weights and optimizer state alone exceed a device: where ZeRO-3 may shard them,
+    what it still gathers whole to compute that layer (`gathered_bytes`), and so whether it would fit at all."""
+    req, cap = view.request, int(view.profile.usable_memory_bytes)
+    layer = view.graph.layers[i]
+    text = (f"layer {layer.name} alone needs {state_bytes / GIB:.1f} GiB of weights and optimizer state: no pipeline "
+            "split fits it")
+    if req.sharding not in ("auto", "zero3") or req.devices < 2 or req.schedule in ("pipedream", "pipedream-2bw"):
+        return text + "; use a device with more memory or a lighter optimizer"
+    one_mb = view.problem(1, False)
+    trainable = one_mb.param_bytes[i] - one_mb.frozen[i]
+    held = gathered_bytes(trainable, optimizer=req.optimizer, dtype=req.training_dtype,
+                          mixed_precision=req.mixed_precision, sharding="zero3")
+    if held >= cap:
+        return (text + f"; ZeRO-3 shards its state over replicas but gathers it to compute, {held / GIB:.1f} GiB of "
+                "full-size weights and gradients (its weights and the next layer's, prefetched, and its gradients): "
+                "a layer this size has to be split inside (tensor or expert parallelism, which pipeplan does not plan) "
+                "or needs a device with more memory")
+    replicas = math.ceil(state_bytes / (cap - held))
+    return (text + f"; ZeRO-3 over at least {replicas} replicas would hold its share beside the {held / GIB:.1f} GiB "
+            "it gathers to compute")
 
 
 def infeasible_message(view: SearchView, lead: str | None = None) -> tuple[str, str]:

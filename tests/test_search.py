@@ -23,6 +23,7 @@ from pipeplan.planner.problem import build_problem
 from pipeplan.planner.replay import simulate_plan
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.search import search
+from pipeplan.units import GIB
 from search_fixtures import assert_range_memory_is_stage_memory, gpt_like, profile
 
 
@@ -542,3 +543,31 @@ def test_a_fixed_replica_count_bounds_the_stages_by_the_devices():
         search(g, profile(12), PlanRequest(devices=2, **req))
     four = search(g, profile(12), PlanRequest(devices=4, **req)).best
     assert (len(four.stages), four.data_parallel, four.devices) == (2, 2, 4)
+
+
+def test_a_layer_too_big_for_a_device_says_what_zero3_would_hold():
+    """A layer whose weights and Adam state (4 x its fp32 bytes P) exceed a device: ZeRO-3 shards that over replicas
+    but gathers the layer to compute, its weights twice (the prefetch) and its gradients: 3P in fp32. Where 3P fits,
+    the hint's replica count is the least that holds the layer's share beside it (checked by searching one-layer
+    models at that count and one fewer); where it does not, no count does."""
+    p = int(0.2 * GIB)
+    request = {"batch_size": 30, "optimizer": "adam", "dtype": "fp32", "schedule": "gpipe", "sharding": "zero3"}
+    with pytest.raises(InfeasibleError) as ei:
+        search(uniform_graph(n=4, params=p), profile(0.75), PlanRequest(devices=2, **request))
+    held = 3 * p / GIB
+    assert f"alone needs {4 * p / GIB:.1f} GiB" in ei.value.hint
+    m = re.search(rf"ZeRO-3 over at least (\d+) replicas would hold its share beside the {held:.1f} GiB", ei.value.hint)
+    assert m, ei.value.hint
+    replicas = int(m.group(1))
+    assert replicas == 6  # ceil(4P / (0.75 GiB - 3P))
+    search(uniform_graph(n=1, params=p), profile(0.75), PlanRequest(devices=replicas, **request))
+    with pytest.raises(InfeasibleError):
+        search(uniform_graph(n=1, params=p), profile(0.75), PlanRequest(devices=replicas - 1, **request))
+    # 3P over the device: splitting inside the layer, which pipeplan does not plan
+    with pytest.raises(InfeasibleError) as ei:
+        search(uniform_graph(n=4, params=p), profile(0.55), PlanRequest(devices=2, **request))
+    assert f"gathers it to compute, {held:.1f} GiB" in ei.value.hint and "expert parallelism" in ei.value.hint
+    # no sharding asked for: the hint says what does not need it
+    with pytest.raises(InfeasibleError) as ei:
+        search(uniform_graph(n=4, params=p), profile(0.75), PlanRequest(devices=2, **{**request, "sharding": "none"}))
+    assert "use a device with more memory or a lighter optimizer" in ei.value.hint
