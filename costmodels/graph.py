@@ -11,12 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from pipeplan._io import atomic_write_json, check_format, read_json
 from pipeplan.errors import UserError
+
+_COUNTER = re.compile(r"_\d+$")  # torch.fx's per-name counter (`linear_7`; torch/fx/graph.py, _Namespace)
 
 if TYPE_CHECKING:
     import networkx as nx  # no type information: DiGraph is Any to mypy
@@ -275,6 +278,23 @@ class Graph:
         structure = {
             "layers": [[l.name, l.nodes, sorted(l.params)] for l in self.layers],
             "edges": sorted([e.src, e.dst, sorted(e.tensors)] for e in self.edges),
+        }
+        blob = json.dumps(structure, sort_keys=True, separators=(",", ":")).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()[:32]
+
+    def op_fingerprint(self) -> str:
+        """`fingerprint` without torch.fx's name counters: layer names, each layer's op kinds in order and its
+        parameters, and which layers feed which, with how many tensors.
+
+        Why a second hash: node names count each kind of op over the whole program (`linear_7`), so a model whose
+        code runs two alike computations in an order Python's string hashing picks anew in every process (Gemma
+        3's forward computes the rotary embedding once per attention kind, iterating `set(config.layer_types)`)
+        numbers its ops differently from one process to the next; the runtime accepts a plan whose graph differs from its own
+        export only so (runtime/worker.py), since it cuts the program by layer names.
+        """
+        structure = {
+            "layers": [[l.name, [_COUNTER.sub("", n) for n in l.nodes], sorted(l.params)] for l in self.layers],
+            "edges": sorted([e.src, e.dst, len(e.tensors)] for e in self.edges),
         }
         blob = json.dumps(structure, sort_keys=True, separators=(",", ":")).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()[:32]

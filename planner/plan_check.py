@@ -77,7 +77,7 @@ def _check_descriptive(f: Fields, doc: dict[str, Any], graph: dict[str, Any]) ->
         f.mapping(alt, f"alternatives[{i}]")
     f.strings(doc.get("notes", []), "notes")
     f.mapping(doc.get("solver", {}), "solver")
-    for key in ("model_file", "entry", "name"):
+    for key in ("model_file", "entry", "name", "op_fingerprint"):
         f.optional_string(graph.get(key), f"graph.{key}")
     f.string(f.require(graph, "fingerprint", "graph.fingerprint"), "graph.fingerprint")
     if graph.get("trace_batch_size") is not None:

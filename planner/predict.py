@@ -72,6 +72,7 @@ def graph_summary(graph: Graph) -> dict[str, Any]:
     src = graph.source or {}
     return {
         "fingerprint": graph.fingerprint(),
+        "op_fingerprint": graph.op_fingerprint(),  # the runtime's second chance (Graph.op_fingerprint)
         "name": graph.name,
         "model_file": src.get("model_file"),
         "entry": src.get("entry"),

@@ -361,7 +361,8 @@ def load_split_model(plan) -> tuple[Any, Any, Split]:
     torch.manual_seed(SEED)
     model = spec.build()
     ep, graph = export_structure(spec, plan.microbatch_size, depth=plan.graph.get("depth"), model=model)
-    if graph.fingerprint() != plan.graph["fingerprint"] and not _same_layers_at_another_batch(plan, graph):
+    if (graph.fingerprint() != plan.graph["fingerprint"] and graph.op_fingerprint() != plan.graph.get("op_fingerprint")
+            and not _same_layers_at_another_batch(plan, graph)):
         raise UserError(
             f"the model in {plan.graph['model_file']} no longer matches the plan (graph fingerprint "
             f"{graph.fingerprint()} != {plan.graph['fingerprint']})",
