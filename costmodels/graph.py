@@ -21,6 +21,11 @@ from pipeplan.errors import UserError
 
 _COUNTER = re.compile(r"_\d+$")  # torch.fx's per-name counter (`linear_7`; torch/fx/graph.py, _Namespace)
 
+
+def _structure_hash(structure: dict[str, Any]) -> str:
+    blob = json.dumps(structure, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest()[:32]
+
 if TYPE_CHECKING:
     import networkx as nx  # no type information: DiGraph is Any to mypy
 
@@ -275,12 +280,10 @@ class Graph:
         The runtime re-exports the model at the microbatch size and compares this,
         so batch size, bytes and timings are deliberately left out.
         """
-        structure = {
+        return _structure_hash({
             "layers": [[l.name, l.nodes, sorted(l.params)] for l in self.layers],
             "edges": sorted([e.src, e.dst, sorted(e.tensors)] for e in self.edges),
-        }
-        blob = json.dumps(structure, sort_keys=True, separators=(",", ":")).encode()
-        return "sha256:" + hashlib.sha256(blob).hexdigest()[:32]
+        })
 
     def op_fingerprint(self) -> str:
         """`fingerprint` without torch.fx's name counters: layer names, each layer's op kinds in order and its
@@ -289,15 +292,13 @@ class Graph:
         Why a second hash: node names count each kind of op over the whole program (`linear_7`), so a model whose
         code runs two alike computations in an order Python's string hashing picks anew in every process (Gemma
         3's forward computes the rotary embedding once per attention kind, iterating `set(config.layer_types)`)
-        numbers its ops differently from one process to the next; the runtime accepts a plan whose graph differs from its own
-        export only so (runtime/worker.py), since it cuts the program by layer names.
+        numbers its ops differently from one process to the next; the runtime accepts a plan whose graph differs
+        from its own export only so (runtime/worker.py), since it cuts the program by layer names.
         """
-        structure = {
+        return _structure_hash({
             "layers": [[l.name, [_COUNTER.sub("", n) for n in l.nodes], sorted(l.params)] for l in self.layers],
             "edges": sorted([e.src, e.dst, len(e.tensors)] for e in self.edges),
-        }
-        blob = json.dumps(structure, sort_keys=True, separators=(",", ":")).encode()
-        return "sha256:" + hashlib.sha256(blob).hexdigest()[:32]
+        })
 
     # ---- JSON ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
