@@ -4,8 +4,8 @@ Saved bytes and tensors in flight are counted by running the exported program on
 CPU tensors, so `F.scaled_dot_product_attention` takes the CPU's path. Where the value
 head size differs from the query's (multi-head latent attention: DeepSeek-V2/V3, Kimi K2,
 192 against 128), the CPU has no fused kernel (torch's CPU flash attention wants one head
-size) and runs the unfused math, which materializes and saves two score matrices per head
-(batch x heads x seq x seq, twice): 2 GiB a layer for DeepSeek-V3 at 2,048 tokens in fp32.
+size) and runs the unfused math, which materializes the attention probabilities and saves
+them (batch x heads x seq x seq): 2 GiB a layer for DeepSeek-V3 at 2,048 tokens in fp32.
 A GPU runs it fused (torch's memory-efficient kernel takes a value head size of its own,
 sdp_utils.cpp `check_head_dim_size_mem_efficient`), which saves queries, keys, values, the
 output and a log-sum-exp per row, and recomputes the scores in backward. A graph traced

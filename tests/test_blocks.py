@@ -213,8 +213,8 @@ def test_hf_gemma_matches_full_trace():
 
 @pytest.mark.parametrize(("entry", "count", "period"), [("build_alternating", 8, 2), ("build_grouped_rest", 14, 3)])
 def test_blocks_that_repeat_in_groups_match_full_trace(entry, count, period):
-    """Blocks that differ by a rule of their position: a group repeated (every second block, every third), and
-    after the last whole group, two blocks more (the start of another group), traced as they are."""
+    """Blocks that differ by a rule of their position: a group repeated (every second block, every third); the
+    groups of three end in two blocks more (the start of another group), traced as they are."""
     graph = assert_same_as_full(DATA / "blocks_models.py", entry, count=count, period=period)
     assert len(graph.layers) == 2 + 3 * count
     plain = len(graph.layer("blocks.0.up").nodes)
