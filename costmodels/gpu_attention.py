@@ -1,18 +1,21 @@
 """Attention counted as a GPU runs it, where the CPU would run another algorithm: for graphs planned on GPUs.
 
 Saved bytes and tensors in flight are counted by running the exported program on fake
-CPU tensors, so `F.scaled_dot_product_attention` takes the CPU's path. Where the value
-head size differs from the query's (multi-head latent attention: DeepSeek-V2/V3, Kimi K2,
-192 against 128), the CPU has no fused kernel (torch's CPU flash attention wants one head
-size) and runs the unfused math, which materializes the attention probabilities and saves
-them (batch x heads x seq x seq): 2 GiB a layer for DeepSeek-V3 at 2,048 tokens in fp32.
-A GPU runs it fused (torch's memory-efficient kernel takes a value head size of its own,
-sdp_utils.cpp `check_head_dim_size_mem_efficient`), which saves queries, keys, values, the
-output and a log-sum-exp per row, and recomputes the scores in backward. A graph traced
-for a catalogue profile (untimed, `trace.py`) counts that kernel instead, on the same fake
-tensors (its meta kernels and autograd formula are torch's), so its memory is the GPU's.
-FLOPs follow: the fused backward's recomputation is counted (flop_counter's formula), as
-it is for every other model's fused attention (measure.py's CPU flash formulas).
+CPU tensors, so `F.scaled_dot_product_attention` takes the CPU's path. The CPU's fused
+kernel (torch's flash attention for the CPU) takes neither dropout nor a value head size
+other than the query's, so for attention with dropout in training (Hugging Face's GPT-2,
+BERT, RoBERTa: 0.1) or with narrower value heads (multi-head latent attention: DeepSeek-V2/V3,
+Kimi K2, 128 against 192) it runs the unfused math, which materializes the attention
+probabilities and saves them (batch x heads x seq x seq; with dropout, the dropped ones
+too): 2 GiB a layer for DeepSeek-V3 at 2,048 tokens in fp32. A GPU runs both fused (torch's
+flash and memory-efficient kernels take dropout, and the memory-efficient one a value head
+size of its own, sdp_utils.cpp `check_head_dim_size_mem_efficient`), saving queries, keys,
+values, the output, a log-sum-exp per row and the dropout RNG's state, and recomputing the
+scores in backward. A graph traced for a catalogue profile (untimed, `trace.py`) counts the
+memory-efficient kernel instead, on the same fake tensors (its meta kernels and autograd
+formula are torch's), so its memory is the GPU's. FLOPs follow: the fused backward's
+recomputation is counted (flop_counter's formula), as it is for every other model's fused
+attention (measure.py's CPU flash formulas).
 """
 
 from __future__ import annotations
@@ -26,14 +29,14 @@ import torch
 
 aten = torch.ops.aten
 
-# Set while counting for a GPU: a list that collects one (query head size, value head size) per attention replaced.
-_REPLACED: ContextVar[list[tuple[int, int]] | None] = ContextVar("gpu_attention", default=None)
+# Set while counting for a GPU: a list that collects why, for each attention replaced ("dropout 0.1", ...).
+_REPLACED: ContextVar[list[str] | None] = ContextVar("gpu_attention", default=None)
 
 
 @contextlib.contextmanager
-def counting_as_gpu(enabled: bool = True) -> Iterator[list[tuple[int, int]]]:
+def counting_as_gpu(enabled: bool = True) -> Iterator[list[str]]:
     """Within it, `call` runs attention the CPU would leave unfused as a GPU's fused kernel; yields what it did."""
-    replaced: list[tuple[int, int]] = []
+    replaced: list[str] = []
     token = _REPLACED.set(replaced if enabled else None)
     try:
         yield replaced
@@ -50,26 +53,26 @@ def call(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                       args, strict=False))
     params.update(kwargs)
     q, k, v = params["query"], params["key"], params["value"]
-    if (v.shape[-1] == q.shape[-1] or k.shape[-1] != q.shape[-1] or params.get("enable_gqa", False)
-            or k.shape[-3] != q.shape[-3]):
+    dropout_p = float(params.get("dropout_p", 0.0))
+    why = [f"dropout {dropout_p:g}"] if dropout_p > 0 else []
+    if v.shape[-1] != q.shape[-1]:
+        why.append(f"value heads {v.shape[-1]} wide against {q.shape[-1]}")
+    if not why or k.shape[-1] != q.shape[-1] or params.get("enable_gqa", False) or k.shape[-3] != q.shape[-3]:
         return target(*args, **kwargs)  # the CPU fuses it too, or the GPU kernel would not take it as it is
     mask = params.get("attn_mask")
     if mask is not None and mask.dtype == torch.bool:  # torch's own conversion (convert_boolean_attn_mask)
         mask = torch.zeros_like(mask, dtype=q.dtype).masked_fill(mask.logical_not(), float("-inf"))
     out = aten._scaled_dot_product_efficient_attention(
         q, k, v, mask, compute_log_sumexp=q.requires_grad or k.requires_grad or v.requires_grad,
-        dropout_p=float(params.get("dropout_p", 0.0)), is_causal=bool(params.get("is_causal", False)),
-        scale=params.get("scale"))[0]
-    replaced.append((int(q.shape[-1]), int(v.shape[-1])))
+        dropout_p=dropout_p, is_causal=bool(params.get("is_causal", False)), scale=params.get("scale"))[0]
+    replaced.append(", ".join(why))
     return out
 
 
-def note(replaced: list[tuple[int, int]]) -> str | None:
+def note(replaced: list[str]) -> str | None:
     """The graph note saying attention was counted as a GPU's fused kernel (None when none was)."""
     if not replaced:
         return None
-    sizes = sorted(set(replaced))
-    heads = ", ".join(f"{v} against {q}" for q, v in sizes)
-    return (f"attention with a value head size other than the query's ({heads}) has no fused kernel on the CPU; "
-            f"its saved bytes are counted as a GPU's fused kernel keeps them (no score matrices; "
-            f"costmodels/gpu_attention.py), as this untimed graph is for a catalogue profile")
+    return (f"attention the CPU runs unfused ({'; '.join(sorted(set(replaced)))}) is counted as a GPU's fused kernel "
+            "keeps it (no score matrices saved; costmodels/gpu_attention.py), as this untimed graph is for a "
+            "catalogue profile")

@@ -24,6 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeplan.cli.main import cli
+from pipeplan.costmodels import gpu_attention
 from pipeplan.costmodels.graph import Graph, load_graph
 from pipeplan.costmodels.model_file import OutOfMemory, load_model_file
 from pipeplan.costmodels.trace import trace
@@ -53,10 +54,15 @@ SEQ_ENV = {"build_gpt2_small": {"PIPEPLAN_GPT_SEQ": "128"}}
 
 
 def traced(name: str, entry: str, batch: int, *, time_layers: bool) -> Graph:
+    """The example traced; a timed (real) trace counts attention as the weight-free one does, as a GPU runs it
+    (Hugging Face GPT-2's attention dropout: costmodels/gpu_attention.py; test_gpu_attention.py holds the CPU's
+    path apart), so the two differ only in what weights and timing change."""
     key = (name, entry, batch, time_layers)
     if key not in _cache:
         repeats = 1 if time_layers else None
-        with mock.patch.dict(os.environ, SEQ_ENV.get(entry, {})):
+        as_gpu = gpu_attention.counting_as_gpu
+        with (mock.patch.dict(os.environ, SEQ_ENV.get(entry, {})),
+              mock.patch.object(gpu_attention, "counting_as_gpu", lambda enabled=True: as_gpu(True))):
             _cache[key] = trace(str(EXAMPLES / f"{name}.py"), batch, entry=entry, repeats=repeats,
                                 time_layers=time_layers)
     return _cache[key]

@@ -1,6 +1,7 @@
 """Attention whose value heads are narrower than its query and key heads (DeepSeek's multi-head latent attention:
 192 against 128), for tests/test_gpu_attention.py. `Core` runs F.scaled_dot_product_attention alone, so its layer
-holds exactly what attention saves; V_DIM = Q_DIM gives the same model with one head size."""
+holds exactly what attention saves; V_DIM = Q_DIM gives the same model with one head size, and DROPOUT attention
+dropout in training (Hugging Face's GPT-2 and BERT: 0.1)."""
 
 import os
 
@@ -10,11 +11,12 @@ import torch.nn.functional as F
 
 HEADS, Q_DIM, SEQ, WIDTH = 4, 24, 64, 32
 V_DIM = int(os.environ.get("PIPEPLAN_TEST_V_DIM", "16"))
+DROPOUT = float(os.environ.get("PIPEPLAN_TEST_DROPOUT", "0"))
 
 
 class Core(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=DROPOUT if self.training else 0.0)
 
 
 class LatentAttention(nn.Module):
