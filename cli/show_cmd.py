@@ -59,7 +59,7 @@ def show(plan_file, graph_file, as_json, plot, chrome_trace):
     from pipeplan.cli.summary import graph_summary, plan_graph_summary, profile_summary
     from pipeplan.cli.workflow import load_profile, load_saved_graph, write_outputs
     from pipeplan.errors import UserError
-    from pipeplan.planner.plan import load_plan
+    from pipeplan.planner.plan import load_plan, planned_from
 
     check_output_paths(plot=plot, chrome_trace=chrome_trace)
     plan = load_plan(plan_file)
@@ -67,7 +67,7 @@ def show(plan_file, graph_file, as_json, plot, chrome_trace):
     if graph_file:
         graph = load_saved_graph(graph_file)
         want = plan.graph.get("fingerprint")
-        if want and graph.fingerprint() != want:
+        if want and not planned_from(graph, plan.graph):
             raise UserError(
                 f"{graph_file} is not the graph {plan_file} was planned from (fingerprint {graph.fingerprint()} != {want})",
                 "pass the graph.json the plan was made from, or drop --graph",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeplan._io import atomic_write_json, check_format, read_json
 from pipeplan.choices import (
@@ -31,6 +31,9 @@ from pipeplan.choices import (
 )
 from pipeplan.errors import UserError
 from pipeplan.schedules import ScheduleName, facts, runs_block_checkpoints
+
+if TYPE_CHECKING:
+    from pipeplan.costmodels.graph import Graph
 
 __all__ = ["PLAN_FORMAT", "Plan", "Stage", "StagePrediction", "Prediction", "load_plan"]
 
@@ -207,6 +210,14 @@ class Plan:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         atomic_write_json(path, self.to_dict())
+
+
+def planned_from(graph: Graph, plan_graph: dict[str, Any]) -> bool:
+    """Whether `graph` is the model a plan (its `graph` summary) was made from: the same fingerprint, or the same
+    structure with its ops numbered in another order (`Graph.op_fingerprint`: a model whose export numbers its ops
+    anew in each process, as Gemma 3's does; plans written before it existed have the exact check alone)."""
+    return (graph.fingerprint() == plan_graph.get("fingerprint")
+            or graph.op_fingerprint() == plan_graph.get("op_fingerprint"))
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:

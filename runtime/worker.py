@@ -354,6 +354,7 @@ def load_split_model(plan) -> tuple[Any, Any, Split]:
     """
     from pipeplan.costmodels.model_file import load_model_file
     from pipeplan.costmodels.trace import export_structure
+    from pipeplan.planner.plan import planned_from
     from pipeplan.planner.problem import checkpoint_units
 
     spec = load_model_file(plan.graph["model_file"], plan.graph.get("entry") or "build_model",
@@ -361,8 +362,7 @@ def load_split_model(plan) -> tuple[Any, Any, Split]:
     torch.manual_seed(SEED)
     model = spec.build()
     ep, graph = export_structure(spec, plan.microbatch_size, depth=plan.graph.get("depth"), model=model)
-    if (graph.fingerprint() != plan.graph["fingerprint"] and graph.op_fingerprint() != plan.graph.get("op_fingerprint")
-            and not _same_layers_at_another_batch(plan, graph)):
+    if not planned_from(graph, plan.graph) and not _same_layers_at_another_batch(plan, graph):
         raise UserError(
             f"the model in {plan.graph['model_file']} no longer matches the plan (graph fingerprint "
             f"{graph.fingerprint()} != {plan.graph['fingerprint']})",
