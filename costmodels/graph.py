@@ -19,15 +19,16 @@ from typing import TYPE_CHECKING, Any
 from pipeplan._io import atomic_write_json, check_format, read_json
 from pipeplan.errors import UserError
 
+if TYPE_CHECKING:
+    import networkx as nx  # no type information: DiGraph is Any to mypy
+
 _COUNTER = re.compile(r"_\d+$")  # torch.fx's per-name counter (`linear_7`; torch/fx/graph.py, _Namespace)
 
 
 def _structure_hash(structure: dict[str, Any]) -> str:
+    """The fingerprints' hash of a JSON-able structure."""
     blob = json.dumps(structure, sort_keys=True, separators=(",", ":")).encode()
     return "sha256:" + hashlib.sha256(blob).hexdigest()[:32]
-
-if TYPE_CHECKING:
-    import networkx as nx  # no type information: DiGraph is Any to mypy
 
 GRAPH_FORMAT = "pipeplan.graph/v1"
 # Layer.autocast: the devices whose torch.autocast lists a trace replays, and the byte counts it keeps for each

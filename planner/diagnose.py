@@ -117,7 +117,7 @@ def _hints(view: SearchView, f: Failure, need: int) -> list[str]:
     largest = max(range(one_mb.n), key=lambda i: state_of(one_mb.param_bytes[i], frozen[i]))
     one = state_of(one_mb.param_bytes[largest], frozen[largest])
     if one > cap:
-        hints.append(_layer_too_big(view, largest, one))
+        hints.append(_layer_too_big(view, one_mb, largest, one))
     else:
         want = max(req.devices + 1, math.ceil(req.devices * need / cap), math.ceil(state / cap))
         hints.append(f"more devices (about {want})")
@@ -136,7 +136,7 @@ def _hints(view: SearchView, f: Failure, need: int) -> list[str]:
     return hints
 
 
-def _layer_too_big(view: SearchView, i: int, state_bytes: int) -> str:
+def _layer_too_big(view: SearchView, one_mb: Problem, i: int, state_bytes: int) -> str:
     """The hint for a layer whose weights and optimizer state alone exceed a device: where ZeRO-3 may shard them,
     what it still gathers whole to compute that layer (`gathered_bytes`), and so whether it would fit at all."""
     req, cap = view.request, int(view.profile.usable_memory_bytes)
@@ -145,9 +145,7 @@ def _layer_too_big(view: SearchView, i: int, state_bytes: int) -> str:
             "split fits it")
     if req.sharding not in ("auto", "zero3") or req.devices < 2 or req.schedule in ("pipedream", "pipedream-2bw"):
         return text + "; use a device with more memory or a lighter optimizer"
-    one_mb = view.problem(1, False)
-    trainable = one_mb.param_bytes[i] - one_mb.frozen[i]
-    held = gathered_bytes(trainable, optimizer=req.optimizer, dtype=req.training_dtype,
+    held = gathered_bytes(one_mb.trainable[i], optimizer=req.optimizer, dtype=req.training_dtype,
                           mixed_precision=req.mixed_precision, sharding="zero3")
     if held >= cap:
         return (text + f"; ZeRO-3 shards its state over replicas but gathers it to compute, {held / GIB:.1f} GiB of "
