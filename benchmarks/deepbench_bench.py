@@ -198,7 +198,12 @@ channel in one thread block (PyTorch's Normalization.cuh, Torch7's cunn SpatialB
 bandwidth depends on how many channels and how many elements per channel a layer has: cunn's kernel, forward and
 backward at batch 64 on a Maxwell Titan X (soumith/cudnn.torch#100), took 2.5-2.6 ms per 12.8M elements at
 128-512 channels, 3.7 ms at 64 channels and 4.8 ms at 16. Landing the backward rates together with a price for
-that is the next step; alone they trade one error for a larger one. Per channel count instead (after the 7x7
+that is the next step; alone they trade one error for a larger one. The batch-norm price has since landed alone
+(the published table's item 15: the GP102 profiles' `channel_factors.norm`, from these cunn times): the fit stays at
+0.58 and its worst row goes from 26% to 20%. With the backward rates as well (0.72 and 0.88 on the GP102 profiles;
+tried, not kept), the fit moves to 0.68 with its median |log ratio| 0.052 against 0.045, its worst row 14%, and
+torchgpipe's held-out rows read median 5.7%, worst 11% (5.2% and 17% without): a better worst case for a worse
+median, from rates that would need a reason to hold on GP102 alone. Per channel count instead (after the 7x7
 change: each card's medians above as the profile's `channel_factors`, forward and backward by kind, the
 mechanism the H200's calibration uses, and their mean for the P40), the Pascal fit's minimum moves to 0.62 with
 its median |log ratio| unchanged (0.043 against 0.045), VGG on the Titan X Pascal falls to 0.74-0.80 (its

@@ -196,33 +196,46 @@ pipeline8); the one-GPU pipeline rows read 1.04 and 1.00 only because two errors
    joined them), and the split torchgpipe tuned for 8
    P40s now prices more evenly (stage compute 51-134 ms a microbatch, 45-134 before: its 6x6 stage was the
    one priced at half the others).
+15. *Batch norms with few channels.* An NCHW batch norm reduces each channel in one thread block (torch cunn's
+   BatchNormalization.cu launches `blocks(input.getSize(1))`, as PyTorch's Normalization.cuh does for its
+   statistics), so a layer of 64 channels keeps only a few blocks on each multiprocessor and leaves bandwidth
+   idle. cunn's kernel, timed forward and backward at batch 64 on a Maxwell Titan X (soumith/cudnn.torch#100),
+   took 1.45x as long per element at 64 channels as at 128-512, and 1.89x at 16. `trace` now records a
+   channels-first batch norm's channels (the norm part's `channels`; 0 for channels-last, layer, group and
+   instance norms), and the three GP102 profiles carry those times as `channel_factors.norm` on the memory
+   efficiency (0.53 at 16 channels, 0.69 at 64, 1 from 128). cnn-benchmarks runs cuDNN's batch norm
+   (cudnn.convert), whose kernels are not public; the factors are cunn's, taken as they are (judgement). Every
+   ResNet's stem and first stage are 64 channels, a larger share of the small ones: resnet18 1.18 and 1.26 ->
+   1.12 and 1.20, resnet34 1.12 and 1.14 -> 1.08 and 1.10, resnet50 1.11-1.12 -> 1.09-1.10, the deeper ones
+   within 0.01; VGG has no batch norm and the U-Net instance norms (one block per sample and channel), so they do
+   not move; torchgpipe's ResNet-101 rows move 0.00-0.07 down (pipeline-8 1.01 -> 0.94). The Pascal fit's
+   minimum stays at 0.58 (median |log ratio| 0.045 with and without; its worst row 26% -> 20%; torchgpipe held
+   out: 5.2%, worst 17%). Profiles other than GP102 have no such factors: pipeplan has not measured a batch norm
+   by channel count on the kernels the V100 and A100 rows ran (cuDNN 7-8, PyTorch's channels-last kernels).
 
 Still missing (the rows above 1.15 or below 0.85):
-- *Small ResNets on Pascal.* ResNet-18 reads 1.18-1.26, ResNet-34 and -50 1.11-1.14, the deeper ones
-  0.99-1.02. cnn-benchmarks times forward and backward apart (the "Forward and backward apart" table above):
-  the miss is mostly in the backward, a roughly fixed 4-9 ms in ResNet-18, -34 and -50 (0.6-1.7 ms in their
-  forwards), against -4 to +5 ms for VGG and the deeper ResNets (before 14: 6-10 ms and 1.5-2.3 ms). A fixed
-  cost in what the three share fits the stem: its
+- *Small ResNets on Pascal.* ResNet-18 reads 1.12-1.20, ResNet-34 and -50 1.08-1.10, the deeper ones
+  0.98-1.01. cnn-benchmarks times forward and backward apart (the "Forward and backward apart" table above):
+  the miss is in the backward, a roughly fixed 3.4-4.7 ms in ResNet-18 and -34 and 8 ms in ResNet-50 (at most
+  1.1 ms in their forwards), against -4 to +5 ms for VGG and the deeper ResNets (before 15: 4.2-5.6 and 9 ms).
+  A fixed cost in what the three share fits the stem: its
   7x7 convolution over 3 input channels is a GEMM with a reduction of only 147 (forward, weight gradient), but
   Torch7 + cuDNN's per-layer times of a 3-channel first layer (soumith/convnet-benchmarks,
   torch7/layerwise_benchmarks/output.log, 11x11 over 3 channels on a Maxwell Titan X) put its forward near 60%
   of peak and its weight gradient at 1.07x its forward, as priced: under 0.2 ms here. Differences between rows
-  place the miss: ResNet-34 minus ResNet-18 (its extra basic blocks at every resolution) is predicted 0.0-0.6
-  ms under the published backward difference of 12.3-13.2 ms, where ResNet-18 alone misses 4.2-5.6, so most
-  of the miss is in what every ResNet shares (the stem's batch norm, ReLU and pooling over 64x112x112, the
-  stage transitions, the head), not a per-block cost of small 3x3 convolutions (14 has priced those at the
-  implicit GEMM's rate since). The high-resolution
-  blocks, whose batch norms have 64-256 channels, are the other candidate:
-  PyTorch's NCHW batch-norm kernels reduce one channel per thread block (Normalization.cuh,
-  `blocks(input.size(1))`), so few channels would mean a poorly filled GPU; cuDNN's kernels, which Torch7 ran,
-  are not public. DeepBench's per-kernel times on these GPUs (RESULTS, "Per kernel: DeepBench's convolutions")
-  show the convolutions' backward priced too fast (their backward kernels run below the forward's FLOP rate:
-  1x1 ones at 0.66-0.72 on every GPU, 3x3 ones at 0.75-1.10 by cuDNN version), which the 0.58 partly stands
-  in for; priced at those rates, the fit moves to 0.82 and the ResNets' memory-bound layers carry the miss
-  (resnet18/1080ti 1.46, before 14). The deeper ResNets show that one
+  place the miss: ResNet-34 minus ResNet-18 (its extra basic blocks at every resolution) is predicted within
+  0.4 ms of the published backward difference (12.3-13.2 ms), so most of it is in what every ResNet shares (the stem's batch
+  norm, ReLU and pooling over 64x112x112, the stage transitions, the head), not a per-block cost of small 3x3
+  convolutions (14 has priced those at the implicit GEMM's rate since). 15 prices the 64-channel batch norms
+  at cunn's rate; cuDNN's, which Torch7 ran, may be slower still at 64 channels (cuDNN 4's took 2.4x cunn's
+  there in the same issue; cuDNN 5.1's are not published). DeepBench's per-kernel times on these GPUs (RESULTS,
+  "Per kernel: DeepBench's convolutions") show the convolutions' backward priced too fast (their backward
+  kernels run below the forward's FLOP rate: 1x1 ones at 0.66-0.72 on every GPU, 3x3 ones at 0.75-1.10 by cuDNN
+  version), which the 0.58 partly stands in for; priced at those rates, the fit moves to 0.82 and the ResNets'
+  memory-bound layers carry the miss (resnet18/1080ti 1.46, before 14). The deeper ResNets show that one
   memory efficiency cannot be right for every layer either:
-  ResNet-101 minus ResNet-50 (17 more 14x14 blocks of 1024 channels) is predicted at 61.5 ms per batch against
-  52.9 published (+16%, Titan X), ResNet-152 minus ResNet-101 at +8%. Telling which needs per-layer CUDA times.
+  ResNet-101 minus ResNet-50 (17 more 14x14 blocks of 1024 channels) is predicted at 61.3 ms per batch against
+  53.0 published (+16%, Titan X), ResNet-152 minus ResNet-101 at +8%. Telling which needs per-layer CUDA times.
 - *torchgpipe's U-Net at 8 stages* (1.17, the worst of its rows): with
   torchgpipe's split the predicted stages are unequal (51 to 134 ms per microbatch); either the split
   torchgpipe tuned on P40s is as unequal as predicted, or per-layer costs at the extremes (the encoder's and

@@ -420,6 +420,26 @@ def _conv_channels(node: torch.fx.Node) -> int:
         return 0
 
 
+def _batch_norm_channels(node: torch.fx.Node) -> int:
+    """A batch norm's channel count where its input is laid out channels-first (N, C, ...), else 0 (a channels-last
+    input, a layer or group norm, a shape not known).
+
+    Why: NCHW batch norm kernels reduce each channel in one thread block (torch's cunn BatchNormalization.cu and its
+    ports launch `blocks(input.getSize(1))`), so a layer with few channels leaves the GPU's bandwidth idle
+    (part_costs.channel_factor). A channels-last batch norm reduces across channels, block by block of positions.
+    """
+    first = node.args[0] if node.args else None
+    x = getattr(first, "meta", {}).get("val")
+    if "batch_norm" not in op_name(node) or not isinstance(x, torch.Tensor) or x.dim() < 3:
+        return 0
+    try:
+        if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+            return 0
+        return int(x.shape[1])
+    except Exception:  # symbolic sizes
+        return 0
+
+
 def _dropout_mask_bytes(node: torch.fx.Node) -> int:
     """The mask dropout writes in training, one byte per element (aten native_dropout's bool mask)."""
     val = node.meta.get("val")  # aten.dropout: the output alone (native_dropout's mask output is counted already)
@@ -440,23 +460,27 @@ def cost_parts(nodes: list[torch.fx.Node], node_flops: dict[str, int], param_inp
         kind = part_kind(n) if n.op == "call_function" else None
         if kind is None:
             continue
-        a = acc.setdefault(kind, [0, 0, 0, 0, 0, 0])
+        a = acc.setdefault(kind, [0, 0, 0, 0, 0, 0, 0])
         a[0] += node_flops.get(n.name, 0)
         a[1] += _node_bytes(n) + (_dropout_mask_bytes(n) if kind == "dropout" else 0)
         a[2] += sum(tensor_bytes(x.meta.get("val")) for x in n.all_input_nodes if x.name in param_inputs)
         a[3] += 1
         a[4] += _channels_first_bytes(n) if kind in ("conv", "conv3x3") else 0
         a[5] += node_flops.get(n.name, 0) * _conv_channels(n) if kind in ("conv", "conv3x3") else 0
+        bn_channels = _batch_norm_channels(n) if kind == "norm" else 0
+        a[5] += _node_bytes(n) * bn_channels
+        a[6] += _node_bytes(n) if bn_channels else 0
     fwd_total = sum(a[0] for a in acc.values())
     ops_total = sum(a[3] for a in acc.values())
     parts = []
     for kind in PART_KINDS:
         if kind in acc:
-            f, b, w, ops, layout, channel_flops = acc[kind]
+            f, b, w, ops, layout, channel_weight, weight = acc[kind]
+            weight = weight if kind == "norm" else f  # norms: their batch norms' bytes; convolutions: FLOPs
             share = f / fwd_total if fwd_total else ops / ops_total
             parts.append(CostPart(kind=kind, fwd_flops=f, bwd_flops=round(bwd_flops * share), bytes_moved=b,
                                   param_bytes=min(w, b), ops=ops, layout_bytes=min(layout, b),
-                                  channels=round(channel_flops / f) if f else 0))
+                                  channels=round(channel_weight / weight) if weight else 0))
     return parts
 
 

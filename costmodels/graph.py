@@ -67,8 +67,9 @@ class CostPart:
     # Convolutions only: input + output bytes of the ones traced channels-first (NCHW), which cuDNN's tensor-core
     # kernels transpose to NHWC and back (costmodels/part_costs.layout_traffic); 0 for channels-last (NHWC) ones.
     layout_bytes: int = 0
-    # Convolutions only: min(output channels, input channels per group), FLOP-weighted over the part's
-    # convolutions; 0 where unknown. A narrow convolution fills few of a kernel tile's columns (part_costs.py).
+    # Convolutions: min(output channels, input channels per group), FLOP-weighted over the part's convolutions;
+    # a narrow convolution fills few of a kernel tile's columns. Norms: the channels of its channels-first batch
+    # norms, byte-weighted; one thread block reduces each channel (part_costs.channel_factor). 0 where unknown.
     channels: int = 0
 
 

@@ -109,14 +109,20 @@ def kernel_overheads_s(profile: HardwareProfile) -> tuple[float, float]:
 
 
 def channel_factor(part: CostPart, profile: HardwareProfile, dtype: str) -> tuple[float, float]:
-    """(forward, backward) multipliers on a convolution part's curve efficiency for its channel count, from the
-    profile's measured `channel_factors` (1 where it has none for the kind and dtype, or the part no channels).
+    """(forward, backward) multipliers on a part's efficiency for its channel count, from the profile's
+    `channel_factors` ("kind@dtype", then "kind"; 1 where it has none, or the part no channels). A convolution's
+    multiply its compute efficiency, a norm's its memory efficiency (`parts_roofline_s`).
 
-    Why: an implicit-GEMM convolution's tile is as wide as its channels allow; the H200's 16-channel 3x3
-    convolutions ran at 0.19x (forward) and 0.08x (backward) of the 128-channel curve at their FLOPs, its
+    Why, convolutions: an implicit-GEMM convolution's tile is as wide as its channels allow; the H200's 16-channel
+    3x3 convolutions ran at 0.19x (forward) and 0.08x (backward) of the 128-channel curve at their FLOPs, its
     256-channel ones at 1.2x and 0.9x (hardware_profiles/measured/nvidia-h200-calibrated.yaml).
+    Norms: a channels-first batch norm reduces each channel in one thread block (export._batch_norm_channels), so
+    64 channels keep few blocks on a GPU's multiprocessors; torch's cunn kernel on a Titan X (Maxwell) took 1.45x as
+    long per element at 64 channels as at 128-512, 1.89x at 16 (the GP102 profiles' `channel_factors`).
     """
-    factors = profile.channel_factors.get(f"{part.kind}@{dtype}") if part.channels else None
+    if not part.channels:
+        return 1.0, 1.0
+    factors = profile.channel_factors.get(f"{part.kind}@{dtype}") or profile.channel_factors.get(part.kind)
     if factors is None:
         return 1.0, 1.0
     return interpolate(factors[0], part.channels), interpolate(factors[1], part.channels)
@@ -211,10 +217,13 @@ def parts_roofline_s(parts: Sequence[CostPart], profile: HardwareProfile, *, dty
         f_bytes, b_bytes = f_bytes + f_layout, b_bytes + b_layout
         kernels = max(part.ops, 1)
         narrow_f, narrow_b = channel_factor(part, profile, dtype)
+        on_memory = part.kind == "norm"  # a norm's channels limit its bandwidth; a convolution's, its FLOP rate
         ce, me = efficiency_for(profile, part.kind, dtype, f_flops * ratio / kernels)
-        fwd += roofline_time_s(f_flops * ratio, f_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce * narrow_f, me)
+        ce, me = (ce, me * narrow_f) if on_memory else (ce * narrow_f, me)
+        fwd += roofline_time_s(f_flops * ratio, f_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce, me)
         ce, me = efficiency_for(profile, part.kind, dtype, b_flops * ratio / (kernels * BACKWARD_KERNELS_FACTOR))
-        bwd += roofline_time_s(b_flops * ratio, b_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce * narrow_b, me)
+        ce, me = (ce, me * narrow_b) if on_memory else (ce * narrow_b, me)
+        bwd += roofline_time_s(b_flops * ratio, b_bytes * scale, peak, profile.mem_bw_bytes_per_s, ce, me)
         ops += part.ops
     bwd_ops = ops * BACKWARD_KERNELS_FACTOR
     host = host_floor_s(parts, profile) or (ops * dispatch_s, bwd_ops * dispatch_s)

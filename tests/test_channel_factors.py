@@ -1,6 +1,8 @@
-"""A convolution's efficiency by channel count (profile `channel_factors`): calibrate derives it from a sweep of
+"""Efficiency by channel count (profile `channel_factors`). A convolution's: calibrate derives it from a sweep of
 3x3 convolutions, the trace records each convolution part's channels, and the roofline scales the curve's
-efficiency by it (costmodels/part_costs.channel_factor)."""
+efficiency by it. A batch norm's: the trace records a channels-first batch norm's channels, and the roofline scales
+its memory efficiency by the GP102 profiles' factors, read from a published benchmark
+(costmodels/part_costs.channel_factor)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -98,3 +101,70 @@ def test_the_h200s_factors_are_what_its_own_sweep_gives():
         for side in (0, 1):
             assert [c for c, _ in got[side]] == [c for c, _ in want[side]]
             assert [f for _, f in got[side]] == pytest.approx([f for _, f in want[side]], rel=1e-6)
+
+
+def test_the_trace_records_a_channels_first_batch_norms_channels_and_nothing_for_other_norms(tmp_path):
+    import pipeplan
+
+    path = tmp_path / "norms.py"
+    path.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+
+        class Net(nn.Module):
+            def __init__(self, last):
+                super().__init__()
+                self.last = last
+                self.bn = nn.BatchNorm2d(24)
+                self.bn1d = nn.BatchNorm1d(12)
+                self.ln = nn.LayerNorm(6)
+
+            def forward(self, x):
+                y = self.bn(x.contiguous(memory_format=torch.channels_last) if self.last else x)
+                return self.ln(self.bn1d(y.flatten(2)[:, :12]))
+
+        def build_nchw():
+            return Net(False)
+
+        def build_nhwc():
+            return Net(True).to(memory_format=torch.channels_last)
+
+        def example_inputs(batch_size):
+            return (torch.randn(batch_size, 24, 2, 3),)
+    """))
+    norms = {}
+    for entry in ("build_nchw", "build_nhwc"):
+        g = pipeplan.trace(str(path), 2, depth=1, repeats=1, time_layers=False, fvcore_check=False, entry=entry)
+        norms[entry] = {l.name: next(p.channels for p in l.parts if p.kind == "norm")
+                        for l in g.layers if any(p.kind == "norm" for p in l.parts)}
+    # BatchNorm1d over (N, 12, 6): 12 channels; LayerNorm: none (it reduces rows, not channels)
+    assert norms["build_nchw"] == {"bn": 24, "bn1d": 12, "ln": 0}
+    assert norms["build_nhwc"] == {"bn": 0, "bn1d": 12, "ln": 0}  # channels-last: reduced across channels
+
+
+# soumith/cudnn.torch#100 (2016-01-31): torch cunn's SpatialBatchNormalization at batch 64 on a GTX Titan X, ms
+CUNN_MS = {16: (112, 4.82), 64: (56, 3.69), 128: (28, 1.23), 256: (14, 0.64), 512: (7, 0.33)}  # channels: (side, ms)
+
+
+@pytest.mark.parametrize("name", ["titan-x-pascal", "gtx-1080-ti", "p40"])
+def test_the_gp102_batch_norm_factors_are_the_published_time_per_element_against_128_to_512_channels(name):
+    per_element = {c: ms / (64 * c * side * side) for c, (side, ms) in CUNN_MS.items()}
+    wide = sum(per_element[c] for c in (128, 256, 512)) / 3
+    prof = load_profile(name)
+    for side in prof.channel_factors["norm"]:
+        assert [c for c, _ in side] == [16, 64, 128]
+        assert [f for _, f in side] == pytest.approx([wide / per_element[16], wide / per_element[64], 1.0], abs=0.005)
+
+
+def test_a_narrow_batch_norm_is_priced_at_its_memory_efficiency_times_the_factor_in_every_dtype():
+    factors = {"norm": (((16.0, 0.5), (128.0, 1.0)), ((16.0, 0.25), (128.0, 1.0)))}
+    bn = CostPart("norm", fwd_flops=10**6, bwd_flops=2 * 10**6, bytes_moved=10**9, ops=1, channels=16)
+    prof = _profile(factors)
+    kernel = kernel_overheads_s(prof)[0]
+    for dtype in ("fp32", "bf16"):
+        with_f = parts_roofline_s([bn], prof, dtype=dtype, ratio=1.0)
+        without = parts_roofline_s([bn], _profile({}), dtype=dtype, ratio=1.0)
+        assert with_f[0] - kernel == pytest.approx((without[0] - kernel) / 0.5), dtype  # memory-bound: bytes / bw
+        assert with_f[1] - 2 * kernel == pytest.approx((without[1] - 2 * kernel) / 0.25), dtype
+    wide = dataclasses.replace(bn, channels=256)
+    assert parts_roofline_s([wide], prof, dtype="fp32", ratio=1.0) == parts_roofline_s([wide], _profile({}),
+                                                                                      dtype="fp32", ratio=1.0)

@@ -62,7 +62,9 @@ def test_the_profiles_memory_efficiency_is_the_fits_minimum(tmp_path, monkeypatc
         return published_fit.median_log_error(published_fit.ratios(CASES, graphs, v).values())
 
     assert objective(value) < min(objective(value - 0.02), objective(value + 0.02))
-    assert objective(value) < objective(0.80) / 3  # the catalogue default misses these rows by 3x as much
+    # the catalogue default misses these rows by 2.9x as much (3.7x before the batch norms' channel factors took
+    # on part of what the fitted value stood in for)
+    assert objective(value) < objective(0.80) / 2.5
 
 
 def test_the_first_convolution_pays_its_input_gradient_where_torch7s_backward_computes_it():
