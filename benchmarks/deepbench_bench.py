@@ -203,7 +203,9 @@ that is the next step; alone they trade one error for a larger one. The batch-no
 0.58 and its worst row goes from 26% to 20%. With the backward rates as well (0.72 and 0.88 on the GP102 profiles;
 tried, not kept), the fit moves to 0.68 with its median |log ratio| 0.052 against 0.045, its worst row 14%, and
 torchgpipe's held-out rows read median 5.7%, worst 11% (5.2% and 17% without): a better worst case for a worse
-median, from rates that would need a reason to hold on GP102 alone. Per channel count instead (after the 7x7
+median, from rates that would need a reason to hold on GP102 alone. On every NVIDIA profile instead (the GP102 fit
+at 0.68), the A100 ResNet-50 rows come closer (1.01-1.16 against 1.06-1.23) but ResNet-50 in fp32 on V100s falls to
+0.75-0.76 (0.86-0.88 without), the whole table's worst row (tried 2026-11-30, not kept). Per channel count instead (after the 7x7
 change: each card's medians above as the profile's `channel_factors`, forward and backward by kind, the
 mechanism the H200's calibration uses, and their mean for the P40), the Pascal fit's minimum moves to 0.62 with
 its median |log ratio| unchanged (0.043 against 0.045), VGG on the Titan X Pascal falls to 0.74-0.80 (its
