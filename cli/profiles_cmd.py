@@ -133,7 +133,8 @@ def _overhead_rows(p) -> list[tuple[str, str]]:
             f"{p.optimizer_param_s.get(name, 0) * 1e9:.3g} ns a parameter"
             for name in sorted(set(p.optimizer_tensor_s) | set(p.optimizer_param_s)))))
     for key, (fwd, bwd) in p.channel_factors.items():
-        rows.append((f"{key} by channels", "x the curve: forward " + ", ".join(f"{c:g}: {f:.2f}" for c, f in fwd)
+        scaled = "memory efficiency" if key.split("@")[0] == "norm" else "curve"  # part_costs.channel_factor
+        rows.append((f"{key} by channels", f"x the {scaled}: forward " + ", ".join(f"{c:g}: {f:.2f}" for c, f in fwd)
                      + "; backward " + ", ".join(f"{c:g}: {f:.2f}" for c, f in bwd)))
     if p.efficiency_curve:
         rows.append(("efficiency curves", ", ".join(f"{k} ({len(v)} points)" for k, v in p.efficiency_curve.items())))

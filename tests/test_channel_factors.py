@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -168,3 +169,10 @@ def test_a_narrow_batch_norm_is_priced_at_its_memory_efficiency_times_the_factor
     wide = dataclasses.replace(bn, channels=256)
     assert parts_roofline_s([wide], prof, dtype="fp32", ratio=1.0) == parts_roofline_s([wide], _profile({}),
                                                                                       dtype="fp32", ratio=1.0)
+
+
+def test_profiles_show_says_what_each_kinds_factors_scale():
+    r = subprocess.run([sys.executable, "-m", "pipeplan", "profiles", "show", "p40"], cwd=ROOT, capture_output=True,
+                       text=True, env={**os.environ, "COLUMNS": "300"})
+    assert r.returncode == 0, r.stderr
+    assert "norm by channels" in r.stdout and "x the memory efficiency: forward 16: 0.53, 64: 0.69" in r.stdout
