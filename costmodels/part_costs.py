@@ -111,7 +111,7 @@ def kernel_overheads_s(profile: HardwareProfile) -> tuple[float, float]:
 def channel_factor(part: CostPart, profile: HardwareProfile, dtype: str) -> tuple[float, float]:
     """(forward, backward) multipliers on a part's efficiency for its channel count, from the profile's
     `channel_factors` ("kind@dtype", then "kind"; 1 where it has none, or the part no channels). A convolution's
-    multiply its compute efficiency, a norm's its memory efficiency (`parts_roofline_s`).
+    factors multiply its compute efficiency, a norm's its memory efficiency (`parts_roofline_s`).
 
     Why, convolutions: an implicit-GEMM convolution's tile is as wide as its channels allow; the H200's 16-channel
     3x3 convolutions ran at 0.19x (forward) and 0.08x (backward) of the 128-channel curve at their FLOPs, its
