@@ -10,7 +10,9 @@ device's own (`costmodels.compute.local_times_note`), the model is traced again
 at the plan's microbatch size on one core with the device's threads, and the
 search runs again on those times over the configurations that keep that
 microbatch size (the plan's replica and microbatch counts fixed), which the new
-times describe exactly. A bf16 or fp16 plan is timed in its own dtype, under autocast as
+times describe exactly. The first search also runs with about a half and a quarter of that
+microbatch count (`_with_fewer_microbatches`), and those plans are re-traced and searched
+the same way; the fastest at its own times is kept (`_fastest`). A bf16 or fp16 plan is timed in its own dtype, under autocast as
 `pipeplan run` trains it (pipeplan/precision.py): priced at the roofline's 16-bit peak,
 examples/gpt.py's fp16 plan read 275% under its run here, timed in fp16 6-14% under.
 A zero-bubble plan's split backward is then timed on its own stages
@@ -45,7 +47,6 @@ def retime_like_device(graph: Any, profile: Any, request: Any, result: Any,
     from pipeplan.cli.workflow import run_search
     from pipeplan.costmodels.compute import device_threads, local_times_note, uses_measured_times
     from pipeplan.hardware_profiles.local_device import DeviceLikeThreads
-    from pipeplan.schedules import facts
 
     best = result.best
     gpu = gpu_retime_wanted(graph, profile, request, best.microbatch_size)
@@ -53,19 +54,87 @@ def retime_like_device(graph: Any, profile: Any, request: Any, result: Any,
         if not gpu:
             return graph, result
         timed = retrace(best.microbatch_size, "cuda", request.training_dtype)
-    else:
-        dtype = local_timing_dtype(request.training_dtype, best.schedule)
-        note = local_times_note(graph, profile, dtype=request.training_dtype, times=request.times,
-                                samples=best.microbatch_size)
-        untimed = dtype != "fp32" and request.times == "model" and not uses_measured_times(graph, profile, dtype)
-        if (note is None and not untimed) or not profile.local:
-            return graph, result
+        return timed, run_search(timed, profile, _narrowed(request, best), progress=progress)
+    dtype = local_timing_dtype(request.training_dtype, best.schedule)
+    note = local_times_note(graph, profile, dtype=request.training_dtype, times=request.times,
+                            samples=best.microbatch_size)
+    untimed = dtype != "fp32" and request.times == "model" and not uses_measured_times(graph, profile, dtype)
+    if (note is None and not untimed) or not profile.local:
+        return graph, result
+    tried = []  # (graph, result) per microbatch count, each searched again on its own device-like trace
+    for first in [result, *_with_fewer_microbatches(graph, profile, request, best)]:
         with DeviceLikeThreads(device_threads(profile)):
-            timed = retrace(best.microbatch_size, "cpu", dtype)
-    narrowed = replace(request, microbatches=best.microbatches)
-    if facts(best.schedule).replicates_whole_pipeline:  # PipeDream's replicas are per stage
-        narrowed = replace(narrowed, data_parallel=best.data_parallel)
-    return timed, run_search(timed, profile, narrowed, progress=progress)
+            timed = retrace(first.best.microbatch_size, "cpu", dtype)
+        tried.append((timed, run_search(timed, profile, _narrowed(request, first.best), progress=progress)))
+    return _fastest(tried)
+
+
+def _narrowed(request: Any, plan: Any) -> Any:
+    """The request with `plan`'s microbatch count fixed (and its replicas, for PipeDream's per-stage ones): the
+    configurations a trace at `plan`'s microbatch size describes exactly."""
+    from pipeplan.schedules import facts
+
+    narrowed = replace(request, microbatches=plan.microbatches)
+    if facts(plan.schedule).replicates_whole_pipeline:  # PipeDream's replicas are per stage
+        narrowed = replace(narrowed, data_parallel=plan.data_parallel)
+    return narrowed
+
+
+def _with_fewer_microbatches(graph: Any, profile: Any, request: Any, best: Any) -> list[Any]:
+    """The first search again with the microbatch count fixed at about a half and a quarter of its best plan's (the
+    largest divisors of the batch at most those), where the user did not fix it: the best plan of each.
+
+    Why: the first search prices layers from a trace at a small batch scaled per sample, and on a CPU a larger
+    microbatch costs less per sample (a layer's weights are read once a microbatch whatever its rows; time per
+    sample changed 5x between 1 and 32 rows on examples/mlp.py, docs/runtime.md), so it favours many small
+    microbatches. Timed like a device, examples/wide_mlp.py's first plan (1F1B, 8 microbatches of 8) was predicted at
+    234 ms an iteration and 2 microbatches of 32 at 123 (benchmarks/RESULTS.md, "Defaults only").
+    """
+    from pipeplan.cli.workflow import run_search
+    from pipeplan.errors import UserError
+
+    if request.microbatches is not None:
+        return []
+    counts = []
+    for share in RETIMED_SHARES:
+        m = max((d for d in range(1, best.microbatches) if request.batch_size % d == 0 and d <= best.microbatches * share),
+                default=None)
+        if m is not None and m not in counts:
+            counts.append(m)
+    found = []
+    for m in counts:
+        try:
+            found.append(run_search(graph, profile, replace(request, microbatches=m)))
+        except UserError:  # no plan at that count (memory, a schedule's minimum): nothing to compare
+            continue
+    return found
+
+
+# The microbatch counts, as shares of the first plan's, that analyze also times like a device. Judgement: a half and
+# a quarter cover the 2-4x larger microbatches where per-sample costs fell most here; each costs one re-trace.
+RETIMED_SHARES = (0.5, 0.25)
+# How much faster at its own device-like figure a plan with fewer microbatches must be to replace the first search's.
+# Judgement: traces of the same layers a minute apart read up to 13% apart on this machine (benchmarks/RESULTS.md),
+# so a near tie keeps the first search's choice.
+RETIME_MARGIN = 0.05
+
+
+def _fastest(tried: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """The (graph, result) whose best plan is fastest, the first unless another beats it by RETIME_MARGIN; the kept
+    plan says what was compared when there was more than one."""
+    from pipeplan.planner.replay import COMPARED_KEY, compared_note, config_of
+
+    kept = tried[0]
+    for pair in tried[1:]:
+        if pair[1].best.predicted.samples_per_s > kept[1].best.predicted.samples_per_s * (1 + RETIME_MARGIN):
+            kept = pair
+    if len(tried) > 1:  # kept in the solver records, so that a later re-prediction (or a runner-up) says it too
+        compared = "; ".join(f"{config_of(r.best).describe()} {r.best.predicted.iteration_s * 1e3:.1f} ms an iteration"
+                             for _, r in tried)
+        for plan in [kept[1].best, *kept[1].alternatives]:
+            plan.solver[COMPARED_KEY] = compared
+        kept[1].best.notes.append(compared_note(compared))
+    return kept
 
 
 def local_timing_dtype(dtype: str, schedule: str) -> str:

@@ -34,6 +34,8 @@ MEASURED_SPLIT_KEY = "split_extra_measured_s"
 # Where it keeps the side-by-side slowdown measured on its own stages (runtime/side_by_side.py), for the same reason.
 MEASURED_SLOWDOWN_KEY = "concurrency_slowdown_measured"
 SIDE_BY_SIDE_KEY, OVERLAP_KEY = "concurrency_slowdown_side_by_side", "compute_overlap_share"  # what it came from
+# analyze's device-like timing at several microbatch sizes (cli/device_like.py): what it compared, for the plan's note
+COMPARED_KEY = "microbatch_sizes_compared"
 
 
 def config_of(plan: Plan) -> Config:
@@ -128,12 +130,19 @@ def _remeasured(plan: Plan, graph: Graph, profile: HardwareProfile, request: Pla
         ms = ", ".join(f"{e * 1e3:.2f}" for e in split[1:])
         new.notes.append(f"the split backward's extra (torch's B + W beyond a whole backward) was timed on stages 1.. "
                          f"of this plan: {ms} ms a microbatch; the search ranked plans by the calibrated model of it")
+    if COMPARED_KEY in solver:
+        new.notes.append(compared_note(solver[COMPARED_KEY]))
     if MEASURED_SLOWDOWN_KEY in solver:
         new.notes.append(f"this plan's stages were timed side by side on their cores: {solver[SIDE_BY_SIDE_KEY]:.3f}x "
                          f"slower than alone (calibrate's probe: {profile.concurrency_slowdown:.3f}x); "
                          f"{solver[OVERLAP_KEY]:.0%} of their compute runs beside another device's, so it is charged "
                          f"{solver[MEASURED_SLOWDOWN_KEY]:.3f}x; the search ranked plans by the probe's figure")
     return new
+
+
+def compared_note(compared: str) -> str:
+    """The note of a plan that analyze chose among plans timed like a device at several microbatch sizes."""
+    return f"analyze timed the model like a device at several microbatch sizes and kept the fastest plan: {compared}"
 
 
 def simulate_from_plan(plan: Plan, *, recompute_last: bool = True, receives_wait: bool | None = None) -> SimResult:

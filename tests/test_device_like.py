@@ -84,3 +84,60 @@ def test_device_like_threads_restores_threads_and_cores():
         assert torch.get_num_threads() == 1
         assert os.sched_getaffinity(0) == {min(cores)}
     assert torch.get_num_threads() == threads and os.sched_getaffinity(0) == cores
+
+
+def test_analyze_also_plans_with_a_half_and_a_quarter_of_the_microbatches_unless_the_user_fixed_them(monkeypatch):
+    """The first search prices a trace at batch 1 per sample, which favours many small microbatches on a CPU, so
+    analyze also searches at about a half and a quarter of its best plan's microbatch count (divisors of the batch),
+    skipping a count with no plan, and times each like a device."""
+    from types import SimpleNamespace
+
+    from pipeplan.cli import device_like, workflow
+    from pipeplan.errors import UserError
+    from pipeplan.planner.request import PlanRequest
+
+    asked = []
+
+    def fake_search(graph, profile, request, progress=None):
+        asked.append(request.microbatches)
+        if request.microbatches == 1:
+            raise UserError("no plan", "")
+        return f"result at {request.microbatches}"
+
+    monkeypatch.setattr(workflow, "run_search", fake_search)
+    for batch, m, want_asked, want in ((64, 8, [4, 2], 2), (36, 6, [3, 1], 1), (64, 2, [1], 0), (64, 1, [], 0)):
+        asked.clear()
+        got = device_like._with_fewer_microbatches(None, None, PlanRequest(devices=2, batch_size=batch),
+                                                   SimpleNamespace(microbatches=m))
+        assert asked == want_asked, (batch, m)
+        assert got == [f"result at {c}" for c in want_asked if c != 1] and len(got) == want, (batch, m)
+    asked.clear()
+    fixed = PlanRequest(devices=2, batch_size=64, microbatches=8)
+    assert device_like._with_fewer_microbatches(None, None, fixed, SimpleNamespace(microbatches=8)) == []
+    assert asked == []
+
+
+def test_a_plan_with_fewer_microbatches_replaces_the_first_only_when_more_than_the_margin_faster(monkeypatch):
+    from types import SimpleNamespace
+
+    from pipeplan.cli import device_like
+    from pipeplan.planner import replay
+
+    monkeypatch.setattr(replay, "config_of", lambda plan: SimpleNamespace(describe=lambda: plan.name))
+
+    def result(name, iteration_s):
+        plan = SimpleNamespace(name=name, solver={}, notes=[],
+                               predicted=SimpleNamespace(iteration_s=iteration_s, samples_per_s=64 / iteration_s))
+        runner_up = SimpleNamespace(name=name + "'", solver={}, notes=[])
+        return ("graph " + name, SimpleNamespace(best=plan, alternatives=[runner_up]))
+
+    margin = device_like.RETIME_MARGIN
+    first, close, faster = result("M=8", 0.2), result("M=4", 0.2 / (1 + margin / 2)), result("M=2", 0.2 / (1 + 2 * margin))
+    assert device_like._fastest([first]) is first and first[1].best.notes == []  # nothing compared, nothing said
+    assert device_like._fastest([first, close]) is first
+    kept = device_like._fastest([first, close, faster])
+    assert kept is faster
+    compared = kept[1].best.solver[replay.COMPARED_KEY]
+    assert compared.startswith("M=8 200.0 ms an iteration; M=4 ") and compared.endswith("M=2 181.8 ms an iteration")
+    assert kept[1].alternatives[0].solver[replay.COMPARED_KEY] == compared  # a runner-up that takes over says it too
+    assert kept[1].best.notes == [replay.compared_note(compared)]
