@@ -88,7 +88,7 @@ def _with_fewer_microbatches(graph: Any, profile: Any, request: Any, best: Any) 
     microbatch costs less per sample (a layer's weights are read once a microbatch whatever its rows; time per
     sample changed 5x between 1 and 32 rows on examples/mlp.py, docs/runtime.md), so it favours many small
     microbatches. Timed like a device, examples/wide_mlp.py's first plan (1F1B, 8 microbatches of 8) was predicted at
-    234 ms an iteration and 2 microbatches of 32 at 123 (benchmarks/RESULTS.md, "Defaults only").
+    234 ms an iteration and 2 microbatches of 32 at 119 (benchmarks/RESULTS.md, "Defaults only").
     """
     from pipeplan.cli.workflow import run_search
     from pipeplan.errors import UserError
