@@ -74,18 +74,17 @@ def _two_bw_inflight(stages: int, stage: int, microbatches: int, chunks: int) ->
 def _interleaved_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> int:
     """(chunk, microbatch) pairs held by device `stage` of p = `stages`, v = `chunks` chunks each.
 
-    From Megatron-LM's schedules.py (forward_backward_pipelining_with_interleaving):
-    warm-up = 2(p - d - 1) + (v - 1)p forwards, then one more before the first
-    backward, capped at M*v; when M == p it runs all M*v forwards first. Divided
-    by v this is p + (p - 1)/v chunk-sets on device 0, i.e. p microbatches times
-    Korthikanti et al. (2022) §4.2.3's factor (1 + (p - 1)/(p*v)). With v = 1 it
-    is 1F1B (Megatron's warm-up formula assumes v >= 2).
+    From torch's ScheduleInterleaved1F1B (`_get_warmup_ops`), which the runtime runs, and Megatron-LM's
+    forward_backward_pipelining_with_interleaving: warm-up = 2(p - d - 1) + (v - 1)p forwards, then one
+    more before the first backward, capped at M*v. Divided by v this is p + (p - 1)/v chunk-sets on
+    device 0, i.e. p microbatches times Korthikanti et al. (2022) §4.2.3's factor (1 + (p - 1)/(p*v)).
+    With v = 1 it is 1F1B (the warm-up formula assumes v >= 2). When M == p Megatron runs all M*v
+    forwards first; torch does not, and neither does this count: a plan exported to Megatron with
+    M == p holds M*v on every device (planner/frameworks says so).
     """
     p, d, v, m = stages, stage, chunks, microbatches
     if v == 1:
         return min(p - d, m)
-    if m == p:
-        return m * v
     return min(min(2 * (p - d - 1) + (v - 1) * p, m * v) + 1, m * v)
 
 

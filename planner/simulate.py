@@ -58,7 +58,8 @@ PipeDream SOSP'19):
 - "pipedream-2bw": the same 1F1B stream without flush, plus once per window of
   M microbatches the pipeline replicas' all-reduce and the optimizer step
   (`_window_update_s`; Narayanan et al., ICML 2021, §3.1).
-- "interleaved": Megatron's interleaved 1F1B. The stage lists have K*v entries
+- "interleaved": interleaved 1F1B (Narayanan et al., SC'21) in torch's ScheduleInterleaved1F1B order,
+  which the runtime runs (Megatron-LM's differs only at M == K). The stage lists have K*v entries
   (virtual stages in model order); virtual stage s runs on device s % K as its
   chunk s // K. M must be a multiple of K.
 - "zb-h1": zero bubble (Qi et al., ICLR 2024, §3.1), as torch's ScheduleInterleavedZeroBubble orders it
@@ -184,14 +185,13 @@ def _orders(schedule: str, devices: int, chunks: int, microbatches: int) -> list
         return [[(k, d, m) for k, m in _order_zb_h1(d, K, M)] for d in range(K)]
     if not facts(schedule).interleaves or v == 1:  # interleaved with one chunk is plain 1F1B
         return [[(k, d, m) for k, m in _order_1f1b(d, K, M)] for d in range(K)]
-    # Interleaved: Megatron-LM forward_backward_pipelining_with_interleaving.
+    # Interleaved: torch's ScheduleInterleaved1F1B (`_get_warmup_ops`), which the runtime runs. Megatron-LM's
+    # forward_backward_pipelining_with_interleaving has the same warm-up except when M == K: it then runs
+    # all M*v forwards first, where torch keeps the formula (fewer forwards in flight on the later devices).
     total = M * v
     orders = []
     for d in range(K):
-        if M == K:
-            warm = total  # Megatron: all-warmup when microbatches == pipeline size
-        else:
-            warm = min((K - d - 1) * 2 + (v - 1) * K, total)
+        warm = min((K - d - 1) * 2 + (v - 1) * K, total)
         order = [_interleaved_op("F", k, d, K, v) for k in range(warm)]
         for i in range(total - warm):
             order += [_interleaved_op("F", warm + i, d, K, v), _interleaved_op("B", i, d, K, v)]

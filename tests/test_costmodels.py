@@ -191,8 +191,11 @@ def test_interleaved_first_device_matches_korthikanti_factor(p, v, m):
     assert counts[-1] == (v - 1) * p + 1
 
 
-def test_interleaved_with_m_equal_p_runs_all_forwards_first():
-    assert memory.inflight_microbatches("interleaved", 4, 2, 4, chunks=2) == 8
+def test_interleaved_with_m_equal_p_keeps_torchs_warm_up():
+    """torch's ScheduleInterleaved1F1B warms device d up with 2(p-d-1) + (v-1)p forwards even when M == p (Megatron
+    would run all M*v first): device 2 of 4 holds 6 + 1, device 0 all 8."""
+    assert memory.inflight_microbatches("interleaved", 4, 2, 4, chunks=2) == 7
+    assert memory.inflight_microbatches("interleaved", 4, 0, 4, chunks=2) == 8
 
 
 # ---------------------------------------------------------------- stage memory

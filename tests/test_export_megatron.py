@@ -115,6 +115,18 @@ def test_interleaved_plan_exports_virtual_stages():
     assert _codes(cls, text, 2) == ["Et", "tt", "tt", "tL"]
 
 
+def test_interleaved_with_microbatches_equal_to_the_pipeline_says_megatron_holds_more():
+    """Megatron runs all M*v forwards first when M equals the pipeline size (all_warmup_microbatches); the
+    prediction follows torch's order, where the last of 2 ranks holds 3 of the 4 chunk-microbatches."""
+    g = llama_graph(6)
+    notes = export_plan(make_plan(g, counts_assignment([3, 2, 2, 3]), schedule="interleaved", chunks=2,
+                                  microbatches=2), "megatron").notes
+    assert any("holds 4 microbatch-chunks" in n and "predicts 3" in n for n in notes)
+    notes = export_plan(make_plan(g, counts_assignment([3, 2, 2, 3]), schedule="interleaved", chunks=2,
+                                  microbatches=4), "megatron").notes
+    assert not any("microbatch-chunks" in n for n in notes)
+
+
 @pytest.mark.parametrize("kw, why", [
     (dict(schedule="gpipe"), "no GPipe"),
     (dict(sharding="zero3", data_parallel=2), "ZeRO-1"),

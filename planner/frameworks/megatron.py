@@ -32,7 +32,7 @@ from typing import Any
 from pipeplan.planner.frameworks.common import Export, framework_notes, plan_units, require_synchronous
 from pipeplan.planner.frameworks.names import Inexpressible, ModelUnits, unit_split
 from pipeplan.planner.plan import Plan
-from pipeplan.schedules import facts
+from pipeplan.schedules import facts, inflight_microbatches
 
 __all__ = ["StageLayers", "layout_string", "parse_layout", "export", "split_from_args", "stage_layers"]
 
@@ -158,10 +158,22 @@ def export(plan: Plan) -> Export:
              f"{shlex.quote(layout_string(stages))}",
              f"launch on {P * plan.data_parallel} GPUs (data-parallel size = GPUs / pipeline size = "
              f"{plan.data_parallel}); microbatches = global / (micro x data-parallel) = {M}"]
+    if v > 1 and M == P:
+        notes.append(_all_warmup_note(P, v))
     notes += framework_notes(plan, "megatron")
     settings = {k.lstrip("-"): val for k, val in args.items()}
     settings["layout"] = layout_string(stages)
     return Export("megatron", settings, {"arguments": line + "\n"}, [[st.code()] for st in stages], notes)
+
+
+def _all_warmup_note(P: int, v: int) -> str:
+    """Megatron's interleaved schedule runs all M*v forwards first when M equals the pipeline size
+    (schedules.py: `if num_microbatches == pipeline_parallel_size: all_warmup_microbatches = True`); pipeplan
+    predicts torch's order (`_get_warmup_ops`), which keeps fewer in flight on every rank but the first."""
+    held = inflight_microbatches("interleaved", P, P - 1, P, chunks=v)
+    return (f"microbatches = pipeline size ({P}): Megatron then runs all {P * v} chunk forwards before any backward, "
+            f"so the last rank holds {P * v} microbatch-chunks of activations where the plan predicts {held} "
+            "(torch's order); give it more microbatches, a multiple of the pipeline size, to keep the prediction")
 
 
 # Megatron-LM trains fp32 without these (megatron/training/arguments.py): the plan's 16-bit dtype; --fp16 scales its
