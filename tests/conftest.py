@@ -12,6 +12,7 @@ pipeplan.costmodels.model_file.load_model_file, which puts the model file's own 
 script started by path (tests/runtime_fault_worker.py) has its folder on sys.path as Python starts it.
 """
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,12 @@ import pytest
 TESTS = str(Path(__file__).resolve().parent)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
+
+# The CLI's piped output is PIPED_WIDTH wide unless COLUMNS says otherwise (cli/console.py), and the tests read its
+# tables at that width: a shell's COLUMNS=80 (pytest-xdist's workers set it too) wraps them and fails tests that
+# find a row. A test of COLUMNS itself sets it with monkeypatch.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 
 @pytest.fixture(scope="session")
