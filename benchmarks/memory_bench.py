@@ -44,6 +44,9 @@ PLANS = [
     ("gpt, data parallel 1 x 2, M=2", "examples/gpt.py", GPT, ["-b", "32", "-k", "1", "-m", "2"]),
     ("gpt, interleaved 2 devices, M=4", "examples/gpt.py", GPT,
      ["-b", "32", "-k", "2", "--schedule", "interleaved", "-m", "4"]),
+    # M == devices: torch's interleaved order keeps its warm-up formula there (Megatron runs every forward first)
+    ("gpt, interleaved 2 devices, M=2", "examples/gpt.py", GPT,
+     ["-b", "32", "-k", "2", "--schedule", "interleaved", "-m", "2"]),
     ("gpt, zb-h1 2 stages, M=4", "examples/gpt.py", GPT, ["-b", "32", "-k", "2", "--schedule", "zb-h1", "-m", "4"]),
     ("gpt, zb-v 2 devices, M=4", "examples/gpt.py", GPT, ["-b", "32", "-k", "2", "--schedule", "zb-v", "-m", "4"]),
     ("gpt, dualpipev 2 devices, M=4", "examples/gpt.py", GPT,

@@ -80,7 +80,7 @@ def _interleaved_inflight(stages: int, stage: int, microbatches: int, chunks: in
     device 0, i.e. p microbatches times Korthikanti et al. (2022) §4.2.3's factor (1 + (p - 1)/(p*v)).
     With v = 1 it is 1F1B (the warm-up formula assumes v >= 2). When M == p Megatron runs all M*v
     forwards first; torch does not, and neither does this count: a plan exported to Megatron with
-    M == p holds M*v on every device (planner/frameworks says so).
+    M == p holds M*v on every device (planner/frameworks/megatron.py says so in its export).
     """
     p, d, v, m = stages, stage, chunks, microbatches
     if v == 1:
