@@ -196,8 +196,8 @@ print(json.dumps({"spun": spun[0], "stolen": stolen, "idle": stolen_since(cpu_cl
 
 def test_stolen_cpu_is_what_another_thread_of_the_process_used():
     """`stolen_since` over a span in which this thread sleeps and another spins: the spinner's own CPU clock. In a
-    fresh process, which has no other threads: in pytest's, torch's OpenMP workers may still be spinning after an
-    earlier test's parallel region, and their CPU is stolen too (17 ms of it in one run)."""
+    fresh process, which has no other threads: pytest's has those of the tests before (torch's OpenMP workers spin a
+    while after a parallel region), and one run there read 17 ms more than the spinner's own."""
     import json
     import subprocess
     import sys
