@@ -29,6 +29,7 @@ __all__ = [
     "facts",
     "runs_block_checkpoints",
     "inflight_microbatches",
+    "interleaved_warmup_forwards",
     "replicated_inflight",
     "local_order",
     "microbatch_problem",
@@ -82,10 +83,16 @@ def _interleaved_inflight(stages: int, stage: int, microbatches: int, chunks: in
     forwards first; torch does not, and neither does this count: a plan exported to Megatron with
     M == p holds M*v on every device (planner/frameworks/megatron.py says so in its export).
     """
-    p, d, v, m = stages, stage, chunks, microbatches
-    if v == 1:
-        return min(p - d, m)
-    return min(min(2 * (p - d - 1) + (v - 1) * p, m * v) + 1, m * v)
+    if chunks == 1:
+        return min(stages - stage, microbatches)
+    return min(interleaved_warmup_forwards(stages, stage, microbatches, chunks) + 1, microbatches * chunks)
+
+
+def interleaved_warmup_forwards(devices: int, device: int, microbatches: int, chunks: int) -> int:
+    """Chunk forwards device `device` runs before its first backward under interleaved 1F1B with v = `chunks` >= 2:
+    2(K - d - 1) + (v - 1)K, capped at M*v (torch's ScheduleInterleaved1F1B `_get_warmup_ops`). One formula for the
+    simulator's order (planner/simulate.py) and the in-flight count above, which both follow it."""
+    return min(2 * (devices - device - 1) + (chunks - 1) * devices, microbatches * chunks)
 
 
 def _zb_h1_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> int:

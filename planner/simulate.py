@@ -86,7 +86,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
 from pipeplan.errors import UserError
-from pipeplan.schedules import ScheduleFacts, device_stages, facts, stage_device
+from pipeplan.schedules import ScheduleFacts, device_stages, facts, interleaved_warmup_forwards, stage_device
 from pipeplan.v_orders import v_order
 
 COMPUTE_KINDS = ("fwd", "bwd", "recompute", "wgrad")
@@ -191,7 +191,7 @@ def _orders(schedule: str, devices: int, chunks: int, microbatches: int) -> list
     total = M * v
     orders = []
     for d in range(K):
-        warm = min((K - d - 1) * 2 + (v - 1) * K, total)
+        warm = interleaved_warmup_forwards(K, d, M, v)
         order = [_interleaved_op("F", k, d, K, v) for k in range(warm)]
         for i in range(total - warm):
             order += [_interleaved_op("F", warm + i, d, K, v), _interleaved_op("B", i, d, K, v)]
