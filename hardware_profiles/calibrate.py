@@ -278,7 +278,8 @@ def measure_p2p(timeout_s: float = 240.0) -> P2PResult:
     (alone, together).
 
     `timeout_s` bounds a hang, not the work: the whole phase (spawn, link, collectives, probe and six
-    schedules' pipelines, two rounds of four shapes) ran ~38 s on this repo's 2-core VM with the host quiet;
+    schedules' pipelines, two rounds of four shapes) ran ~38 s on this repo's 2-core VM with the host quiet
+    (interleaved at 4 stages a rank on two shapes added ~5 s);
     one round of two shapes had run 20 s quiet and 41 s under its neighbours' load, so 240 s leaves ~3x."""
     import torch.multiprocessing as mp
 
@@ -408,6 +409,9 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
     overhead_s, overhead_per_byte_s, overhead_per_tensor_s, overhead_detail = op_overhead.op_overhead_s(
         pipeline_events, lambda nbytes: link_lat + nbytes / link_bw)
     alone_s = op_overhead.alone_overhead_s(pipeline_events)
+    more_chunks_s, more_chunks_detail = op_overhead.chunks_overhead_s(
+        pipeline_events, lambda nbytes: link_lat + nbytes / link_bw, overhead_per_byte_s)
+    overhead_detail.update(more_chunks_detail)
     peak32 = max(fp32)
     peak16 = max(bf16) if bf16 else None
 
@@ -446,6 +450,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         op_overhead_s_per_byte=overhead_per_byte_s,
         op_overhead_s_per_tensor=overhead_per_tensor_s,
         op_overhead_alone_s=alone_s,
+        op_overhead_more_chunks_s=more_chunks_s,
         concurrency_slowdown=min(4.0, max(1.0, slowdown_from_probes(slowdowns))),
         memory_concurrency_slowdown=min(4.0, max(1.0, slowdown_from_probes(memory_slowdowns))),
         collectives=collectives.links_from_times(collective_times),

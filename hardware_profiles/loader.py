@@ -64,6 +64,7 @@ _UNITS = {
     "op_overhead_us_per_mib": ("µs per MiB", 1e6),
     "op_overhead_us_per_tensor": ("µs per tensor", 1e6),
     "op_overhead_us_alone": ("µs", 1e6),
+    "op_overhead_us_more_chunks": ("µs", 1e6),
     "kernel_overhead_us": ("µs", 1e4),
     "dispatch_us": ("µs", 1e4),
     "dispatch_us_by_kind": ("µs", 1e4),
@@ -101,6 +102,7 @@ _TOP_KEYS = {
     "op_overhead_us_per_mib": False,
     "op_overhead_us_per_tensor": False,
     "op_overhead_us_alone": False,
+    "op_overhead_us_more_chunks": False,
     "optimizer_us_per_tensor": False,
     "optimizer_ns_per_param": False,
     "optimizer_us_per_step": False,
@@ -323,6 +325,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
     per_byte_s = {k: v * 1e-6 / MIB for k, v in c.schedule_map(doc, "op_overhead_us_per_mib").items()}
     per_tensor_s = {k: v * 1e-6 for k, v in c.schedule_map(doc, "op_overhead_us_per_tensor").items()}
     alone_s = {k: v * 1e-6 for k, v in c.schedule_map(doc, "op_overhead_us_alone").items()}
+    more_chunks_s = {k: v * 1e-6 for k, v in c.schedule_map(doc, "op_overhead_us_more_chunks").items()}
     optimizer_us = c.mapping(doc.get("optimizer_us_per_tensor") or {}, "optimizer_us_per_tensor")
     c.keys(optimizer_us, {k: False for k in OPTIMIZERS}, prefix="optimizer_us_per_tensor.")
     optimizer_s = {k: c.number(v, f"optimizer_us_per_tensor.{k}", "optimizer_us_per_tensor", allow_zero=True) * 1e-6
@@ -377,6 +380,7 @@ def parse_profile(doc: Any, path: str) -> HardwareProfile:
         op_overhead_s_per_byte=per_byte_s,
         op_overhead_s_per_tensor=per_tensor_s,
         op_overhead_alone_s=alone_s,
+        op_overhead_more_chunks_s=more_chunks_s,
         concurrency_slowdown=slowdown,
         memory_concurrency_slowdown=memory_slowdown,
         collectives={k: c.link(v, f"collectives.{k}") for k, v in collectives.items()},
@@ -446,6 +450,8 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         doc["op_overhead_us_per_tensor"] = {k: _num(v * 1e6) for k, v in profile.op_overhead_s_per_tensor.items()}
     if profile.op_overhead_alone_s:
         doc["op_overhead_us_alone"] = {k: _num(v * 1e6) for k, v in profile.op_overhead_alone_s.items()}
+    if profile.op_overhead_more_chunks_s:
+        doc["op_overhead_us_more_chunks"] = {k: _num(v * 1e6) for k, v in profile.op_overhead_more_chunks_s.items()}
     if profile.optimizer_tensor_s:
         doc["optimizer_us_per_tensor"] = {k: _num(v * 1e6) for k, v in profile.optimizer_tensor_s.items()}
     if profile.optimizer_param_s:

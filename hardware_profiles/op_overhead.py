@@ -11,8 +11,8 @@ bandwidth figure contains.
 
 So we run (pipeline_ops.py) the schedules the runtime uses on two processes with
 identical MLP stages, each pinned to a core as the runtime's ranks are: GPipe, 1F1B
-and ZB-H1 (one stage a rank), interleaved 1F1B (two stages a rank, r and r + 2)
-and ZB-V (two stages a rank in a V, r and 3 - r: the first and last stage on rank
+and ZB-H1 (one stage a rank), interleaved 1F1B (two stages a rank, r and r + 2; and four,
+for the fixed term of plans with more stages a device: MORE_CHUNKS) and ZB-V (two stages a rank in a V, r and 3 - r: the first and last stage on rank
 0, the turn from stage 1 to 2 on rank 1 with no transfer), each placed as the
 runtime places it (pipeplan.schedules.stage_device), under
 torch.distributed.pipelining, and PipeDream's asynchronous 1F1B the way
@@ -91,6 +91,20 @@ assert all(facts(s).torch_class is not None for s in TORCH_SCHEDULES) and facts(
 # stages per rank; ZB-V's is the only count its torch class runs (ScheduleFacts.fixed_chunks)
 CHUNKS: Final[dict[str, int]] = {"gpipe": 1, "1f1b": 1, "interleaved": 2, "zb-h1": 1, "zb-v": 2, "pipedream": 1}
 assert CHUNKS["zb-v"] == facts("zb-v").fixed_chunks
+# A rank holding more stages pays more an op than `CHUNKS` shows: interleaved 1F1B on these ranks (the "small"
+# shape, benchmarks/chunks_probe.py, two runs, benchmarks/RESULTS.md) left 339-711 µs an op between its ops with 2
+# stages a rank, 638-971 with 4 and 823-1427 with 8, at 8 and at 2 microbatches; the messages an op (1.5, 1.75,
+# 1.875) explain a small part of it: an op with two messages after one with two cost 485-995 µs at 2 stages a rank,
+# 820-1161 at 4. examples/wide_mlp.py's
+# plan with 4 stages a device (the search's chunks are 2, 4 and 8, planner/configs.CHUNK_CHOICES) ran 12-29% slower
+# than its prediction at 2 stages' figure. So interleaved runs at MORE_CHUNKS stages a rank as well, at the
+# MORE_CHUNKS_SHAPES, for the fixed term at that count (`chunks_overhead_s`); 8 stages a rank take it too. At 4
+# microbatches, not 8: the gaps read alike (small shape, 4 stages a rank: 730-760 µs at M = 4, 610-853 at M = 8), and
+# the phase adds ~6 s to calibrate instead of ~12.
+MORE_CHUNKS: Final = 4
+MORE_CHUNKS_MICROBATCHES: Final = 4
+MORE_CHUNKS_SCHEDULES: Final[tuple[ScheduleName, ...]] = ("interleaved",)
+MORE_CHUNKS_SHAPES: Final[tuple[str, ...]] = ("small", "large")
 SOLO = "solo"  # the key of the ops timed outside any pipeline (pipeline_ops.solo_events)
 # A plan of one stage (one device, or data-parallel replicas of one stage) runs GPipe's or 1F1B's loop with no
 # messages (runtime/worker.build_schedule). Charged the two-rank pipeline's fixed term, which holds posting and
@@ -234,6 +248,37 @@ def op_overhead_s(
             extra = (TENSORS["split"] - 1) * moved["split"]
             per_tensor[name] = max(0.0, (charge["split"] - charge["large"]) / extra)
     return fixed, per_byte, per_tensor, detail
+
+
+def chunks_shape(shape: str) -> str:
+    """The shape part of the key of `shape`'s pipelines run at MORE_CHUNKS stages a rank (run_pipeline's output is
+    keyed "shape/schedule")."""
+    return f"{shape}@{MORE_CHUNKS}"
+
+
+def chunks_overhead_s(per_rank: list[dict[str, list[list[Event]]]], transfer_s: Callable[[int], float],
+                      per_byte: dict[str, float]) -> tuple[dict[str, float], dict[str, Any]]:
+    """Per schedule of MORE_CHUNKS_SCHEDULES: the fixed seconds an op with MORE_CHUNKS stages a rank (the term
+    `op_overhead_s` gives at CHUNKS), and the raw figures. Each MORE_CHUNKS_SHAPES shape's charge (gap + stolen CPU,
+    as `op_overhead_s` takes it) less the schedule's per-byte term at that pipeline's bytes an op (the slope from
+    CHUNKS: two shapes would fit a line of their own poorly); the mean over the shapes, clamped at 0."""
+    fixed: dict[str, float] = {}
+    detail: dict[str, Any] = {}
+    for name in MORE_CHUNKS_SCHEDULES:
+        terms = []
+        for shape in MORE_CHUNKS_SHAPES:
+            key = chunks_shape(shape)
+            if f"{key}/{name}" not in per_rank[0]:
+                continue
+            gap_s, stolen_s, _, compute_s = _charge_parts(per_rank, key, name, transfer_s(message_bytes(shape)))
+            moved = messages_per_op(*_steps(per_rank, f"{key}/{name}")[0])
+            terms.append(gap_s + stolen_s - per_byte.get(name, 0.0) * message_bytes(shape) * moved)
+            detail[f"{key}_{name}"] = {"gap_us": round(gap_s * 1e6, 1), "stolen_us": round(stolen_s * 1e6, 1),
+                                       "compute_per_op_ms": round(compute_s * 1e3, 3),
+                                       "messages_per_op": round(moved, 3)}
+        if terms:
+            fixed[name] = max(0.0, statistics.mean(terms))
+    return fixed, detail
 
 
 def alone_key(shape: str, name: str) -> str:

@@ -18,6 +18,10 @@ from pipeplan.hardware_profiles.op_overhead import (
     CHUNKS,
     HIDDEN,
     MICROBATCHES,
+    MORE_CHUNKS,
+    MORE_CHUNKS_MICROBATCHES,
+    MORE_CHUNKS_SCHEDULES,
+    MORE_CHUNKS_SHAPES,
     ROUNDS,
     SHAPES,
     SOLO,
@@ -29,6 +33,7 @@ from pipeplan.hardware_profiles.op_overhead import (
     WIDTH,
     Event,
     alone_key,
+    chunks_shape,
     shape_schedules,
 )
 from pipeplan.schedules import ScheduleName, device_stages, facts, local_order
@@ -75,6 +80,13 @@ def run_pipeline(rank: int) -> dict[str, list[list[Event]]]:
                 out.setdefault(f"{shape}/{name}", []).extend(
                     _torch_steps(rank, name, rows, layers, TENSORS[shape], hidden) if name in TORCH_SCHEDULES
                     else [_async_events(rank, rows, layers, hidden)])
+        for shape in MORE_CHUNKS_SHAPES:
+            rows, layers = SHAPES[shape]
+            for name in MORE_CHUNKS_SCHEDULES:
+                torch.manual_seed(rank)
+                dist.barrier()
+                out.setdefault(f"{chunks_shape(shape)}/{name}", []).extend(
+                    _torch_steps(rank, name, rows, layers, chunks=MORE_CHUNKS, microbatches=MORE_CHUNKS_MICROBATCHES))
     return out
 
 
@@ -126,19 +138,22 @@ def _stage_module(layers: int, tensors_in: int = 1, tensors_out: int = 1, hidden
 
 
 def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors: int = 1,
-                 hidden: int = WIDTH) -> list[list[Event]]:
+                 hidden: int = WIDTH, chunks: int | None = None, microbatches: int = MICROBATCHES
+                 ) -> list[list[Event]]:
     """`name` under its torch.distributed.pipelining class, every forward and backward (and W) timed, its stages
     where the runtime puts them (pipeplan.schedules.stage_device): stage s on rank s % 2, or ZB-V's V (stages 0 and
     3 on rank 0, 1 and 2 on rank 1, the hand-over from 1 to 2 without a transfer). Every cut carries `tensors`
-    tensors (the model's input and the last stage's output stay one)."""
+    tensors (the model's input and the last stage's output stay one). `chunks`: stages a rank, CHUNKS[name] unless
+    given (interleaved runs at MORE_CHUNKS too, at `microbatches` MORE_CHUNKS_MICROBATCHES)."""
     import torch
     import torch.distributed as dist
     from torch.distributed import pipelining
 
     from pipeplan.lean_gpipe import single_stage_schedule
 
-    n_stages = 2 * CHUNKS[name]
-    mine = device_stages(name, rank, 2, CHUNKS[name])  # the runtime's placement (runtime/placement.stage_ranks)
+    chunks = CHUNKS[name] if chunks is None else chunks
+    n_stages = 2 * chunks
+    mine = device_stages(name, rank, 2, chunks)  # the runtime's placement (runtime/placement.stage_ranks)
     events: list[Event] = []
     stages: list[Any] = []
     for index in mine:  # in model order, as the runtime lists a rank's stages
@@ -151,11 +166,11 @@ def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors:
     # as runtime/worker.build_schedule: the multi-stage classes (interleaving, zero bubble) take the rank's stage
     # list, the others its one stage
     multi = facts(name).interleaves or facts(name).splits_backward
-    schedule = cls(stages, MICROBATCHES, loss_fn=loss) if multi else \
-        single_stage_schedule(cls, stages[0], MICROBATCHES, loss_fn=loss)  # GPipe, 1F1B: the runtime's loops
+    schedule = cls(stages, microbatches, loss_fn=loss) if multi else \
+        single_stage_schedule(cls, stages[0], microbatches, loss_fn=loss)  # GPipe, 1F1B: the runtime's loops
     # the rank with stage 0 feeds the inputs, the one with the last stage the targets (ZB-V's rank 0: both)
-    args = (torch.randn(rows * MICROBATCHES, WIDTH),) if 0 in mine else ()
-    kwargs = {"target": torch.zeros(rows * MICROBATCHES)} if n_stages - 1 in mine else {}
+    args = (torch.randn(rows * microbatches, WIDTH),) if 0 in mine else ()
+    kwargs = {"target": torch.zeros(rows * microbatches)} if n_stages - 1 in mine else {}
     steps = []
     for i in range(STEPS):
         dist.barrier()

@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeplan.choices import DTYPES
 from pipeplan.errors import UserError
+from pipeplan.hardware_profiles.op_overhead import CHUNKS, MORE_CHUNKS
 from pipeplan.schedules import facts
 
 # DTYPES is pipeplan.choices' (defined there once); still importable from here for existing callers.
@@ -22,6 +23,16 @@ __all__ = ["DTYPES", "HardwareProfile", "Link"]
 # calibrate times beside batch norm (a "norm" part is priced at batch norm's figure).
 DISPATCH_KINDS = ("matmul", "conv", "conv3x3", "attention", "embedding", "norm", "layer_norm", "elementwise",
                   "dropout", "other")
+
+
+def more_chunks_fixed_s(at_calibrated_s: float, at_more_s: float, chunks: int, calibrated: int = CHUNKS["interleaved"],
+                        more: int = MORE_CHUNKS) -> float:
+    """The fixed seconds an op of a plan with `chunks` stages a device: measured at `calibrated` and at `more` stages
+    a rank, in a straight line between them, flat outside: 8 stages a rank take 4's, the low side of what they
+    measured (gaps an op here, benchmarks/chunks_probe.py: 339-711 µs at 2 stages a rank, 638-971 at 4, 823-1427 at
+    8; op_overhead.MORE_CHUNKS)."""
+    share = min(1.0, max(0.0, (chunks - calibrated) / (more - calibrated)))
+    return at_calibrated_s + share * (at_more_s - at_calibrated_s)
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,9 @@ class HardwareProfile:
     # The per-op time of GPipe's and 1F1B's loops over one stage with no messages (a one-stage plan), in place of
     # the terms above for such a plan (op_overhead.alone_overhead_s); empty = not measured.
     op_overhead_alone_s: dict[str, float] = field(default_factory=dict)
+    # The fixed term of `op_overhead_s` for a rank holding op_overhead.MORE_CHUNKS (4) stages or more, measured there
+    # (interleaved; op_overhead.chunks_overhead_s); empty = not measured (every count takes op_overhead_s's).
+    op_overhead_more_chunks_s: dict[str, float] = field(default_factory=dict)
     # Factor on a device's compute time while the other devices of its node compute too.
     # GPUs: 1. A local profile's cores share caches, memory bandwidth and sometimes a physical
     # core, so `profiles calibrate` measures it (its other timings run on one core alone).
@@ -130,7 +144,8 @@ class HardwareProfile:
         maker = self.device.split()[0].lower() if self.device.strip() else ""
         return maker if not self.local and maker in ("nvidia", "amd") else None
 
-    def overhead_for(self, schedule: str, nbytes: int = 0, extra_tensors: int = 0, *, alone: bool = False) -> float:
+    def overhead_for(self, schedule: str, nbytes: int = 0, extra_tensors: int = 0, *, alone: bool = False,
+                     chunks: int = 1) -> float:
         """Runtime seconds for one op of `schedule` that sends and receives `nbytes` in all, in messages that carry
         `extra_tensors` tensors beyond one each. `alone`: the op's stage is its plan's only one (no messages), and
         the schedule's one-stage loop was measured (`op_overhead_alone_s`): that figure. Else the schedule's own
@@ -141,13 +156,18 @@ class HardwareProfile:
         torch runtime posting each op's sends and receives), interleaved's for the schedules with several stages a
         rank (the V schedules in a profile calibrated before ZB-V was measured: each op posting its own sends), else
         1F1B's (and 1F1B's for all of them in a profile calibrated before the others were measured); 0 where nothing
-        was measured."""
+        was measured. `chunks`: the plan's stages a device; where the fixed term was measured at more of them too
+        (`op_overhead_more_chunks_s`), it goes from the calibrated count's figure to that one's in a straight line
+        and stays there above it (`more_chunks_fixed_s`)."""
         if alone and schedule in self.op_overhead_alone_s:
             return self.op_overhead_alone_s[schedule]
-        fixed = self._nearest(schedule, self.op_overhead_s)
-        per_byte = self.op_overhead_s_per_byte.get(fixed, 0.0)
+        key = self._nearest(schedule, self.op_overhead_s)
+        per_byte = self.op_overhead_s_per_byte.get(key, 0.0)
         per_tensor = self.op_overhead_s_per_tensor.get(self._nearest(schedule, self.op_overhead_s_per_tensor), 0.0)
-        return float(self.op_overhead_s.get(fixed, 0.0) + per_byte * nbytes + per_tensor * extra_tensors)
+        fixed = self.op_overhead_s.get(key, 0.0)
+        if key in self.op_overhead_more_chunks_s:
+            fixed = more_chunks_fixed_s(fixed, self.op_overhead_more_chunks_s[key], chunks)
+        return float(fixed + per_byte * nbytes + per_tensor * extra_tensors)
 
     def op_overhead_text(self) -> str:
         """Each measured schedule's terms of `overhead_for`, for people ("" where nothing was measured)."""
@@ -156,7 +176,9 @@ class HardwareProfile:
             return out + (f" + {self.op_overhead_s_per_tensor[k] * 1e6:.0f} µs/extra tensor"
                           if k in self.op_overhead_s_per_tensor else "")
         alone = ", ".join(f"{k} {v * 1e6:.0f} µs" for k, v in self.op_overhead_alone_s.items())
+        more = ", ".join(f"{k} {v * 1e6:.0f} µs" for k, v in self.op_overhead_more_chunks_s.items())
         return "; ".join([*(terms(k, v) for k, v in self.op_overhead_s.items()),
+                          *([f"fixed at {MORE_CHUNKS}+ stages a device: {more}"] if more else []),
                           *([f"one stage: {alone}"] if alone else [])])
 
     @staticmethod

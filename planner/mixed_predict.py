@@ -90,7 +90,8 @@ def mixed_predict(graph: Graph, cluster: Cluster, assignment: Sequence[int], typ
     for s in range(S - 1):
         if types[s] != types[s + 1]:  # across groups: the cluster's link
             x.send[s] = p2p_time_s(x.send_bytes[s], cluster.link) if x.send_bytes[s] else 0.0
-    overhead_s = [cluster.groups[g].profile.overhead_for(config.schedule, n, extra, alone=S == 1)
+    overhead_s = [cluster.groups[g].profile.overhead_for(config.schedule, n, extra, alone=S == 1,
+                                                         chunks=config.chunks)
                   for g, n, extra in zip(types, x.msg_bytes, x.msg_extra_tensors, strict=True)]
     group_profiles = [cluster.groups[g].profile for g in set(types)]
     overlap = all(collectives_overlap(p) for p in group_profiles)

@@ -201,7 +201,7 @@ def predict(graph: Graph, profile: HardwareProfile, assignment: Sequence[int], c
                      slow_memory=slow_memory, split_extra_s=split_extra_s)
     # The runtime's own time around every op (calibrated on local profiles, else 0) is part of
     # the iteration but not of the stage's compute: simulated, reported apart from fwd_s/bwd_s.
-    overhead_s = [profile.overhead_for(config.schedule, nbytes, extra, alone=S == 1)
+    overhead_s = [profile.overhead_for(config.schedule, nbytes, extra, alone=S == 1, chunks=config.chunks)
                   for nbytes, extra in zip(x.msg_bytes, x.msg_extra_tensors, strict=True)]
     overlap, slowdown = collectives_overlap(profile), overlap_slowdown(profile)
     waits = receives_wait(profile, config.schedule)

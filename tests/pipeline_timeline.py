@@ -9,12 +9,13 @@ from pipeplan.schedules import local_order, stage_device
 from pipeplan.v_orders import zbv_order
 
 
-def orders(schedule: str, M: int) -> tuple[list, list]:
+def orders(schedule: str, M: int, chunks: int | None = None) -> tuple[list, list]:
     """Op order (kind, stage, microbatch) of each of 2 ranks, as torch's schedules run them for GPipe, 1F1B and
     ZB-V (rank r holds stages r and 3 - r; pipeplan/v_orders.py, checked op for op against torch), and the
     asynchronous loop for PipeDream; for interleaved (stages r and r + 2 on rank r) a valid depth-first order
     (forwards of stage r, then r + 2, backwards the other way round) and for ZB-H1 1F1B's with each W right
-    after its B (the gaps do not depend on which valid order)."""
+    after its B (the gaps do not depend on which valid order). `chunks`: interleaved's stages a rank (CHUNKS'
+    unless given): rank r holds r, r + 2, ...; forwards stage by stage up, backwards down."""
     if schedule == "zb-v":
         v = [zbv_order(r, 2, M) for r in (0, 1)]
         return v[0], v[1]
@@ -30,8 +31,9 @@ def orders(schedule: str, M: int) -> tuple[list, list]:
         gpipe = [[("F", r, m) for m in range(M)] + [("B", r, m) for m in range(M)] for r in (0, 1)]
         return gpipe[0], gpipe[1]
     if schedule == "interleaved":
-        inter = [[("F", s, m) for s in (r, r + 2) for m in range(M)] + [("B", s, m) for s in (r + 2, r) for m in range(M)]
-                 for r in (0, 1)]
+        mine = [list(range(r, 2 * (chunks or CHUNKS[schedule]), 2)) for r in (0, 1)]
+        inter = [[("F", s, m) for s in mine[r] for m in range(M)] + [("B", s, m) for s in mine[r][::-1]
+                                                                    for m in range(M)] for r in (0, 1)]
         return inter[0], inter[1]
     first = [("F", 0, 0)] + [op for m in range(1, M) for op in (("F", 0, m), ("B", 0, m - 1))] + [("B", 0, M - 1)]
     second = [op for m in range(M) for op in (("F", 1, m), ("B", 1, m))]
@@ -39,12 +41,13 @@ def orders(schedule: str, M: int) -> tuple[list, list]:
 
 
 def timeline(schedule: str, M: int, f: float, b: float, gap: float, transfer: float,
-             stolen: float = 0.0, gap_of: Callable[[str, int], float] | None = None) -> tuple[list, list]:
+             stolen: float = 0.0, gap_of: Callable[[str, int], float] | None = None,
+             chunks: int | None = None) -> tuple[list, list]:
     """Events of a pipeline in which every op starts exactly `gap` after it could have (a dependency on the other
     rank: `transfer` after it ended; the schedule's placement says which rank a stage is on), plus `gap_of(kind,
-    stage)` where given, and during every op other threads used `stolen` seconds of CPU."""
-    order = orders(schedule, M)
-    stages = 2 * CHUNKS[schedule]
+    stage)` where given, and during every op other threads used `stolen` seconds of CPU. `chunks` as `orders`."""
+    order = orders(schedule, M, chunks)
+    stages = 2 * (chunks or CHUNKS[schedule])
     events: list[list] = [[], []]
     end: dict = {}
     ptr, free = [0, 0], [None, None]

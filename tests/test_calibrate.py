@@ -288,6 +288,11 @@ def test_real_calibration_writes_a_loadable_local_profile(real_run):
     # ... and around each op of GPipe's and 1F1B's loops over one stage (no messages): Python's bookkeeping only
     assert set(prof.op_overhead_alone_s) == set(op_overhead.ALONE_SCHEDULES)
     assert all(1e-6 < o < 2e-3 for o in prof.op_overhead_alone_s.values()), prof.op_overhead_alone_s
+    # ... and the fixed part again with 4 stages a rank (interleaved): around ~3 ms ops, under 4 ms too
+    assert set(prof.op_overhead_more_chunks_s) == set(op_overhead.MORE_CHUNKS_SCHEDULES)
+    assert all(0 <= o < 4e-3 for o in prof.op_overhead_more_chunks_s.values()), prof.op_overhead_more_chunks_s
+    more = prof.calibration["op_overhead"][f"{op_overhead.chunks_shape('small')}_interleaved"]
+    assert more["messages_per_op"] == 1.75 and more["gap_us"] > 0
     assert 1.0 <= prof.concurrency_slowdown <= 4.0
     assert len(prof.calibration["concurrency_slowdown_per_rank"]) == 2
     assert prof.memory_concurrency_slowdown is not None and 1.0 <= prof.memory_concurrency_slowdown <= 4.0
