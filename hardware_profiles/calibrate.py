@@ -279,7 +279,7 @@ def measure_p2p(timeout_s: float = 240.0) -> P2PResult:
 
     `timeout_s` bounds a hang, not the work: the whole phase (spawn, link, collectives, probe and six
     schedules' pipelines, two rounds of four shapes) ran ~38 s on this repo's 2-core VM with the host quiet
-    (interleaved at 4 stages a rank on two shapes added ~5 s);
+    (interleaved at 4 stages a rank on one shape adds ~5 s);
     one round of two shapes had run 20 s quiet and 41 s under its neighbours' load, so 240 s leaves ~3x."""
     import torch.multiprocessing as mp
 

@@ -11,9 +11,10 @@ bandwidth figure contains.
 
 So we run (pipeline_ops.py) the schedules the runtime uses on two processes with
 identical MLP stages, each pinned to a core as the runtime's ranks are: GPipe, 1F1B
-and ZB-H1 (one stage a rank), interleaved 1F1B (two stages a rank, r and r + 2; and four,
-for the fixed term of plans with more stages a device: MORE_CHUNKS) and ZB-V (two stages a rank in a V, r and 3 - r: the first and last stage on rank
-0, the turn from stage 1 to 2 on rank 1 with no transfer), each placed as the
+and ZB-H1 (one stage a rank), interleaved 1F1B (two stages a rank, r and r + 2; and
+four, for the fixed term of plans with more stages a device: MORE_CHUNKS) and ZB-V
+(two stages a rank in a V, r and 3 - r: the first and last stage on rank 0, the turn
+from stage 1 to 2 on rank 1 with no transfer), each placed as the
 runtime places it (pipeplan.schedules.stage_device), under
 torch.distributed.pipelining, and PipeDream's asynchronous 1F1B the way
 runtime/pipedream.py runs it (its own loop and messages, no flush; PipeDream-2BW
@@ -91,20 +92,20 @@ assert all(facts(s).torch_class is not None for s in TORCH_SCHEDULES) and facts(
 # stages per rank; ZB-V's is the only count its torch class runs (ScheduleFacts.fixed_chunks)
 CHUNKS: Final[dict[str, int]] = {"gpipe": 1, "1f1b": 1, "interleaved": 2, "zb-h1": 1, "zb-v": 2, "pipedream": 1}
 assert CHUNKS["zb-v"] == facts("zb-v").fixed_chunks
-# A rank holding more stages pays more an op than `CHUNKS` shows: interleaved 1F1B on these ranks (the "small"
-# shape, benchmarks/chunks_probe.py, two runs, benchmarks/RESULTS.md) left 339-711 µs an op between its ops with 2
-# stages a rank, 638-971 with 4 and 823-1427 with 8, at 8 and at 2 microbatches; the messages an op (1.5, 1.75,
-# 1.875) explain a small part of it: an op with two messages after one with two cost 485-995 µs at 2 stages a rank,
-# 820-1161 at 4. examples/wide_mlp.py's
-# plan with 4 stages a device (the search's chunks are 2, 4 and 8, planner/configs.CHUNK_CHOICES) ran 12-29% slower
-# than its prediction at 2 stages' figure. So interleaved runs at MORE_CHUNKS stages a rank as well, at the
-# MORE_CHUNKS_SHAPES, for the fixed term at that count (`chunks_overhead_s`); 8 stages a rank take it too. At 4
-# microbatches, not 8: the gaps read alike (small shape, 4 stages a rank: 730-760 µs at M = 4, 610-853 at M = 8), and
-# the phase adds ~6 s to calibrate instead of ~12.
+# A rank holding more stages pays more an op than `CHUNKS` shows: interleaved 1F1B on these ranks (the "small" shape,
+# benchmarks/chunks_probe.py, two runs, benchmarks/RESULTS.md) left 339-711 µs an op between its ops with 2 stages a
+# rank, 638-971 with 4 and 823-1427 with 8, at 8 and at 2 microbatches; the messages an op (1.5, 1.75, 1.875) explain
+# a small part of it: an op with two messages after one with two cost 485-995 µs at 2 stages a rank, 820-1161 at 4.
+# examples/wide_mlp.py's plan with 4 stages a device (the search's chunks are 2, 4 and 8,
+# planner/configs.CHUNK_CHOICES) ran 12-29% slower than its prediction at 2 stages' figure. So interleaved runs at
+# MORE_CHUNKS stages a rank as well, at M = MICROBATCHES as everywhere here, for the fixed term at that count
+# (`chunks_overhead_s`); 8 stages a rank take it too. One shape, not the line's three: the growth read alike at 1 MiB
+# (large shape, M = 8: 577 -> 838 µs, 1.45x; small 1.38-1.57x), and the phase adds ~6 s to calibrate. Not at M = 4,
+# which would halve that: the probe read 4 stages a rank at 646 µs an op there against 830 at M = 8 (2 stages a rank
+# 403 and 528), and the 2-stage figure it is set against is measured at M = 8.
 MORE_CHUNKS: Final = 4
-MORE_CHUNKS_MICROBATCHES: Final = 4
 MORE_CHUNKS_SCHEDULES: Final[tuple[ScheduleName, ...]] = ("interleaved",)
-MORE_CHUNKS_SHAPES: Final[tuple[str, ...]] = ("small", "large")
+MORE_CHUNKS_SHAPES: Final[tuple[str, ...]] = ("small",)
 SOLO = "solo"  # the key of the ops timed outside any pipeline (pipeline_ops.solo_events)
 # A plan of one stage (one device, or data-parallel replicas of one stage) runs GPipe's or 1F1B's loop with no
 # messages (runtime/worker.build_schedule). Charged the two-rank pipeline's fixed term, which holds posting and
@@ -260,8 +261,8 @@ def chunks_overhead_s(per_rank: list[dict[str, list[list[Event]]]], transfer_s: 
                       per_byte: dict[str, float]) -> tuple[dict[str, float], dict[str, Any]]:
     """Per schedule of MORE_CHUNKS_SCHEDULES: the fixed seconds an op with MORE_CHUNKS stages a rank (the term
     `op_overhead_s` gives at CHUNKS), and the raw figures. Each MORE_CHUNKS_SHAPES shape's charge (gap + stolen CPU,
-    as `op_overhead_s` takes it) less the schedule's per-byte term at that pipeline's bytes an op (the slope from
-    CHUNKS: two shapes would fit a line of their own poorly); the mean over the shapes, clamped at 0."""
+    as `op_overhead_s` takes it) less the schedule's per-byte term at that pipeline's bytes an op (the slope
+    measured at CHUNKS); the mean over the shapes, clamped at 0."""
     fixed: dict[str, float] = {}
     detail: dict[str, Any] = {}
     for name in MORE_CHUNKS_SCHEDULES:

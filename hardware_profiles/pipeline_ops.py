@@ -19,7 +19,6 @@ from pipeplan.hardware_profiles.op_overhead import (
     HIDDEN,
     MICROBATCHES,
     MORE_CHUNKS,
-    MORE_CHUNKS_MICROBATCHES,
     MORE_CHUNKS_SCHEDULES,
     MORE_CHUNKS_SHAPES,
     ROUNDS,
@@ -86,7 +85,7 @@ def run_pipeline(rank: int) -> dict[str, list[list[Event]]]:
                 torch.manual_seed(rank)
                 dist.barrier()
                 out.setdefault(f"{chunks_shape(shape)}/{name}", []).extend(
-                    _torch_steps(rank, name, rows, layers, chunks=MORE_CHUNKS, microbatches=MORE_CHUNKS_MICROBATCHES))
+                    _torch_steps(rank, name, rows, layers, chunks=MORE_CHUNKS))
     return out
 
 
@@ -144,7 +143,8 @@ def _torch_steps(rank: int, name: ScheduleName, rows: int, layers: int, tensors:
     where the runtime puts them (pipeplan.schedules.stage_device): stage s on rank s % 2, or ZB-V's V (stages 0 and
     3 on rank 0, 1 and 2 on rank 1, the hand-over from 1 to 2 without a transfer). Every cut carries `tensors`
     tensors (the model's input and the last stage's output stay one). `chunks`: stages a rank, CHUNKS[name] unless
-    given (interleaved runs at MORE_CHUNKS too, at `microbatches` MORE_CHUNKS_MICROBATCHES)."""
+    given (interleaved runs at MORE_CHUNKS too); `microbatches`: MICROBATCHES unless given (benchmarks/chunks_probe.py
+    varies both)."""
     import torch
     import torch.distributed as dist
     from torch.distributed import pipelining
