@@ -348,7 +348,8 @@ def test_bad_concurrency_slowdown_exits_2(tmp_path, text):
     ("900", "mapping"),
     ("{gpipe: '5 us'}", "plain number"),
 ])
-@pytest.mark.parametrize("field", ["op_overhead_us", "op_overhead_us_per_mib", "op_overhead_us_per_tensor"])
+@pytest.mark.parametrize("field", ["op_overhead_us", "op_overhead_us_per_mib", "op_overhead_us_per_tensor",
+                                   "op_overhead_us_more_chunks"])
 def test_bad_overhead_exits_2_naming_the_field(tmp_path, value, words, field):
     path = tmp_path / "box.yaml"
     path.write_text(BASE + f"{field}: {value}\n")
