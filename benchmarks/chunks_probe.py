@@ -51,28 +51,15 @@ def worker(rank: int, port: int, shape: str, rounds: int, variants: list[tuple[i
     dist.destroy_process_group()
 
 
-def by_messages(a: list, b: list, stages: int, transfer_s: float) -> dict[tuple[int, int], list[float]]:
-    """Each op's gap (as op_gaps_s computes it), keyed by (messages of its stage, of the rank's previous op's)."""
-    from pipeplan.hardware_profiles.op_overhead import depends_on
+def by_messages(a: list, b: list, transfer_s: float) -> dict[tuple[int, int], list[float]]:
+    """Each op's gap (op_overhead.op_gaps), keyed by (messages of its stage, of the rank's previous op's; 0 where
+    there is none)."""
+    from pipeplan.hardware_profiles.op_overhead import op_gaps, stage_messages
 
-    rank_of = {e[1]: r for r, events in ((0, a), (1, b)) for e in events}
-    end = {(e[0], e[1], e[2]): e[4] for e in a + b}
-
-    def msgs(stage: int) -> int:
-        return sum(1 for n in (stage - 1, stage + 1) if 0 <= n < stages and rank_of[n] != rank_of[stage])
-
+    msgs = stage_messages(a, b)
     out: dict[tuple[int, int], list[float]] = {}
-    for r, events in ((0, a), (1, b)):
-        prev = None
-        for event in events:
-            kind, stage, mb, t0 = event[:4]
-            dep = depends_on(kind, stage, mb, stages)
-            ready = [prev[4]] if prev else []
-            if dep is not None and dep in end:
-                ready.append(end[dep] + (transfer_s if rank_of[dep[1]] != r else 0.0))
-            if ready:
-                out.setdefault((msgs(stage), msgs(prev[1]) if prev else 0), []).append(max(0.0, t0 - max(ready)))
-            prev = event
+    for op, prev, gap in op_gaps(a, b, transfer_s):
+        out.setdefault((msgs[op[1]], msgs[prev[1]] if prev else 0), []).append(gap)
     return out
 
 
@@ -114,7 +101,7 @@ def main() -> None:
             gaps = op_overhead.op_gaps_s(a, b, transfer_s)
             span = max(e[4] for e in a + b) - min(e[3] for e in a + b)
             rows.append((span, sum(x for _, x in gaps), len(a)))
-            for k, v in by_messages(a, b, 2 * chunks, transfer_s).items():
+            for k, v in by_messages(a, b, transfer_s).items():
                 classes.setdefault((chunks, m), {}).setdefault(k, []).extend(v)
         span, gap = statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
         print(f"| {chunks} | {m} | {rows[0][2]} | {span * 1e3:.1f} | {gap * 1e3:.2f} | {gap / (2 * rows[0][2]) * 1e6:.0f} |")

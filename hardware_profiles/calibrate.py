@@ -406,11 +406,13 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
     one_way, pipeline_events, slowdowns, memory_slowdowns, collective_times = step(
         "link, collectives, pipeline ops and two busy cores (2 processes, gloo)", measure_p2p)
     link_bw, link_lat = link_from_p2p(one_way)
+    def transfer_s(nbytes: int) -> float:  # the idle link's time for a message
+        return link_lat + nbytes / link_bw
+
     overhead_s, overhead_per_byte_s, overhead_per_tensor_s, overhead_detail = op_overhead.op_overhead_s(
-        pipeline_events, lambda nbytes: link_lat + nbytes / link_bw)
+        pipeline_events, transfer_s)
     alone_s = op_overhead.alone_overhead_s(pipeline_events)
-    more_chunks_s, more_chunks_detail = op_overhead.chunks_overhead_s(
-        pipeline_events, lambda nbytes: link_lat + nbytes / link_bw, overhead_per_byte_s)
+    more_chunks_s, more_chunks_detail = op_overhead.chunks_overhead_s(pipeline_events, transfer_s, overhead_per_byte_s)
     overhead_detail.update(more_chunks_detail)
     peak32 = max(fp32)
     peak16 = max(bf16) if bf16 else None

@@ -166,23 +166,30 @@ def op_gaps_s(first: list[Event], second: list[Event], transfer_s: float) -> lis
     stage's rank is read off the events, so any placement works: round-robin, or ZB-V's V, where the last
     stage is on rank 0 and stage 1 hands its output to stage 2 on the same rank (no transfer).
     """
+    return [(op[0], gap) for op, _, gap in op_gaps(first, second, transfer_s)]
+
+
+def op_gaps(first: list[Event], second: list[Event], transfer_s: float) -> list[tuple[Event, Event | None, float]]:
+    """`op_gaps_s` with each gap's op and its rank's previous op (None for a rank's first), for a reader that
+    sorts the gaps by more than the op's kind (benchmarks/chunks_probe.py)."""
     end, rank_of = {}, {}
     for rank, events in ((0, first), (1, second)):
         for kind, stage, mb, _, t1, _ in events:
             end[(kind, stage, mb)] = t1
             rank_of[stage] = rank
     stages = len(rank_of)
-    gaps = []
+    gaps: list[tuple[Event, Event | None, float]] = []
     for rank, events in ((0, first), (1, second)):
-        prev = None
-        for kind, stage, mb, t0, t1, _ in events:
+        prev: Event | None = None
+        for op in events:
+            kind, stage, mb, t0 = op[:4]
             dep = depends_on(kind, stage, mb, stages)
-            ready = [prev] if prev is not None else []
+            ready = [prev[4]] if prev is not None else []
             if dep is not None and dep in end:
                 ready.append(end[dep] + (transfer_s if rank_of[dep[1]] != rank else 0.0))
             if ready:
-                gaps.append((kind, max(0.0, t0 - max(ready))))
-            prev = t1
+                gaps.append((op, prev, max(0.0, t0 - max(ready))))
+            prev = op
     return gaps
 
 
@@ -196,11 +203,18 @@ def shape_schedules(shape: str) -> tuple[ScheduleName, ...]:
 def messages_per_op(first: list[Event], second: list[Event]) -> float:
     """The mean number of messages a forward or backward sends or receives in this step: one per neighbouring stage
     on the other rank (a cut between two stages of one rank, the turn of a V, is a hand-over in memory)."""
+    per_stage = stage_messages(first, second)
+    counts = [per_stage[stage] for kind, stage, *_ in first + second if kind != "W"]
+    return sum(counts) / max(1, len(counts))
+
+
+def stage_messages(first: list[Event], second: list[Event]) -> dict[int, int]:
+    """Per stage of this step, the messages each of its forwards and backwards sends or receives: one per
+    neighbouring stage on the other rank."""
     rank_of = {stage: rank for rank, events in enumerate((first, second)) for _, stage, *_ in events}
     last = max(rank_of)
-    counts = [sum(1 for n in (stage - 1, stage + 1) if 0 <= n <= last and rank_of[n] != rank_of[stage])
-              for kind, stage, *_ in first + second if kind != "W"]
-    return sum(counts) / max(1, len(counts))
+    return {stage: sum(1 for n in (stage - 1, stage + 1) if 0 <= n <= last and rank_of[n] != rank)
+            for stage, rank in rank_of.items()}
 
 
 def op_overhead_s(
