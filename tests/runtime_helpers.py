@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -119,7 +120,9 @@ def run_worker(plans: list, nproc: int, *args: str, timeout: float = 600,
     fail unless it exited 0 (off for a caller that keeps the log or expects a failure)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "--max-restarts", "0", "-m", "pipeplan.runtime.worker", *map(str, plans), *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    with tempfile.TemporaryDirectory(prefix="pipeplan-test-torchrun-") as tmp:  # torchrun's torchelastic_* log folder
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": tmp})
     assert not check or r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
 
