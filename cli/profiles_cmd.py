@@ -189,10 +189,11 @@ def calibrate_cmd(output: Path, name: str, budget_s: float, as_json: bool, quiet
 def _calibrate_cuda(output: Path, name: str, as_json: bool, quiet: bool) -> None:
     """`profiles calibrate` on GPU 0 (hardware_profiles/calibrate_cuda.py); --budget-s does not apply (~1 min)."""
     from pipeplan.cli.progress import progress_display
+    from pipeplan.costmodels.norm_calibration import with_batch_norm_factors
     from pipeplan.hardware_profiles.calibrate_cuda import calibrate_cuda
 
     with progress_display(enabled=not quiet) as phases:
-        prof = calibrate_cuda(name=name, progress=phases("calibrate (cuda): "))
+        prof = with_batch_norm_factors(calibrate_cuda(name=name, progress=phases("calibrate (cuda): ")))
     save_profile(prof, output)
     prof = dataclasses.replace(prof, path=str(output))
     if as_json:

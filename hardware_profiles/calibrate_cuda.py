@@ -15,7 +15,10 @@ What is measured, and how each number is defined (every one is written with its 
   grad), back-to-back without synchronizing: eager PyTorch's floor per op.
 - dispatch_us_by_kind: the same by op kind and pass (calibrate_dispatch.py).
 - channel_factors: 3x3 convolutions of 16-256 channels (`measure_conv_sweep`, kept as
-  `calibration.conv3x3_sweep`), each channel count's efficiency over the conv3x3 curve's.
+  `calibration.conv3x3_sweep`), each channel count's efficiency over the conv3x3 curve's; training-mode batch
+  norms of 16-2048 channels (`measure_norm_sweep`, kept as `calibration.batch_norm_sweep`), turned into
+  "norm@dtype" factors by the cost model that prices them (costmodels/norm_calibration.py: the layer import
+  order keeps the tracer's byte count out of this package).
 - optimizer_us_per_tensor / optimizer_ns_per_param / optimizer_us_per_step: the runtime's step on the GPU,
   torch.optim's fused kernels (pipeplan/optimizers.py; optimizer_overhead.py); `calibration.adam_step_us_by_tensors`: Adam over 1, 16, 64 tensors.
 - memory bandwidth: a 1 GiB device-to-device copy, bytes read + written over time;
@@ -50,6 +53,12 @@ CONV_BATCHES = (1, 4, 16, 64, 256)  # N of a 3x3 convolution, C_in = C_out = 128
 CONV_SHAPE = (128, 28)
 CONV_SWEEP = ((16, 32), (32, 16), (64, 8), (128, 4), (64, 32), (128, 16), (256, 8))  # (C, HW), batch below
 CONV_SWEEP_BATCH = 256
+# (C, HW, N) of an NCHW batch norm, 2^25 elements each (128 MiB in fp32: past an H100's 50 MB L2, so HBM): 16 to
+# 2048 channels, a CIFAR ResNet's stem to ResNet-50's last stage; one thread block reduces each channel.
+NORM_SWEEP = ((16, 64, 512), (32, 64, 256), (64, 32, 512), (128, 32, 256), (256, 16, 512), (512, 16, 256),
+              (1024, 8, 512), (2048, 8, 256))
+NORM_SWEEP_CALLS = 20  # per graph: ~0.1-1 ms a call on an H100, a few ms a replay
+BN_MOMENTUM, BN_EPS = 0.1, 1e-5  # nn.BatchNorm2d's defaults
 ATTENTION_SEQS = (128, 256, 512, 1024, 2048, 4096)  # S of causal SDPA, batch 8, 12 heads of 64
 ATTENTION_SHAPE = (8, 12, 64)
 COPY_BYTES = GIB  # far beyond the H100's 50 MB L2, so this is HBM bandwidth
@@ -172,6 +181,38 @@ def measure_conv_sweep(dtype_name: str) -> list[list[float]]:
     return out
 
 
+def measure_norm_sweep(dtype_name: str, *, device: str = "cuda",
+                       time_s: Callable[[Callable[[], object], int], float] | None = None) -> list[list[float]]:
+    """[C, HW, N, forward s, backward s] per training-mode batch norm of NORM_SWEEP's shapes, as autograd runs
+    one: aten._batch_norm_with_update forward (statistics, normalisation, running-statistics update) and
+    aten.batch_norm_backward with its saved mean, inverse std and reserve (cuDNN's or the native kernels, whichever
+    torch picks for the shape). In bf16 the input is bf16 and the affine parameters and statistics fp32, as a
+    convolution's output meets an nn.BatchNorm2d under torch.autocast (batch_norm is on neither autocast list).
+
+    Why: an NCHW batch norm reduces each channel in one thread block, so few channels leave the GPU's bandwidth
+    idle (cunn's kernel on a Titan X: 1.89x as long per element at 16 channels as at 128-512, the GP102 profiles'
+    `channel_factors`), and a calibrated profile priced batch norms at the copy's bandwidth: the 32x32 ResNet's
+    17-64% under their traced times on an H200 (RESULTS, "GPU: predicted against measured" (a)).
+    `device`/`time_s`: tests run the same ops on the CPU with a wall-clock timer (default: CUDA graphs, events).
+    """
+    torch = _torch()
+    time_s = time_s or time_per_call_s
+    ops = torch.ops.aten
+    out = []
+    for c, hw, n in NORM_SWEEP:
+        x = torch.randn(n, c, hw, hw, device=device, dtype=_dtype(dtype_name))
+        w, b = torch.ones(c, device=device), torch.zeros(c, device=device)
+        mean, var = torch.zeros(c, device=device), torch.ones(c, device=device)
+        fwd = functools.partial(ops._batch_norm_with_update, x, w, b, mean, var, BN_MOMENTUM, BN_EPS)
+        _, saved_mean, saved_rstd, reserve = fwd()
+        gy = torch.randn_like(x)
+        bwd = functools.partial(ops.batch_norm_backward, gy, x, w, mean, var, saved_mean, saved_rstd, True, BN_EPS,
+                                [True, True, True], reserve)
+        out.append([c, hw, n, time_s(fwd, NORM_SWEEP_CALLS), time_s(bwd, NORM_SWEEP_CALLS)])
+        del x, gy, reserve
+    return out
+
+
 def measure_attention(dtype_name: str) -> list[tuple[float, float]]:
     """(FLOPs, seconds) per causal SDPA forward, FLOPs 4*B*H*S^2*D (torch's sdpa_flop_count) for each S."""
     torch = _torch()
@@ -287,9 +328,10 @@ def _host_and_shape_facts(step: Callable[[str, int, int], None]) -> dict[str, An
     from pipeplan.hardware_profiles import optimizer_overhead
     from pipeplan.hardware_profiles.calibrate_dispatch import measure_dispatch_by_kind
 
-    step("per-kind dispatch and convolution shapes", 5, 7)
+    step("per-kind dispatch, convolution and batch-norm shapes", 5, 7)
     by_kind = measure_dispatch_by_kind("cuda")
     sweep = {d: measure_conv_sweep(d) for d in ("fp32", "bf16")}
+    norms = {d: measure_norm_sweep(d) for d in ("fp32", "bf16")}
     step("optimizer step", 6, 7)
     optimizer_s = optimizer_overhead.per_tensor_s("cuda")
     param_s = optimizer_overhead.per_param_s(optimizer_s, "cuda")
@@ -300,7 +342,8 @@ def _host_and_shape_facts(step: Callable[[str, int, int], None]) -> dict[str, An
     return {"optimizer_tensor_s": optimizer_s, "optimizer_param_s": param_s, "optimizer_step_s": fixed_s,
             "dispatch_by_kind": by_kind,
             "extra": {"adam_step_us_by_tensors": adam_us,
-                      "conv3x3_sweep": {d: [[float(v) for v in row] for row in rows] for d, rows in sweep.items()}}}
+                      "conv3x3_sweep": {d: [[float(v) for v in row] for row in rows] for d, rows in sweep.items()},
+                      "batch_norm_sweep": {d: [[float(v) for v in row] for row in rows] for d, rows in norms.items()}}}
 
 
 def _links(stamp: str, sheet: HardwareProfile | None) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 All skip without a GPU (CI has none); they ran on the lent H100 (2026-11-24) and H200 (2026-11-27; the analyze
 test, written then, read +38% against its first bound of 25%, now 50%: benchmarks/RESULTS.md, GPU section), and
 all six passed on a second H200 the same day (GPU section (f)), the last one new then. The fused optimizer's
-test (last, four cases) was written on 2026-11-28 without a GPU and has not run on one.
+test (last, four cases) was written on 2026-11-28, the batch-norm calibration's on 2026-12-01, without a GPU, and
+neither has run on one.
 Each checks a value computed another way: the CUDA-event layer times against the step timed
 with one pair of events around it, the calibrated curve against a GEMM timed here,
 the run's loss against a single-process reference step on the same GPU, and analyze's prediction against
@@ -89,11 +90,16 @@ def test_cuda_event_marks_time_the_gpu_work_not_the_launch():
             assert totals[1] < 0.2 * wall
 
 
-def test_calibrate_on_cuda_writes_a_profile_whose_curve_predicts_a_gemm_it_did_not_time(tmp_path):
-    out = tmp_path / "gpu.yaml"
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("calibrated") / "gpu.yaml"
     r = pipeplan("profiles", "calibrate", "--device", "cuda", "-o", str(out), "--quiet", "--name", "gpu-test")
     assert r.returncode == 0, r.stderr
-    p = read_profile_file(out)
+    return read_profile_file(out)
+
+
+def test_calibrate_on_cuda_writes_a_profile_whose_curve_predicts_a_gemm_it_did_not_time(calibrated):
+    p = calibrated
     assert p.calibration["device_type"] == "cuda"
     assert {"matmul@bf16", "matmul@fp32", "conv3x3@bf16", "attention@bf16"} <= set(p.efficiency_curve)
     assert p.kernel_overhead_s is not None and 0 < p.kernel_overhead_s < 50e-6
@@ -113,6 +119,29 @@ def test_calibrate_on_cuda_writes_a_profile_whose_curve_predicts_a_gemm_it_did_n
     eff = interpolate(p.efficiency_curve["matmul@bf16"], flops)
     predicted = flops / (p.flops_for("bf16") * eff) + p.kernel_overhead_s
     assert predicted == pytest.approx(measured, rel=0.35)
+
+
+def test_calibrate_on_cuda_prices_a_batch_norm_of_channels_and_shape_it_did_not_time(calibrated):
+    """Written 2026-12-01 without a GPU; has not run on one. 48 channels at 32x32, batch 512 (the sweep: 32 and
+    64 channels, other shapes), timed as the sweep times (graph replays, events), priced from the factors the
+    calibration wrote: within 35%."""
+    from pipeplan.costmodels.norm_calibration import batch_norm_part, memory_s
+    from pipeplan.costmodels.part_costs import BACKWARD_KERNELS_FACTOR
+    from pipeplan.hardware_profiles import calibrate_cuda
+
+    p = calibrated
+    assert {"norm", "norm@bf16"} <= set(p.channel_factors) and p.calibration["batch_norm_sweep"]["fp32"]
+    c, hw, n = 48, 32, 512
+    saved = calibrate_cuda.NORM_SWEEP
+    calibrate_cuda.NORM_SWEEP = ((c, hw, n),)
+    try:
+        [[_, _, _, fwd_s, bwd_s]] = calibrate_cuda.measure_norm_sweep("fp32")
+    finally:
+        calibrate_cuda.NORM_SWEEP = saved
+    mem_f, mem_b = memory_s(batch_norm_part(c, hw), n, p, "fp32")
+    fwd_f, bwd_f = (interpolate(side, c) for side in p.channel_factors["norm"])
+    assert mem_f / fwd_f + p.kernel_overhead_s == pytest.approx(fwd_s, rel=0.35)
+    assert mem_b / bwd_f + BACKWARD_KERNELS_FACTOR * p.kernel_overhead_s == pytest.approx(bwd_s, rel=0.35)
 
 
 def test_run_on_one_gpu_trains_over_nccl_like_a_single_process_step(tmp_path):
