@@ -7,8 +7,9 @@ Why here, not in hardware_profiles: a factor is measured time against the cost m
 layer, and that price rests on the tracer's byte count of a batch norm (costmodels/export.cost_parts) and on
 part_costs' traffic factors, which the profile package may not import (imports flow hardware_profiles <-
 costmodels). Each sweep row is priced as the tracer would price an nn.BatchNorm2d of its channels: the module is
-exported at batch 1 and its norm part (export.cost_parts, as trace.py makes a layer's parts) scaled to the row's batch, so the factor makes the model give back
-the measured time (less the per-kernel time the model adds) and stays right if the byte count changes.
+exported at batch 1 and its norm part (export.cost_parts, as trace.py makes a layer's parts) scaled to the row's
+batch, so the factor makes the model give back the measured time (less the per-kernel time the model adds) and
+stays right if the byte count changes.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def batch_norm_part(channels: int, hw: int) -> CostPart:
     nodes = [n for n in ep.graph.nodes if n.op == "call_function"]  # one layer's nodes, as trace.py passes them
     parts = [p for p in cost_parts(nodes, {}, param_input_names(ep), 0) if p.kind == "norm"]
     if len(parts) != 1 or parts[0].channels != channels:
-        raise RuntimeError(f"tracing nn.BatchNorm2d({channels}) gave norm parts {parts}, not one of {channels} channels")
+        raise RuntimeError(f"tracing nn.BatchNorm2d({channels}) gave norm parts {parts}, not one of its channels")
     return parts[0]
 
 
@@ -95,8 +96,9 @@ def with_batch_norm_factors(profile: HardwareProfile) -> HardwareProfile:
     written = sorted(k for k in factors if k.split("@")[0] == "norm")
     if not written:
         return profile
-    source = (f"channel_factors.{'/'.join(written)}: calibration.{SWEEP_KEY}, training-mode batch norms of 16-2048 "
-              "channels timed on this GPU (hardware_profiles/calibrate_cuda.measure_norm_sweep), each the model's "
-              "price of that nn.BatchNorm2d at the copy's bandwidth over its measured time (costmodels/"
-              "norm_calibration.py); tf32 and fp16 take fp32's ('norm')")
+    channels = sorted({int(row[0]) for rows in sweep.values() for row in rows})
+    source = (f"channel_factors.{'/'.join(written)}: calibration.{SWEEP_KEY}, training-mode batch norms of "
+              f"{channels[0]}-{channels[-1]} channels timed on this GPU (hardware_profiles/calibrate_cuda."
+              "measure_norm_sweep), each the model's price of that nn.BatchNorm2d at the copy's bandwidth over its "
+              "measured time (costmodels/norm_calibration.py); tf32 and fp16 take fp32's ('norm')")
     return dataclasses.replace(base, channel_factors=factors, sources=tuple(profile.sources) + (source,))
