@@ -213,6 +213,11 @@ def measure_norm_sweep(dtype_name: str, *, device: str = "cuda",
     return out
 
 
+def _has_batch_norm_ops() -> bool:
+    aten = _torch().ops.aten
+    return hasattr(aten, "_batch_norm_with_update") and hasattr(aten, "batch_norm_backward")
+
+
 def measure_attention(dtype_name: str) -> list[tuple[float, float]]:
     """(FLOPs, seconds) per causal SDPA forward, FLOPs 4*B*H*S^2*D (torch's sdpa_flop_count) for each S."""
     torch = _torch()
@@ -331,7 +336,8 @@ def _host_and_shape_facts(step: Callable[[str, int, int], None]) -> dict[str, An
     step("per-kind dispatch, convolution and batch-norm shapes", 5, 7)
     by_kind = measure_dispatch_by_kind("cuda")
     sweep = {d: measure_conv_sweep(d) for d in ("fp32", "bf16")}
-    norms = {d: measure_norm_sweep(d) for d in ("fp32", "bf16")}
+    # torch's training-mode batch-norm ops as autograd runs them (torch 2.3 on); without them no norm factors
+    norms = {d: measure_norm_sweep(d) for d in ("fp32", "bf16")} if _has_batch_norm_ops() else {}
     step("optimizer step", 6, 7)
     optimizer_s = optimizer_overhead.per_tensor_s("cuda")
     param_s = optimizer_overhead.per_param_s(optimizer_s, "cuda")
