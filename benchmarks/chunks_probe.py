@@ -9,7 +9,7 @@ and examples/wide_mlp.py's plans with 4 stages a device ran 12-29% slower than p
 This runs calibrate's own pipelines (hardware_profiles/pipeline_ops._torch_steps: identical MLP stages, each rank
 pinned to a core as the runtime's are) at several (stages a rank) x (microbatches) and prints, per variant, the
 median over steps of each step's summed gaps (an op's start less the time it could have started,
-op_overhead.op_gaps_s) and that per op; then the mean gap by how many messages the op's stage and the rank's previous
+op_overhead.op_gaps) and that per op; then the mean gap by how many messages the op's stage and the rank's previous
 op's stage send or receive (m, p), which tells a cost per message from a cost per stage held.
 """
 
@@ -51,14 +51,11 @@ def worker(rank: int, port: int, shape: str, rounds: int, variants: list[tuple[i
     dist.destroy_process_group()
 
 
-def by_messages(a: list, b: list, transfer_s: float) -> dict[tuple[int, int], list[float]]:
-    """Each op's gap (op_overhead.op_gaps), keyed by (messages of its stage, of the rank's previous op's; 0 where
-    there is none)."""
-    from pipeplan.hardware_profiles.op_overhead import op_gaps, stage_messages
-
-    msgs = stage_messages(a, b)
+def by_messages(gaps: list, msgs: dict[int, int]) -> dict[tuple[int, int], list[float]]:
+    """Each op's gap (op_overhead.op_gaps' rows), keyed by (messages of its stage, of the rank's previous op's; 0
+    where there is none), `msgs` per stage (op_overhead.stage_messages)."""
     out: dict[tuple[int, int], list[float]] = {}
-    for op, prev, gap in op_gaps(a, b, transfer_s):
+    for op, prev, gap in gaps:
         out.setdefault((msgs[op[1]], msgs[prev[1]] if prev else 0), []).append(gap)
     return out
 
@@ -90,7 +87,7 @@ def main() -> None:
             if p.is_alive():
                 p.kill()
     nbytes = op_overhead.message_bytes(args.shape)
-    transfer_s = 60e-6 + nbytes / 2e9  # the loopback link here (calibrate: ~57 µs, ~4 GB/s one way)
+    transfer_s = 60e-6 + nbytes / 2e9  # a fixed stand-in for the loopback link, as the runs in RESULTS used it
     stage = op_overhead.stage_text(args.shape).rsplit(", M=", 1)[0]  # M is each variant's
     print(f"shape {args.shape} ({stage}; {nbytes} B messages), {args.rounds} rounds of {STEPS - WARMUP} timed steps\n")
     print("| stages a rank | M | ops a rank | step ms | gaps ms a step | gap µs an op |\n|---:|---:|---:|---:|---:|---:|")
@@ -98,10 +95,10 @@ def main() -> None:
     for (chunks, m), steps0 in g[0].items():
         rows = []
         for a, b in zip(steps0, g[1][(chunks, m)], strict=True):
-            gaps = op_overhead.op_gaps_s(a, b, transfer_s)
+            gaps = op_overhead.op_gaps(a, b, transfer_s)
             span = max(e[4] for e in a + b) - min(e[3] for e in a + b)
-            rows.append((span, sum(x for _, x in gaps), len(a)))
-            for k, v in by_messages(a, b, transfer_s).items():
+            rows.append((span, sum(gap for _, _, gap in gaps), len(a)))
+            for k, v in by_messages(gaps, op_overhead.stage_messages(a, b)).items():
                 classes.setdefault((chunks, m), {}).setdefault(k, []).extend(v)
         span, gap = statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
         print(f"| {chunks} | {m} | {rows[0][2]} | {span * 1e3:.1f} | {gap * 1e3:.2f} | {gap / (2 * rows[0][2]) * 1e6:.0f} |")

@@ -26,6 +26,7 @@ from pipeplan.costmodels.graph import CostPart
 from pipeplan.costmodels.memory import activation_bytes_scale
 from pipeplan.costmodels.model_file import ModelSpec
 from pipeplan.costmodels.part_costs import BACKWARD_KERNELS_FACTOR, kernel_overheads_s, part_bytes
+from pipeplan.hardware_profiles.curve import mean_by_channels
 from pipeplan.hardware_profiles.profile import HardwareProfile
 
 SWEEP_KEY = "batch_norm_sweep"  # calibration.<this>: {dtype: [[C, HW, N, forward s, backward s], ...]}
@@ -65,17 +66,14 @@ def norm_channel_factors(rows: list[list[float]], profile: HardwareProfile, dtyp
     BACKWARD_KERNELS_FACTOR x as many), so that factor x efficiency prices each row at its measured time.
     A row whose time is not above its kernels' is skipped (nothing to scale); rows of equal channels averaged."""
     kernel_s = kernel_overheads_s(profile)[0]
-    by_c: dict[float, list[tuple[float, float]]] = {}
+    factors = []
     for c, hw, n, fwd_s, bwd_s in rows:
         part = batch_norm_part(int(c), int(hw))
         mem_f, mem_b = memory_s(part, int(n), profile, dtype)
         net_f, net_b = fwd_s - part.ops * kernel_s, bwd_s - part.ops * BACKWARD_KERNELS_FACTOR * kernel_s
         if net_f > 0 and net_b > 0:
-            by_c.setdefault(float(c), []).append((_clamp(mem_f / net_f), _clamp(mem_b / net_b)))
-    items = sorted(by_c.items())
-    fwd = tuple((c, sum(f for f, _ in v) / len(v)) for c, v in items)
-    bwd = tuple((c, sum(b for _, b in v) / len(v)) for c, v in items)
-    return fwd, bwd
+            factors.append((c, _clamp(mem_f / net_f), _clamp(mem_b / net_b)))
+    return mean_by_channels(factors)
 
 
 def _clamp(factor: float) -> float:
@@ -83,14 +81,13 @@ def _clamp(factor: float) -> float:
 
 
 def with_batch_norm_factors(profile: HardwareProfile) -> HardwareProfile:
-    """`profile` with norm `channel_factors` from its `calibration.batch_norm_sweep` (unchanged without one), and a
-    source line saying so. The factors are taken against the profile without norm factors of its own."""
+    """`profile` with norm `channel_factors` from its `calibration.batch_norm_sweep` in place of any it had
+    (unchanged without a sweep), and a source line saying so. (The factors do not depend on a profile's own norm
+    factors: `memory_s` prices at factor 1.)"""
     sweep: dict[str, Any] = (profile.calibration or {}).get(SWEEP_KEY) or {}
-    base = dataclasses.replace(profile, channel_factors={k: v for k, v in profile.channel_factors.items()
-                                                         if k.split("@")[0] != "norm"})
-    factors = dict(base.channel_factors)
+    factors = {k: v for k, v in profile.channel_factors.items() if k.split("@")[0] != "norm"}
     for dtype, key in KEY_BY_DTYPE.items():
-        fwd, bwd = norm_channel_factors(sweep.get(dtype) or [], base, dtype)
+        fwd, bwd = norm_channel_factors(sweep.get(dtype) or [], profile, dtype)
         if len(fwd) >= 2:
             factors[key] = (fwd, bwd)
     written = sorted(k for k in factors if k.split("@")[0] == "norm")
@@ -101,4 +98,4 @@ def with_batch_norm_factors(profile: HardwareProfile) -> HardwareProfile:
               f"{channels[0]}-{channels[-1]} channels timed on this GPU (hardware_profiles/calibrate_cuda."
               "measure_norm_sweep), each the model's price of that nn.BatchNorm2d at the copy's bandwidth over its "
               "measured time (costmodels/norm_calibration.py); tf32 and fp16 take fp32's ('norm')")
-    return dataclasses.replace(base, channel_factors=factors, sources=tuple(profile.sources) + (source,))
+    return dataclasses.replace(profile, channel_factors=factors, sources=tuple(profile.sources) + (source,))

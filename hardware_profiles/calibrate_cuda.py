@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeplan.errors import UserError
-from pipeplan.hardware_profiles.curve import interpolate, point_efficiency
+from pipeplan.hardware_profiles.curve import interpolate, mean_by_channels, point_efficiency
 from pipeplan.hardware_profiles.gpu_catalog import catalog_match
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.units import GIB
@@ -280,16 +280,12 @@ def channel_factors(sweep: list[list[float]], curve: tuple[tuple[float, float], 
     Why: the curve is measured at 128 channels; on the H200 a 16-channel convolution of the same FLOPs ran at a
     fifth of it forward and a twelfth backward, and a 256-channel one at 1.2x and 0.9x.
     """
-    by_c: dict[float, list[tuple[float, float]]] = {}
+    rows = []
     for c, _hw, _n, flops, fwd_s, bwd_s in sweep:
         ref = interpolate(curve, flops)
-        by_c.setdefault(float(c), []).append(
-            (point_efficiency(flops, fwd_s, peak_flops, kernel_s) / ref,
-             point_efficiency(2 * flops, bwd_s, peak_flops, 2 * kernel_s) / ref))
-    rows = sorted(by_c.items())
-    fwd = tuple((c, sum(f for f, _ in v) / len(v)) for c, v in rows)
-    bwd = tuple((c, sum(b for _, b in v) / len(v)) for c, v in rows)
-    return fwd, bwd
+        rows.append((c, point_efficiency(flops, fwd_s, peak_flops, kernel_s) / ref,
+                     point_efficiency(2 * flops, bwd_s, peak_flops, 2 * kernel_s) / ref))
+    return mean_by_channels(rows)
 
 
 def calibrate_cuda(*, name: str = "local-gpu", progress: Progress | None = None) -> HardwareProfile:

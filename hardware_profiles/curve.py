@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 Curve = tuple[tuple[float, float], ...]  # ((flops_per_kernel, efficiency), ...), flops strictly increasing
 
@@ -62,3 +62,15 @@ def point_efficiency(flops: float, time_s: float, peak_flops: float, kernel_over
         raise ValueError("flops, time and peak must be positive")
     compute_s = max(time_s - kernel_overhead_s, 0.2 * time_s)
     return flops / (peak_flops * compute_s)
+
+
+def mean_by_channels(rows: Iterable[tuple[float, float, float]]) -> tuple[Curve, Curve]:
+    """(forward, backward) ((channels, factor), ...), channels increasing, from (channels, forward factor, backward
+    factor) rows, rows of equal channels averaged: the `channel_factors` a sweep writes (calibrate_cuda's
+    convolutions, costmodels/norm_calibration's batch norms)."""
+    by_c: dict[float, list[tuple[float, float]]] = {}
+    for c, fwd, bwd in rows:
+        by_c.setdefault(float(c), []).append((fwd, bwd))
+    items = sorted(by_c.items())
+    return (tuple((c, sum(f for f, _ in v) / len(v)) for c, v in items),
+            tuple((c, sum(b for _, b in v) / len(v)) for c, v in items))
