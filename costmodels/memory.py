@@ -23,6 +23,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pipeplan.choices import (
     DEFAULT_MIXED_PRECISION,
@@ -307,32 +308,70 @@ def split_rerun_bytes(saved: int, loss_saved: int, nonweight_saved: int, weight_
     return rerun if first else weight_passes * nonweight_saved + rerun
 
 
+class Sends(NamedTuple):
+    """What a device's ops leave live under torch's multi-stage schedules (`_PipelineScheduleRuntime`: interleaved
+    1F1B, ZB-H1, ZB-V, DualPipeV), by virtual stage, per microbatch. Such a schedule keeps every send's work object
+    in a list it waits on only at the step's end (torch 2.13 schedules.py `_step_microbatches`, `send_ops`), and a
+    work object keeps its tensor: a forward's output sent to another device (in `fwd_cache` until its backward, in
+    the list from then) and a backward's input gradient sent to another device stay live until the step ends
+    (`out`, `grad`; 0 where the next or previous stage is on this device, whose pre-made receive buffer the tensor
+    replaces, stage.py `set_local_fwd_input`: counted among the receive buffers). The model's output (`model_out`,
+    on the `last` stage) stays from its forward to its backward (`fwd_cache`); a W or a whole backward adds one
+    weight gradient into `.grad` (`accumulating`, `accumulating_grad_bytes`). Measured op by op on the CPU runtime
+    (GPT's recomputed ZB-V first device peaks in its last W with 40 MiB of gradients and 8 MiB of outputs sent and
+    not yet waited for: benchmarks/RESULTS.md, "Peak memory")."""
+
+    out: Sequence[int]
+    grad: Sequence[int]
+    model_out: int
+    last: int
+    accumulating: int
+
+
+def left_live(order: Sequence[tuple[str, int, int]], sends: Sends) -> list[int]:
+    """Per op of a rank's order, the bytes of `sends` live while it runs: what the ops before it left, its own."""
+    live, per_op = 0, []
+    for kind, s, _ in order:
+        if kind == "F":
+            live += sends.model_out if s == sends.last else sends.out[s]
+        elif kind in ("B", "BW") and s != 0:  # torch skips the first stage's B; its W has no input gradient
+            live += sends.grad[s]
+        per_op.append(live + (sends.accumulating if kind in ("W", "BW") else 0))
+        if kind in ("B", "BW") and s == sends.last:
+            live -= sends.model_out
+    return per_op
+
+
 def walked_held_bytes(order: Sequence[tuple[str, int, int]], saved: Sequence[int], deferred: Sequence[int],
-                      transient: Sequence[int]) -> tuple[int, int, int]:
-    """`held_with_deferred` walked op by op over a rank's order (pipeplan/v_orders.py: a V schedule's two chunks),
-    each virtual stage with its own bytes per microbatch (indexed by virtual stage; `deferred` 0 for stage 0),
-    where the counts' estimate takes the chunks as equal: a V's first rank holds the embedding's stage and the
-    loss's, whose saved bytes, tensors in flight and deferred gradients differ several times over."""
-    points = ((held, pending, transient[s] if kind != "W" else 0)
-              for kind, s, held, pending in walk(order, saved.__getitem__, deferred.__getitem__))
+                      transient: Sequence[int], sends: Sends | None = None) -> tuple[int, int, int]:
+    """`held_with_deferred` walked op by op over a rank's order (planner/simulate.py `device_orders`: a V schedule's
+    two chunks, interleaving's several), each virtual stage with its own bytes per microbatch (indexed by virtual
+    stage; `deferred` 0 for stage 0), where the counts' estimate takes the chunks as equal: a V's first rank holds
+    the embedding's stage and the loss's, whose saved bytes, tensors in flight and deferred gradients differ several
+    times over. With `sends`, the activations include what `left_live` counts at each op."""
+    live = left_live(order, sends) if sends is not None else [0] * len(order)
+    points = ((held + extra, pending, transient[s] if kind != "W" else 0)
+              for (kind, s, held, pending), extra in zip(walk(order, saved.__getitem__, deferred.__getitem__), live,
+                                                         strict=True))
     return max(points, key=sum, default=(0, 0, 0))
 
 
 def walked_recomputed_bytes(order: Sequence[tuple[str, int, int]], kept: Sequence[int], rerun: Sequence[int],
                             w_rerun: Sequence[int], loss_saved: Sequence[int], deferred: Sequence[int],
-                            transient: Sequence[int]) -> tuple[int, int, int]:
+                            transient: Sequence[int], sends: Sends | None = None) -> tuple[int, int, int]:
     """`walked_held_bytes` under recomputation, each virtual stage with its own bytes (indexed by virtual stage): a
     microbatch held keeps its stage's checkpointed input (`kept`); a forward or a backward re-runs its own stage
     (`rerun`, with its tensors in flight), a W holds its own stage's re-runs (`w_rerun`, `split_rerun_bytes`) and,
     on the last stage, the loss's saves (`loss_saved`), as `held_with_deferred` prices each. The counts' estimate
     takes the device's largest input for every chunk's microbatch and its larger W for every W: a ZB-V middle device
-    whose chunks receive 4 and 2 MiB and re-run 293 and 267 MiB in their W's."""
+    whose chunks receive 4 and 2 MiB and re-run 293 and 267 MiB in their W's. With `sends`, as `walked_held_bytes`."""
+    live = left_live(order, sends) if sends is not None else [0] * len(order)
     points = []
-    for kind, s, held, pending in walk(order, kept.__getitem__, deferred.__getitem__):
+    for (kind, s, held, pending), extra in zip(walk(order, kept.__getitem__, deferred.__getitem__), live, strict=True):
         if kind == "W":
-            points.append((held + w_rerun[s] + loss_saved[s], pending, 0))
+            points.append((held + extra + w_rerun[s] + loss_saved[s], pending, 0))
         else:
-            points.append((held + rerun[s], pending, transient[s]))
+            points.append((held + extra + rerun[s], pending, transient[s]))
     return max(points, key=sum, default=(0, 0, 0))
 
 
@@ -472,7 +511,9 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     one (chunk-)microbatch's B keeps until its W, for a virtual stage of this device other than the model's first
     (`held_with_deferred`).
     held_bytes: (activations, deferred gradients, tensors in flight) at the device's peak where the caller walked
-    its order chunk by chunk (`walked_held_bytes`), in place of the estimate from the counts.
+    its order chunk by chunk (`walked_held_bytes` with the device's `Sends`), in place of the estimate from the
+    counts; its activations include the outputs kept and sent, the model's output and the weight gradient being
+    added in where the peak has them, so only the receive buffers are added to it.
     loss_saved_bytes_per_mb: where the device holds the last stage, what the loss saves; recomputed, the
     microbatches waiting for their backward keep it (`_held_activations`, `losses_waiting`). w_rerun_bytes:
     recomputed under a split backward, what a W holds (`split_rerun_bytes`). checkpointed: recomputed with a checkpoint
@@ -519,11 +560,14 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     if receive_bytes is None:  # one cut for all the device's buffers; a caller with several cuts sums them
         ins, grads = receive_buffers(schedule, stages, stage, microbatches, chunks, inflight, recompute)
         receive_bytes = int(input_bytes_per_mb) * ins + int(output_bytes_per_mb) * grads
-    buffers = (int(receive_bytes) + kept_outputs(schedule, inflight) * int(output_bytes_per_mb)
-               + kept_model_outputs(schedule, stages, microbatches) * int(model_output_bytes_per_mb))
-    transient_bytes += accumulating_grad_bytes(largest_layer_param_bytes, schedule=schedule, microbatches=microbatches,
-                                               optimizer=optimizer, dtype=dtype, mixed_precision=mixed_precision,
-                                               sharding=sharding if shards > 1 else "none")
+    buffers = int(receive_bytes)
+    if held_bytes is None:  # a walk counts these op by op (`Sends`)
+        buffers += (kept_outputs(schedule, inflight) * int(output_bytes_per_mb)
+                    + kept_model_outputs(schedule, stages, microbatches) * int(model_output_bytes_per_mb))
+        transient_bytes += accumulating_grad_bytes(largest_layer_param_bytes, schedule=schedule,
+                                                   microbatches=microbatches, optimizer=optimizer, dtype=dtype,
+                                                   mixed_precision=mixed_precision,
+                                                   sharding=sharding if shards > 1 else "none")
     total = weights + optimizer_bytes + gathered + acts + buffers + transient_bytes + deferred
     return MemoryBreakdown(weights, optimizer_bytes, acts, buffers, total, inflight, versions, state.grad_bytes, gathered,
                            transient_bytes, deferred)

@@ -19,6 +19,8 @@ from pipeplan.costmodels.grad_passes import dp_flatten_s, grad_scale_s, unscale_
 from pipeplan.costmodels.graph import Graph, Layer, SharedParam, trainable_params, weight_grad_time_share
 from pipeplan.costmodels.memory import (
     MemoryBreakdown,
+    Sends,
+    accumulating_grad_bytes,
     checkpointed_bytes,
     chunk_receive_bytes,
     is_mixed_precision,
@@ -44,9 +46,9 @@ from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
+from pipeplan.planner.simulate import device_orders
 from pipeplan.precision import scales_loss
-from pipeplan.schedules import device_stages, facts
-from pipeplan.v_orders import v_order
+from pipeplan.schedules import device_stages, facts, stage_device
 
 __all__ = ["StageInputs", "stage_inputs", "boundary_bytes", "boundary_tensors", "contiguous", "shared_stages", "op_times",
            "collectives_overlap", "overlap_slowdown", "receives_wait"]
@@ -431,7 +433,9 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             transient_bytes=max(sums.transient[s] for s in mine),
             model_output_bytes_per_mb=model_out_bytes if S - 1 in mine else 0,
             deferred_grad_bytes_per_mb=_per_deferring_stage(sums.deferred, mine),
-            held_bytes=_walked(config, sums, held, p, P),
+            held_bytes=_walked(config, sums, held, p, P, in_bytes,
+                               _sends(config, request, sums, in_bytes, out_bytes, model_out_bytes, mine, reps[p]))
+            if _walks(config.schedule) else None,
             loss_saved_bytes_per_mb=max(sums.loss_saved[s] for s in mine) if config.recompute else 0,
             w_rerun_bytes=max(sums.w_rerun[s] for s in mine) if rule.splits_backward else 0,
             checkpointed=(sum(blocked[s][0] for s in mine), max(blocked[s][1] for s in mine)) if blocked else None,
@@ -462,16 +466,52 @@ def _per_deferring_stage(deferred: Sequence[int], mine: Sequence[int]) -> int:
     return math.ceil(sum(deferring) / len(deferring)) if deferring else 0
 
 
-def _walked(config: Config, sums: _Sums, held: _Held, p: int, P: int) -> tuple[int, int, int] | None:
-    """A V schedule's device walked over its order with each chunk's own bytes (memory.walked_held_bytes, and
-    recomputed memory.walked_recomputed_bytes: each chunk's checkpointed inputs and re-runs); None elsewhere."""
-    if facts(config.schedule).placement != "v":
-        return None
-    order = v_order(config.schedule, p, P, config.microbatches)
+def _sends(config: Config, request: PlanRequest, sums: _Sums, in_bytes: Sequence[int], out_bytes: Sequence[int],
+          model_out_bytes: int, mine: Sequence[int], shards: int) -> Sends:
+    """The `Sends` of the device running the virtual stages `mine`: the cuts to another device, the model's output,
+    the largest weight gradient of its stages being added in."""
+    S, P = len(in_bytes), len(in_bytes) // config.chunks
+
+    def crosses(a: int, b: int) -> bool:
+        return stage_device(config.schedule, a, P) != stage_device(config.schedule, b, P)
+
+    return Sends(out=[int(o) if s < S - 1 and crosses(s, s + 1) else 0 for s, o in enumerate(out_bytes)],
+                 grad=[int(i) if s > 0 and crosses(s, s - 1) else 0 for s, i in enumerate(in_bytes)],
+                 model_out=int(model_out_bytes), last=S - 1,
+                 accumulating=accumulating_grad_bytes(max(sums.largest[s] for s in mine), schedule=config.schedule,
+                                                      microbatches=config.microbatches, optimizer=request.optimizer,
+                                                      dtype=request.training_dtype,
+                                                      mixed_precision=request.mixed_precision,
+                                                      sharding=config.sharding if shards > 1 else "none"))
+
+
+def _walks(schedule: str) -> bool:
+    """Whether a device's memory is walked over its order (`_walked`) rather than counted: schedules that run several
+    virtual stages a device on torch's multi-stage runtime (interleaved, ZB-V, DualPipeV).
+
+    ZB-H1 runs on the same runtime with one stage a device and stays with the counts: walked, its recomputed last
+    stage read -7.8% on the CPU runtime (its B keeps 110 MiB a microbatch for W where the trace's deferred gradients
+    less the loss's saves give 46; the counts' model output, kept at every point, stands in for the rest and read
+    -0.0%)."""
+    rule = facts(schedule)
+    return rule.torch_class is not None and rule.interleaves
+
+
+def _walked(config: Config, sums: _Sums, held: _Held, p: int, P: int, in_bytes: Sequence[int],
+            sends: Sends) -> tuple[int, int, int]:
+    """Device p (`_walks`) walked over its order (`simulate.device_orders`) with each virtual stage's own bytes and
+    what its ops leave live (memory.walked_held_bytes, and recomputed memory.walked_recomputed_bytes: each stage's
+    checkpointed inputs and re-runs). A checkpoint keeps its stage's received input as it is, the receive buffer
+    counted apart (chunk_receive_bytes): only the model's first stage, whose input is the microbatch, keeps its own."""
+    rule = facts(config.schedule)
+    # a whole backward is "BW" to the walk (it ends its microbatch's hold), as in a V's order
+    order = [("BW" if kind == "B" and not rule.splits_backward else kind, s, m)
+             for kind, s, m in device_orders(config.schedule, P, config.chunks, config.microbatches)[p]]
     if not config.recompute:
-        return walked_held_bytes(order, held.saved, sums.deferred, sums.transient)
-    return walked_recomputed_bytes(order, held.kept, held.rerun, sums.w_rerun, sums.loss_saved, sums.deferred,
-                                   sums.transient)
+        return walked_held_bytes(order, held.saved, sums.deferred, sums.transient, sends)
+    kept = [k - (int(b) if s > 0 else 0) for s, (k, b) in enumerate(zip(held.kept, in_bytes, strict=True))]
+    return walked_recomputed_bytes(order, kept, held.rerun, sums.w_rerun, sums.loss_saved, sums.deferred,
+                                   sums.transient, sends)
 
 
 def stage_inputs(problem: Problem, profile: HardwareProfile, graph: Graph, assignment: Sequence[int], config: Config,

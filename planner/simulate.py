@@ -174,7 +174,7 @@ def _interleaved_op(kind: str, k: int, device: int, devices: int, chunks: int) -
     return (kind, chunk * devices + device, mb)
 
 
-def _orders(schedule: str, devices: int, chunks: int, microbatches: int) -> list[Order]:
+def device_orders(schedule: str, devices: int, chunks: int, microbatches: int) -> list[Order]:
     """Per device, the ordered list of (kind, virtual stage, microbatch)."""
     K, v, M = devices, chunks, microbatches
     if schedule == "gpipe":
@@ -350,7 +350,7 @@ def _tied_groups(schedule: ScheduleFacts, tied_stages: Sequence[Sequence[int]] |
 def _update_points(inp: _SimInputs, stream: int) -> list[Order]:
     """Per device, its ops with a rendezvous ("U", stage, m) after every backward that ends an update of a
     tied stage: each microbatch for PipeDream, the last of each window of M for PipeDream-2BW."""
-    orders = _orders(inp.schedule.name, inp.devices, inp.chunks, stream)
+    orders = device_orders(inp.schedule.name, inp.devices, inp.chunks, stream)
     if not inp.tied:  # the search's inner loop: no copy of the orders
         return orders
     every = inp.update_every

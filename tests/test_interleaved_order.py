@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeplan.planner.simulate import _orders, simulate
+from pipeplan.planner.simulate import device_orders, simulate
 from pipeplan.schedules import inflight_microbatches
 
 S = pytest.importorskip("torch.distributed.pipelining.schedules")
@@ -32,7 +32,7 @@ CASES = [(K, v, K * g) for K in (2, 3, 4) for v in (2, 3, 4) for g in (1, 2, 3)]
 
 @pytest.mark.parametrize("K,v,M", CASES)
 def test_simulated_order_is_torchs(K, v, M):
-    ours = _orders("interleaved", K, v, M)
+    ours = device_orders("interleaved", K, v, M)
     for rank in range(K):
         assert ours[rank] == torch_order(K, v, M, rank), (K, v, M, rank)
 
