@@ -411,11 +411,12 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
                    blocked: Sequence[tuple[int, int, int]] | None = None) -> list[MemoryBreakdown]:
     """Peak memory of each pipeline device (all its chunks), from `stage_memory`; `model_out_bytes`: the model's
     output per microbatch (the last layer's outputs), which the device holding the last stage keeps; `held`: what
-    a microbatch holds per stage (`_held_per_microbatch`), for a V's walk; `blocked`: recomputed a block at a time,
-    each stage's `checkpointed_bytes` (a device's chunks: kept adds up, one re-run)."""
+    a microbatch holds per stage (`_held_per_microbatch`), for a walk (`_walks`); `blocked`: recomputed a block at a
+    time, each stage's `checkpointed_bytes` (a device's chunks: kept adds up, one re-run)."""
     rule = facts(config.schedule)
     S = len(in_bytes)
     P = S // config.chunks
+    orders = _walk_orders(config, P) if _walks(config.schedule) else None
     memory = []
     for p in range(P):
         mine = device_stages(config.schedule, p, P, S // P)
@@ -433,9 +434,9 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             transient_bytes=max(sums.transient[s] for s in mine),
             model_output_bytes_per_mb=model_out_bytes if S - 1 in mine else 0,
             deferred_grad_bytes_per_mb=_per_deferring_stage(sums.deferred, mine),
-            held_bytes=_walked(config, sums, held, p, P, in_bytes,
+            held_bytes=_walked(config, sums, held, orders[p], in_bytes,
                                _sends(config, request, sums, in_bytes, out_bytes, model_out_bytes, mine, reps[p]))
-            if _walks(config.schedule) else None,
+            if orders is not None else None,
             loss_saved_bytes_per_mb=max(sums.loss_saved[s] for s in mine) if config.recompute else 0,
             w_rerun_bytes=max(sums.w_rerun[s] for s in mine) if rule.splits_backward else 0,
             checkpointed=(sum(blocked[s][0] for s in mine), max(blocked[s][1] for s in mine)) if blocked else None,
@@ -497,16 +498,20 @@ def _walks(schedule: str) -> bool:
     return rule.torch_class is not None and rule.interleaves
 
 
-def _walked(config: Config, sums: _Sums, held: _Held, p: int, P: int, in_bytes: Sequence[int],
+def _walk_orders(config: Config, P: int) -> list[list[tuple[str, int, int]]]:
+    """Each device's order (`simulate.device_orders`), a whole backward as "BW" (it ends its microbatch's hold, as in a
+    V's order): built once for all P devices, whose walks read one each."""
+    splits = facts(config.schedule).splits_backward
+    return [[("BW" if kind == "B" and not splits else kind, s, m) for kind, s, m in order]
+            for order in device_orders(config.schedule, P, config.chunks, config.microbatches)]
+
+
+def _walked(config: Config, sums: _Sums, held: _Held, order: Sequence[tuple[str, int, int]], in_bytes: Sequence[int],
             sends: Sends) -> tuple[int, int, int]:
-    """Device p (`_walks`) walked over its order (`simulate.device_orders`) with each virtual stage's own bytes and
-    what its ops leave live (memory.walked_held_bytes, and recomputed memory.walked_recomputed_bytes: each stage's
-    checkpointed inputs and re-runs). A checkpoint keeps its stage's received input as it is, the receive buffer
-    counted apart (chunk_receive_bytes): only the model's first stage, whose input is the microbatch, keeps its own."""
-    rule = facts(config.schedule)
-    # a whole backward is "BW" to the walk (it ends its microbatch's hold), as in a V's order
-    order = [("BW" if kind == "B" and not rule.splits_backward else kind, s, m)
-             for kind, s, m in device_orders(config.schedule, P, config.chunks, config.microbatches)[p]]
+    """A device (`_walks`) walked over its order (`_walk_orders`) with each virtual stage's own bytes and what its ops
+    leave live (memory.walked_held_bytes, and recomputed memory.walked_recomputed_bytes: each stage's checkpointed
+    inputs and re-runs). A checkpoint keeps its stage's received input as it is, the receive buffer counted apart
+    (chunk_receive_bytes): only the model's first stage, whose input is the microbatch, keeps its own."""
     if not config.recompute:
         return walked_held_bytes(order, held.saved, sums.deferred, sums.transient, sends)
     kept = [k - (int(b) if s > 0 else 0) for s, (k, b) in enumerate(zip(held.kept, in_bytes, strict=True))]
