@@ -417,9 +417,17 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
     S = len(in_bytes)
     P = S // config.chunks
     orders = _walk_orders(config, P) if _walks(config.schedule) else None
+    cuts = _cut_sends(config.schedule, P, in_bytes, out_bytes, model_out_bytes) if orders is not None else None
     memory = []
     for p in range(P):
         mine = device_stages(config.schedule, p, P, S // P)
+        walked = None
+        if orders is not None and cuts is not None:  # this device's weight gradient being added in, at its W's
+            adding = accumulating_grad_bytes(max(sums.largest[s] for s in mine), schedule=config.schedule,
+                                             microbatches=config.microbatches, optimizer=request.optimizer,
+                                             dtype=request.training_dtype, mixed_precision=request.mixed_precision,
+                                             sharding=config.sharding if reps[p] > 1 else "none")
+            walked = _walked(config, sums, held, orders[p], in_bytes, cuts._replace(accumulating=adding))
         memory.append(stage_memory(
             param_bytes=sum(sums.params[s] for s in mine), frozen_param_bytes=sum(sums.frozen[s] for s in mine),
             saved_bytes_per_mb=sum(sums.saved[s] for s in mine),
@@ -434,9 +442,7 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             transient_bytes=max(sums.transient[s] for s in mine),
             model_output_bytes_per_mb=model_out_bytes if S - 1 in mine else 0,
             deferred_grad_bytes_per_mb=_per_deferring_stage(sums.deferred, mine),
-            held_bytes=_walked(config, sums, held, orders[p], in_bytes,
-                               _sends(config, request, sums, in_bytes, out_bytes, model_out_bytes, mine, reps[p]))
-            if orders is not None else None,
+            held_bytes=walked,
             loss_saved_bytes_per_mb=max(sums.loss_saved[s] for s in mine) if config.recompute else 0,
             w_rerun_bytes=max(sums.w_rerun[s] for s in mine) if rule.splits_backward else 0,
             checkpointed=(sum(blocked[s][0] for s in mine), max(blocked[s][1] for s in mine)) if blocked else None,
@@ -467,23 +473,17 @@ def _per_deferring_stage(deferred: Sequence[int], mine: Sequence[int]) -> int:
     return math.ceil(sum(deferring) / len(deferring)) if deferring else 0
 
 
-def _sends(config: Config, request: PlanRequest, sums: _Sums, in_bytes: Sequence[int], out_bytes: Sequence[int],
-          model_out_bytes: int, mine: Sequence[int], shards: int) -> Sends:
-    """The `Sends` of the device running the virtual stages `mine`: the cuts to another device, the model's output,
-    the largest weight gradient of its stages being added in."""
-    S, P = len(in_bytes), len(in_bytes) // config.chunks
+def _cut_sends(schedule: str, P: int, in_bytes: Sequence[int], out_bytes: Sequence[int], model_out_bytes: int) -> Sends:
+    """The `Sends` every device of the plan shares: each cut's bytes where it crosses to another device (0 where both
+    stages are on one), the model's output; each device sets its own `accumulating`."""
+    S = len(in_bytes)
 
     def crosses(a: int, b: int) -> bool:
-        return stage_device(config.schedule, a, P) != stage_device(config.schedule, b, P)
+        return stage_device(schedule, a, P) != stage_device(schedule, b, P)
 
     return Sends(out=[int(o) if s < S - 1 and crosses(s, s + 1) else 0 for s, o in enumerate(out_bytes)],
                  grad=[int(i) if s > 0 and crosses(s, s - 1) else 0 for s, i in enumerate(in_bytes)],
-                 model_out=int(model_out_bytes), last=S - 1,
-                 accumulating=accumulating_grad_bytes(max(sums.largest[s] for s in mine), schedule=config.schedule,
-                                                      microbatches=config.microbatches, optimizer=request.optimizer,
-                                                      dtype=request.training_dtype,
-                                                      mixed_precision=request.mixed_precision,
-                                                      sharding=config.sharding if shards > 1 else "none"))
+                 model_out=int(model_out_bytes), last=S - 1, accumulating=0)
 
 
 def _walks(schedule: str) -> bool:
