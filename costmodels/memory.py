@@ -599,7 +599,8 @@ class RangeMemory:
                  deferred_grad_bytes: Sequence[int] = (), loss_saved_bytes: int = 0,
                  nonweight_saved_bytes: Sequence[int] = (), weight_passes: Sequence[int] = (),
                  input_saved_bytes: Sequence[int] = (), input_nonweight_saved_bytes: Sequence[int] = (),
-                 blocks: tuple[Sequence[int], Sequence[int], Sequence[int]] | None = None) -> None:
+                 blocks: tuple[Sequence[int], Sequence[int], Sequence[int]] | None = None,
+                 kept_sends: Sequence[tuple[int, int, int]] | None = None) -> None:
         n, P = len(param_bytes), stages
         rule = facts(schedule)
         self.shared = [(nbytes, list(users)) for nbytes, users in shared if len(users) > 1]
@@ -650,6 +651,9 @@ class RangeMemory:
         self.largest_parts = (int(zero_holds or accumulates), 2 if zero_holds and sharding == "zero3" else 0)
         self.largest = _RangeMax([p - z for p, z in zip(param_bytes, frozen_param_bytes or [0] * n, strict=True)]) \
             if any(self.largest_parts) else None
+        # a walked device (`kept_sends`: outputs sent, input gradients sent, model outputs at its fullest point)
+        # in place of the counts' kept outputs; its recomputed stages keep their input as the receive buffer
+        self.sends = list(kept_sends) if kept_sends is not None else None
         self.keeps = [kept_outputs(schedule, x) for x in self.inflight]
         self.keeps_model_out = kept_model_outputs(schedule, P, microbatches)
         self.model_out = model_output_bytes
@@ -660,10 +664,12 @@ class RangeMemory:
 
     def device_total(self, p: int, params: int, saved: int, inb: int, outb: int, largest: int = 0,
                      transient: int = 0, model_out: int = 0, deferred: int = 0, loss_saved: int = 0,
-                     w_rerun: int = 0, checkpointed: tuple[int, int] | None = None, frozen: int = 0) -> int:
+                     w_rerun: int = 0, checkpointed: tuple[int, int | None] | None = None, frozen: int = 0,
+                     sent: tuple[int, int] = (0, 0)) -> int:
         """`stage_memory(...).total_bytes` of pipeline device p holding these bytes (`model_out`: the model's
         output, where the range ends the model; `deferred`: a (chunk-)microbatch's gradients kept for W;
-        `loss_saved`, `w_rerun`, `checkpointed`: as stage_memory's; `frozen`: of `params`, those without gradients)."""
+        `loss_saved`, `w_rerun`, `checkpointed`: as stage_memory's; `frozen`: of `params`, those without gradients;
+        `sent`: the cuts a walked device's sends are priced at, `_kept`)."""
         w, g, o = (math.ceil(f * (params - frozen)) for f in self.per_byte)
         w, g, o = _shard(w, g, o, self.sharding, self.shards)
         w_frozen = math.ceil(self.per_byte[0] * frozen)  # whole on every replica, never stashed (`stage_memory`)
@@ -679,7 +685,15 @@ class RangeMemory:
         gathered = grads_of * int(largest * self.per_byte[1]) + weights_of * int(largest * self.per_byte[0])
         ins, grads = self.receives[p]
         return (w * self.versions[p] + w_frozen + g + o + gathered + acts + inb * ins + outb * grads + transient
-                + outb * self.keeps[p] + model_out * self.keeps_model_out)
+                + self._kept(p, outb, model_out, sent))
+
+    def _kept(self, p: int, outb: int, model_out: int, sent: tuple[int, int]) -> int:
+        """Outputs and input gradients device p keeps beyond its receive buffers: the counts' kept outputs, or a
+        walked device's sends (`kept_sends`) at the chunk's cuts `sent` (outputs, input gradients)."""
+        if self.sends is None:
+            return outb * self.keeps[p] + model_out * self.keeps_model_out
+        outs, grads, model_outs = self.sends[p]
+        return outs * sent[0] + grads * sent[1] + model_outs * model_out
 
     def __call__(self, s: int, a: int, b: int) -> int:
         """Bytes of virtual stage s holding layers [a, b)."""
@@ -698,15 +712,21 @@ class RangeMemory:
             w_rerun = split_rerun_bytes(saved, loss_saved, max(0, nonweight[b] - nonweight[a] - self.input_saved[1][a]),
                                         passes[b] - passes[a], first=s == 0)
         inb = self.input if a == 0 else self.cut[a - 1]
-        checkpointed = None
+        checkpointed: tuple[int, int | None] | None = None
+        # a walked device's recomputed stage keeps its received input as the receive buffer, counted there
+        received = inb if self.sends is not None and a > 0 else 0
         if self.blocked is not None:  # `checkpointed_bytes` of the range, its chunks as many copies (as `saved`)
             kept, rerun, transient = self.blocked(a, b, inb)
-            checkpointed = (kept * ch, rerun)
+            checkpointed = ((kept - received) * ch, rerun)
         else:
             transient = self._transient(a, b)
+            checkpointed = (0, None) if received else None
+        # the model's first and last chunks: their device's other chunks send gradients and outputs at the one cut
+        # of theirs that crosses (a layered model's cuts are alike)
+        sent = (outb if b < self.n else inb, inb if a > 0 else outb)
         return self.device_total(self.device_of[s], params * ch, saved * ch, inb, outb, largest,
                                  transient, 0 if b < self.n else self.model_out, deferred, loss_saved, w_rerun,
-                                 checkpointed, (self.fp[b] - self.fp[a]) * ch if self.fp is not None else 0)
+                                 checkpointed, (self.fp[b] - self.fp[a]) * ch if self.fp is not None else 0, sent)
 
     def _transient(self, a: int, b: int) -> int:
         """`transient_over_saved` of layers [a, b) from the range maximum; the model's last layer apart under

@@ -33,7 +33,7 @@ from pipeplan.planner.configs import Config, configurations, shape_pairs, shardi
 from pipeplan.planner.mixed_dp import StageCosts, mixed_chain_dp
 from pipeplan.planner.mixed_predict import mixed_predict
 from pipeplan.planner.plan import Plan
-from pipeplan.planner.problem import Problem, build_problem, range_memory
+from pipeplan.planner.problem import Problem, build_problem, memory_signature, range_memory
 from pipeplan.planner.request import PlanRequest, default_dtype
 from pipeplan.planner.runnable import split_backward_conflict
 from pipeplan.planner.search import SearchResult, alternative_summary
@@ -132,9 +132,9 @@ class _MixedSearch:
         return cfg.microbatches * fastest / cfg.stages
 
     def partition(self, cfg: Config, types: tuple[int, ...], mb: int) -> tuple[float, list[int]] | None:
-        """The DP's partition (cached: M enters only through the in-flight counts)."""
-        inflight = tuple(facts(cfg.schedule).inflight(cfg.stages, p, cfg.microbatches, 1) for p in range(cfg.stages))
-        key = (types, mb, cfg.recompute, cfg.schedule, cfg.sharding, cfg.data_parallel, inflight)
+        """The DP's partition (cached by how M enters the memory model, `memory_signature`)."""
+        key = (types, mb, cfg.recompute, cfg.schedule, cfg.sharding, cfg.data_parallel,
+               memory_signature(replace(cfg, chunks=1)))
         if key not in self._partitions:
             self._partitions[key] = mixed_chain_dp(self.costs(cfg, types, mb, self.memory(cfg, mb)), types)
         return self._partitions[key]

@@ -8,7 +8,8 @@ at the producer's end), so the DP's optimum under either communication model
 optima are candidates, and (unless the request turns heuristics off) so are the
 equal-layers and torchgpipe time-balanced splits, so a plan is never predicted
 slower than the naive split it is compared with. The simulator picks; the
-prediction re-checks memory exactly.
+prediction re-checks memory exactly, and where it finds the DP's partitions over,
+the search asks the DP again under a capacity lowered by the excess.
 """
 
 from __future__ import annotations
@@ -67,15 +68,24 @@ class Partitioner:
         `key` identifies everything the DP's answer depends on besides the links and
         the communication mode (microbatch size, recomputation, memory signature)."""
         S = cfg.virtual_stages
-        out = []
-        for comm in COMM_MODES:
-            k = (*key, tuple(links(b) for b in range(S - 1)), comm)
-            if k not in self._cache:
-                self._cache[k] = partition_dp(prob, S, link=links, memory_bytes=mem, capacity_bytes=self.cap,
-                                              comm=comm)
-            out.append(self._cache[k])
+        out = self.dp_optima(cfg, prob, mem, links, key, self.cap)
         if self.heuristics and 1 < S <= prob.n and not cfg.stage_replicas:
             out.extend(_heuristic_partitions(prob, S, links))
+        return out
+
+    def dp_optima(self, cfg: Config, prob: Problem, mem: RangeMemory, links: LinkFn, key: tuple[Hashable, ...],
+                  capacity: int) -> list[Partition]:
+        """The DP's optimum under each communication model with memory capped at `capacity` (the search lowers it
+        below the device's when the exact prediction finds the DP's partition over: search.py
+        `_Search.partition_and_predict`)."""
+        S = cfg.virtual_stages
+        out = []
+        for comm in COMM_MODES:
+            k = (*key, tuple(links(b) for b in range(S - 1)), comm, capacity)
+            if k not in self._cache:
+                self._cache[k] = partition_dp(prob, S, link=links, memory_bytes=mem, capacity_bytes=capacity,
+                                              comm=comm)
+            out.append(self._cache[k])
         return out
 
 

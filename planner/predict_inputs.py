@@ -46,9 +46,9 @@ from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
-from pipeplan.planner.simulate import device_orders
+from pipeplan.planner.walks import cut_sends, walk_orders, walks
 from pipeplan.precision import scales_loss
-from pipeplan.schedules import device_stages, facts, stage_device
+from pipeplan.schedules import device_stages, facts
 
 __all__ = ["StageInputs", "stage_inputs", "boundary_bytes", "boundary_tensors", "contiguous", "shared_stages", "op_times",
            "collectives_overlap", "overlap_slowdown", "receives_wait"]
@@ -173,8 +173,9 @@ def boundary_tensors(graph: Graph, names: Sequence[str], assignment: Sequence[in
     for e in graph.edges:
         if e.src not in stage_of or e.dst not in stage_of:
             continue
+        tensors = [f"{e.src}/{t}" for t in e.tensors or [""]]
         for b in range(stage_of[e.src], stage_of[e.dst]):
-            crossing[b].update(f"{e.src}/{t}" for t in e.tensors or [""])
+            crossing[b].update(tensors)
     return [len(c) for c in crossing] + [0] * (stages > 0)
 
 
@@ -411,13 +412,13 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
                    blocked: Sequence[tuple[int, int, int]] | None = None) -> list[MemoryBreakdown]:
     """Peak memory of each pipeline device (all its chunks), from `stage_memory`; `model_out_bytes`: the model's
     output per microbatch (the last layer's outputs), which the device holding the last stage keeps; `held`: what
-    a microbatch holds per stage (`_held_per_microbatch`), for a walk (`_walks`); `blocked`: recomputed a block at a
+    a microbatch holds per stage (`_held_per_microbatch`), for a walk (planner/walks.py); `blocked`: recomputed a block at a
     time, each stage's `checkpointed_bytes` (a device's chunks: kept adds up, one re-run)."""
     rule = facts(config.schedule)
     S = len(in_bytes)
     P = S // config.chunks
-    orders = _walk_orders(config, P) if _walks(config.schedule) else None
-    cuts = _cut_sends(config.schedule, P, in_bytes, out_bytes, model_out_bytes) if orders is not None else None
+    orders = walk_orders(config, P) if walks(config.schedule) else None
+    cuts = cut_sends(config.schedule, P, in_bytes, out_bytes, model_out_bytes) if orders is not None else None
     memory = []
     for p in range(P):
         mine = device_stages(config.schedule, p, P, S // P)
@@ -473,42 +474,9 @@ def _per_deferring_stage(deferred: Sequence[int], mine: Sequence[int]) -> int:
     return math.ceil(sum(deferring) / len(deferring)) if deferring else 0
 
 
-def _cut_sends(schedule: str, P: int, in_bytes: Sequence[int], out_bytes: Sequence[int], model_out_bytes: int) -> Sends:
-    """The `Sends` every device of the plan shares: each cut's bytes where it crosses to another device (0 where both
-    stages are on one), the model's output; each device sets its own `accumulating`."""
-    S = len(in_bytes)
-
-    def crosses(a: int, b: int) -> bool:
-        return stage_device(schedule, a, P) != stage_device(schedule, b, P)
-
-    return Sends(out=[int(o) if s < S - 1 and crosses(s, s + 1) else 0 for s, o in enumerate(out_bytes)],
-                 grad=[int(i) if s > 0 and crosses(s, s - 1) else 0 for s, i in enumerate(in_bytes)],
-                 model_out=int(model_out_bytes), last=S - 1, accumulating=0)
-
-
-def _walks(schedule: str) -> bool:
-    """Whether a device's memory is walked over its order (`_walked`) rather than counted: schedules that run several
-    virtual stages a device on torch's multi-stage runtime (interleaved, ZB-V, DualPipeV).
-
-    ZB-H1 runs on the same runtime with one stage a device and stays with the counts: walked, its recomputed last
-    stage read -7.8% on the CPU runtime (its B keeps 110 MiB a microbatch for W where the trace's deferred gradients
-    less the loss's saves give 46; the counts' model output, kept at every point, stands in for the rest and read
-    -0.0%)."""
-    rule = facts(schedule)
-    return rule.torch_class is not None and rule.interleaves
-
-
-def _walk_orders(config: Config, P: int) -> list[list[tuple[str, int, int]]]:
-    """Each device's order (`simulate.device_orders`), a whole backward as "BW" (it ends its microbatch's hold, as in a
-    V's order): built once for all P devices, whose walks read one each."""
-    splits = facts(config.schedule).splits_backward
-    return [[("BW" if kind == "B" and not splits else kind, s, m) for kind, s, m in order]
-            for order in device_orders(config.schedule, P, config.chunks, config.microbatches)]
-
-
 def _walked(config: Config, sums: _Sums, held: _Held, order: Sequence[tuple[str, int, int]], in_bytes: Sequence[int],
             sends: Sends) -> tuple[int, int, int]:
-    """A device (`_walks`) walked over its order (`_walk_orders`) with each virtual stage's own bytes and what its ops
+    """A device (`walks`) walked over its order (`walk_orders`) with each virtual stage's own bytes and what its ops
     leave live (memory.walked_held_bytes, and recomputed memory.walked_recomputed_bytes: each stage's checkpointed
     inputs and re-runs). A checkpoint keeps its stage's received input as it is, the receive buffer counted apart
     (chunk_receive_bytes): only the model's first stage, whose input is the microbatch, keeps its own."""

@@ -20,6 +20,8 @@ from pipeplan.costmodels.graph import AUTOCAST_FIELDS, Graph
 from pipeplan.costmodels.memory import RangeMemory, activation_bytes_scale, is_mixed_precision
 from pipeplan.costmodels.recompute import weight_passes_added
 from pipeplan.hardware_profiles.profile import HardwareProfile
+from pipeplan.planner.walks import kept_send_counts, walks
+from pipeplan.schedules import facts
 
 if TYPE_CHECKING:
     from pipeplan.planner.configs import Config
@@ -249,10 +251,22 @@ def _autocast_bytes(graph: Graph, profile: HardwareProfile | None, dtype: str,
     return [layer.autocast[device] for layer in graph.layers]
 
 
+def memory_signature(config: Config) -> tuple[int, ...]:
+    """How M enters `range_memory`, for the caches of its results: the in-flight counts per device; M itself where
+    torch's multi-stage runtime keeps a receive buffer per microbatch and (walked devices) every send to the step's
+    end, which grow with M where the in-flight counts stop; whether a second microbatch adds its gradient into the
+    first's."""
+    rule = facts(config.schedule)
+    M = config.microbatches
+    return (*(rule.inflight(config.stages, p, M, config.chunks) for p in range(config.stages)),
+            M if rule.torch_class is not None and not rule.receives_per_microbatch else min(M, 2))
+
+
 def range_memory(problem: Problem, config: Config, request: PlanRequest,
                  shared: Sequence[tuple[int, Sequence[int]]] = ()) -> RangeMemory:
     """The partitioner's memory of a layer range under `config` (costmodels.memory.RangeMemory), from the problem's
-    per-layer bytes: one place that says which of its numbers the memory model reads."""
+    per-layer bytes: one place that says which of its numbers the memory model reads (and, for a device walked over its
+    order, the sends it keeps: planner/walks.py)."""
     p, req = problem, request
     return RangeMemory(
         param_bytes=p.param_bytes, frozen_param_bytes=p.frozen_param_bytes, saved_bytes=p.saved_bytes,
@@ -263,4 +277,5 @@ def range_memory(problem: Problem, config: Config, request: PlanRequest,
         deferred_grad_bytes=p.deferred_grad_bytes, loss_saved_bytes=p.loss_saved_bytes,
         nonweight_saved_bytes=p.nonweight_saved_bytes, weight_passes=p.weight_passes,
         input_saved_bytes=p.input_saved_bytes, input_nonweight_saved_bytes=p.input_nonweight_saved_bytes,
-        blocks=p.blocks if config.recompute_granularity == "block" else None)
+        blocks=p.blocks if config.recompute_granularity == "block" else None,
+        kept_sends=kept_send_counts(config) if walks(config.schedule) else None)

@@ -35,13 +35,17 @@ from pipeplan.planner.partition import Partitioner, ilp_info, ilp_partition, lin
 from pipeplan.planner.pipedream import partition_pipedream
 from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import graph_summary, predict
-from pipeplan.planner.problem import Problem, build_problem, range_memory
+from pipeplan.planner.problem import Problem, build_problem, memory_signature, range_memory
 from pipeplan.planner.request import PlanRequest
 from pipeplan.planner.runnable import split_backward_conflict
 from pipeplan.schedules import facts, stage_device
 from pipeplan.units import GIB
 
 __all__ = ["search", "SearchResult", "Candidate", "Progress", "pipedream_levels"]
+
+REFITS = 3
+"""How many times the DP is asked again under a lower capacity when the exact prediction finds its partitions over
+memory (`_Search.partition_and_predict`); each round is one DP run per communication model and its predictions."""
 
 Progress = Callable[[str, int, int], None]
 """(what is being searched, step, steps) -> None."""
@@ -113,13 +117,14 @@ class _Search:
             self._bottlenecks[key] = min_bottleneck(self.problem(mb, recompute).compute_s, stages)
         return self._bottlenecks[key]
 
-    def memory_signature(self, cfg: Config) -> tuple[int, ...]:
-        """In-flight counts per device: the only way M enters the memory model."""
-        return tuple(facts(cfg.schedule).inflight(cfg.stages, p, cfg.microbatches, cfg.chunks) for p in range(cfg.stages))
+    def memory_key(self, cfg: Config, prob: Problem) -> tuple[Any, ...]:
+        """Everything of a configuration its `range_memory` reads (the problem, cached per microbatch size and
+        recomputation, by identity): the key of the memory cache and, with the links, of the DP's."""
+        return (id(prob), cfg.schedule, cfg.stages, cfg.chunks, cfg.recompute, cfg.recompute_granularity,
+                memory_signature(cfg), *self.sharding_key(cfg))
 
     def memory(self, cfg: Config, prob: Problem) -> RangeMemory:
-        key = (id(prob), cfg.schedule, cfg.stages, cfg.chunks, cfg.recompute, cfg.recompute_granularity,
-               self.memory_signature(cfg), *self.sharding_key(cfg))
+        key = self.memory_key(cfg, prob)
         if key not in self._memory:
             self._memory[key] = range_memory(prob, cfg, self.request, self.shared)
         return self._memory[key]
@@ -196,22 +201,47 @@ class _Search:
         return failure is None
 
     def partition_and_predict(self, cfg: Config, prob: Problem, mem: RangeMemory, mb: int) -> list[Partition]:
-        """The configuration's candidate partitions, each predicted; returns those that fit (distinct)."""
+        """The configuration's candidate partitions, each predicted, the DP's again under less memory where the
+        prediction finds them over (`predict_new`); returns the distinct partitions predicted."""
         links = link_fn(self.profile, cfg)
-        key = (mb, cfg.recompute, cfg.virtual_stages, cfg.schedule, cfg.chunks, self.memory_signature(cfg),
-               *self.sharding_key(cfg))
+        key = (mb, cfg.virtual_stages, *self.memory_key(cfg, prob))
         seen: dict[tuple[int, ...], Partition] = {}
-        for part in self.partitioner.candidates(cfg, prob, mem, links, key):
-            if part.solver.get("status") == "infeasible":
-                self.infeasible += 1
-                over = part.solver.get("overflow_bytes")
-                if over is not None:
-                    self.failures.append(Failure(self.cap + int(over), "exact", cfg))
-                continue
-            if tuple(part.assignment) not in seen:
-                seen[tuple(part.assignment)] = part
-                self.consider(cfg, part, mb)
+        over = self.predict_new(cfg, self.partitioner.candidates(cfg, prob, mem, links, key), mb, seen, self.cap)
+        capacity = self.cap
+        for _ in range(REFITS):
+            if over <= 0:
+                break
+            capacity -= over
+            over = self.predict_new(cfg, self.partitioner.dp_optima(cfg, prob, mem, links, key, capacity), mb, seen,
+                                    capacity)
         return list(seen.values())
+
+    def predict_new(self, cfg: Config, parts: list[Partition], mb: int, seen: dict[tuple[int, ...], Partition],
+                    capacity: int) -> int:
+        """Predict the partitions not `seen` yet; returns by how much the DP's exceed memory where none of them fits
+        (0 where one fits or none was over), which a refit takes off the DP's `capacity`: the DP prices a device
+        running several chunks as copies of each and its sends at one point of its order (costmodels/memory.py
+        `RangeMemory`), the prediction by walking it, and a device's gathered or largest-layer terms differ by chunk."""
+        over, fitted = 0, False
+        for part in parts:
+            if part.solver.get("status") == "infeasible":
+                excess = part.solver.get("overflow_bytes")
+                if capacity == self.cap:  # a refit's says nothing of the device's capacity
+                    self.infeasible += 1
+                    if excess is not None:
+                        self.failures.append(Failure(self.cap + int(excess), "exact", cfg))
+                continue
+            if tuple(part.assignment) in seen:
+                continue
+            seen[tuple(part.assignment)] = part
+            failed = len(self.failures)
+            plan = self.consider(cfg, part, mb)
+            if part.solver.get("name") != "dp":
+                continue
+            fitted = fitted or plan is not None
+            if plan is None and len(self.failures) > failed and self.failures[-1].how == "exact":
+                over = max(over, self.failures[-1].need_bytes - self.cap)
+        return 0 if fitted else over
 
     def consider(self, cfg: Config, part: Partition, mb: int) -> Plan | None:
         """Predict a partition (unless its busiest device already loses) and keep it if it fits and ranks."""

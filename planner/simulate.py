@@ -116,8 +116,8 @@ class SimResult:
     iteration_s: float
     bubble_fraction: float  # idle share of the devices' time before the trailing all-reduce
     events: list[Event]
-    peak_memory_bytes: list[int]  # per device
-    memory_timeline: list[tuple[float, int, int]]  # (time_s, device, bytes in use), in time order
+    peak_memory_bytes: list[int]  # per device; empty without events (`simulate`)
+    memory_timeline: list[tuple[float, int, int]]  # (time_s, device, bytes in use), in time order; empty without events
     pipeline_s: float = 0.0  # when the last compute op ends (pipedream: steady-state time of M microbatches)
     bubble_overhead: float = 0.0  # Megatron's t_pb / t_id: pipeline_s / busiest device's compute - 1
     busy_s: list[float] = field(default_factory=list)  # compute time per device per iteration
@@ -749,7 +749,8 @@ def simulate(
     `receives_wait=True`: a tensor crosses its link only once the receiving device reaches the op that needs it,
     and that op waits for it (torch.distributed.pipelining's receives, module docstring); False: from the
     producer's end.
-    `keep_events=False` skips building the Event list (the search's fast path).
+    `keep_events=False` skips building the Event list, the memory timeline and the peaks (the search's fast path,
+    whose predictions read the times only: their memory is costmodels/memory.py's).
     """
     inp = _validate(schedule, fwd_s, bwd_s, send_s, microbatches, chunks, static_bytes, activation_bytes_per_mb,
                     allreduce_s, recompute_s, recompute_bytes, optimizer_s, wgrad_s, tied_stages, fresh_grad_s,
@@ -769,7 +770,8 @@ def simulate(
     else:
         pipeline_s = _steady_state_s(inp, b_end, stream)
         iteration_s = pipeline_s + _window_update_s(inp)
-    timeline, peaks = _memory_timeline(inp.static_bytes, run.mem_deltas)
+    # the search's fast path reads the time only (its memory is costmodels/memory.py's): no timeline, no peaks
+    timeline, peaks = _memory_timeline(inp.static_bytes, run.mem_deltas) if keep_events else ([], [])
     S, K = inp.stages, inp.devices
     busy = _busy_s(inp, orders)
     bubble_fraction, bubble_overhead = _bubbles(busy, pipeline_s, K)
@@ -783,6 +785,6 @@ def simulate(
         pipeline_s=pipeline_s,
         bubble_overhead=bubble_overhead,
         busy_s=busy,
-        inflight_peak=[_peak_count(f_start, b_end, [s]) for s in range(S)],
-        inflight_device_peak=[_peak_count(f_start, b_end, mine) for mine in _device_stages(inp)],
+        inflight_peak=[_peak_count(f_start, b_end, [s]) for s in range(S)] if keep_events else [],
+        inflight_device_peak=[_peak_count(f_start, b_end, mine) for mine in _device_stages(inp)] if keep_events else [],
     )

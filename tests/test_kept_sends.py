@@ -70,9 +70,9 @@ def test_interleaved_whole_backwards_on_the_device_holding_the_loss():
     FULL_BACKWARD, "BW" to the walk) send the input gradients of stages 1 and 3 (5 and 7) to device 0 and add a
     weight gradient in (1); stage 1's output (6) goes to device 0 too; the logits (100) live from F3 to its BW."""
     from pipeplan.planner.configs import Config
-    from pipeplan.planner.predict_inputs import _walk_orders
+    from pipeplan.planner.walks import walk_orders
 
-    order = _walk_orders(Config(schedule="interleaved", stages=2, data_parallel=1, microbatches=2, chunks=2), 2)[1]
+    order = walk_orders(Config(schedule="interleaved", stages=2, data_parallel=1, microbatches=2, chunks=2), 2)[1]
     assert order == [("F", 1, 0), ("F", 1, 1), ("F", 3, 0), ("BW", 3, 0), ("F", 3, 1), ("BW", 3, 1), ("BW", 1, 0),
                      ("BW", 1, 1)]
     sends = Sends(out=[0, 6, 0, 0], grad=[0, 5, 0, 7], model_out=100, last=3, accumulating=1)
