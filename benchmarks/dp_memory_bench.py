@@ -43,7 +43,7 @@ def run(args: list[str], sends: bool, refits: int | None) -> tuple[Counter, dict
     from pipeplan.planner import problem, search
 
     counts: Counter = Counter()
-    real_walks, real_refits = problem.walks, search.REFITS
+    real_walks, real_keeps, real_refits = problem.walks, problem.keeps_sends, search.REFITS
     consider, predict_new = search._Search.consider, search._Search.predict_new
 
     def counted_predict_new(self, cfg, parts, mb, seen, capacity):
@@ -62,7 +62,7 @@ def run(args: list[str], sends: bool, refits: int | None) -> tuple[Counter, dict
                 counts[kind + " fits"] += 1
         return plan
 
-    problem.walks = real_walks if sends else (lambda schedule: False)
+    problem.walks, problem.keeps_sends = (real_walks, real_keeps) if sends else ((lambda s: False), (lambda s: False))
     search.REFITS = real_refits if refits is None else refits
     search._Search.consider, search._Search.predict_new = counted_consider, counted_predict_new
     out = io.StringIO()
@@ -72,7 +72,7 @@ def run(args: list[str], sends: bool, refits: int | None) -> tuple[Counter, dict
             with contextlib.suppress(SystemExit):
                 cli.main(args=[*args, "--json"], prog_name="pipeplan")
     finally:
-        problem.walks, search.REFITS = real_walks, real_refits
+        problem.walks, problem.keeps_sends, search.REFITS = real_walks, real_keeps, real_refits
         search._Search.consider, search._Search.predict_new = consider, predict_new
     return counts, json.loads(out.getvalue())["plan"], time.perf_counter() - t0
 

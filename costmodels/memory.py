@@ -488,7 +488,7 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
                  held_bytes: tuple[int, int, int] | None = None, loss_saved_bytes_per_mb: int = 0,
                  w_rerun_bytes: int = 0, checkpointed: tuple[int, int] | None = None,
                  input_saved_bytes_per_mb: int = 0, receive_bytes: int | None = None,
-                 frozen_param_bytes: int = 0) -> MemoryBreakdown:
+                 frozen_param_bytes: int = 0, kept_bytes: int | None = None) -> MemoryBreakdown:
     """Predicted peak memory of one pipeline stage (one device).
 
     param_bytes: fp32 bytes of the stage's parameters (all its chunks when interleaved); frozen_param_bytes: of
@@ -514,6 +514,9 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     its order chunk by chunk (`walked_held_bytes` with the device's `Sends`), in place of the estimate from the
     counts; its activations include the outputs kept and sent, the model's output and the weight gradient being
     added in where the peak has them, so only the receive buffers are added to it.
+    kept_bytes: counted, not walked, the outputs, input gradients and model outputs the device keeps beyond its
+    receive buffers where the caller knows them (ZB-H1 on torch's multi-stage runtime, which keeps every send to the
+    step's end: planner/walks.py `kept_send_counts`), in place of `kept_outputs` and `kept_model_outputs`.
     loss_saved_bytes_per_mb: where the device holds the last stage, what the loss saves; recomputed, the
     microbatches waiting for their backward keep it (`_held_activations`, `losses_waiting`). w_rerun_bytes:
     recomputed under a split backward, what a W holds (`split_rerun_bytes`). checkpointed: recomputed with a checkpoint
@@ -563,7 +566,8 @@ def stage_memory(*, param_bytes: int, saved_bytes_per_mb: int, input_bytes_per_m
     buffers = int(receive_bytes)
     if held_bytes is None:  # a walk counts these op by op (`Sends`)
         buffers += (kept_outputs(schedule, inflight) * int(output_bytes_per_mb)
-                    + kept_model_outputs(schedule, stages, microbatches) * int(model_output_bytes_per_mb))
+                    + kept_model_outputs(schedule, stages, microbatches) * int(model_output_bytes_per_mb)
+                    if kept_bytes is None else int(kept_bytes))
         transient_bytes += accumulating_grad_bytes(largest_layer_param_bytes, schedule=schedule,
                                                    microbatches=microbatches, optimizer=optimizer, dtype=dtype,
                                                    mixed_precision=mixed_precision,
@@ -600,7 +604,7 @@ class RangeMemory:
                  nonweight_saved_bytes: Sequence[int] = (), weight_passes: Sequence[int] = (),
                  input_saved_bytes: Sequence[int] = (), input_nonweight_saved_bytes: Sequence[int] = (),
                  blocks: tuple[Sequence[int], Sequence[int], Sequence[int]] | None = None,
-                 kept_sends: Sequence[tuple[int, int, int]] | None = None) -> None:
+                 kept_sends: Sequence[tuple[int, int, int]] | None = None, walked: bool = False) -> None:
         n, P = len(param_bytes), stages
         rule = facts(schedule)
         self.shared = [(nbytes, list(users)) for nbytes, users in shared if len(users) > 1]
@@ -651,9 +655,11 @@ class RangeMemory:
         self.largest_parts = (int(zero_holds or accumulates), 2 if zero_holds and sharding == "zero3" else 0)
         self.largest = _RangeMax([p - z for p, z in zip(param_bytes, frozen_param_bytes or [0] * n, strict=True)]) \
             if any(self.largest_parts) else None
-        # a walked device (`kept_sends`: outputs sent, input gradients sent, model outputs at its fullest point)
-        # in place of the counts' kept outputs; its recomputed stages keep their input as the receive buffer
+        # where the runtime keeps its sends (`kept_sends`: outputs sent, input gradients sent, model outputs at the
+        # device's fullest point), they replace the counts' kept outputs; a walked device's recomputed stages keep
+        # their input as the receive buffer, as its prediction counts them
         self.sends = list(kept_sends) if kept_sends is not None else None
+        self.walked = walked
         self.keeps = [kept_outputs(schedule, x) for x in self.inflight]
         self.keeps_model_out = kept_model_outputs(schedule, P, microbatches)
         self.model_out = model_output_bytes
@@ -688,8 +694,8 @@ class RangeMemory:
                 + self._kept(p, outb, model_out, sent))
 
     def _kept(self, p: int, outb: int, model_out: int, sent: tuple[int, int]) -> int:
-        """Outputs and input gradients device p keeps beyond its receive buffers: the counts' kept outputs, or a
-        walked device's sends (`kept_sends`) at the chunk's cuts `sent` (outputs, input gradients)."""
+        """Outputs and input gradients device p keeps beyond its receive buffers: the counts' kept outputs, or the
+        sends the runtime keeps (`kept_sends`) at the chunk's cuts `sent` (outputs, input gradients)."""
         if self.sends is None:
             return outb * self.keeps[p] + model_out * self.keeps_model_out
         outs, grads, model_outs = self.sends[p]
@@ -714,7 +720,7 @@ class RangeMemory:
         inb = self.input if a == 0 else self.cut[a - 1]
         checkpointed: tuple[int, int | None] | None = None
         # a walked device's recomputed stage keeps its received input as the receive buffer, counted there
-        received = inb if self.sends is not None and a > 0 else 0
+        received = inb if self.walked and a > 0 else 0
         if self.blocked is not None:  # `checkpointed_bytes` of the range, its chunks as many copies (as `saved`)
             kept, rerun, transient = self.blocked(a, b, inb)
             checkpointed = ((kept - received) * ch, rerun)

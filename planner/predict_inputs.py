@@ -46,7 +46,7 @@ from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
 from pipeplan.planner.problem import Problem
 from pipeplan.planner.request import PlanRequest
-from pipeplan.planner.walks import cut_sends, walk_orders, walks
+from pipeplan.planner.walks import cut_sends, keeps_sends, kept_send_counts, walk_orders, walks
 from pipeplan.precision import scales_loss
 from pipeplan.schedules import device_stages, facts
 
@@ -418,7 +418,8 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
     S = len(in_bytes)
     P = S // config.chunks
     orders = walk_orders(config, P) if walks(config.schedule) else None
-    cuts = cut_sends(config.schedule, P, in_bytes, out_bytes, model_out_bytes) if orders is not None else None
+    cuts = cut_sends(config.schedule, P, in_bytes, out_bytes, model_out_bytes) if keeps_sends(config.schedule) else None
+    counted = kept_send_counts(config) if cuts is not None and orders is None else None  # ZB-H1: the counts + sends
     memory = []
     for p in range(P):
         mine = device_stages(config.schedule, p, P, S // P)
@@ -443,7 +444,7 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             transient_bytes=max(sums.transient[s] for s in mine),
             model_output_bytes_per_mb=model_out_bytes if S - 1 in mine else 0,
             deferred_grad_bytes_per_mb=_per_deferring_stage(sums.deferred, mine),
-            held_bytes=walked,
+            held_bytes=walked, kept_bytes=_kept_sent(counted[p], cuts, mine) if counted and cuts else None,
             loss_saved_bytes_per_mb=max(sums.loss_saved[s] for s in mine) if config.recompute else 0,
             w_rerun_bytes=max(sums.w_rerun[s] for s in mine) if rule.splits_backward else 0,
             checkpointed=(sum(blocked[s][0] for s in mine), max(blocked[s][1] for s in mine)) if blocked else None,
@@ -451,6 +452,14 @@ def _device_memory(config: Config, request: PlanRequest, sums: _Sums, in_bytes: 
             receive_bytes=chunk_receive_bytes(config.schedule, mine, in_bytes, out_bytes, config.microbatches),
         ))
     return memory
+
+
+def _kept_sent(counts: tuple[int, int, int], cuts: Sends, mine: Sequence[int]) -> int:
+    """What a counted device whose runtime keeps its sends holds of them (`kept_send_counts`: outputs, input
+    gradients, model outputs), at its stage's cuts."""
+    outs, grads, model_outs = counts
+    return sum(outs * cuts.out[s] + grads * cuts.grad[s] + model_outs * (cuts.model_out if s == cuts.last else 0)
+               for s in mine)
 
 
 def block_checkpoints(problem: Problem, assignment: Sequence[int], in_bytes: Sequence[int]) -> list[tuple[int, int, int]]:

@@ -20,7 +20,7 @@ from pipeplan.costmodels.graph import AUTOCAST_FIELDS, Graph
 from pipeplan.costmodels.memory import RangeMemory, activation_bytes_scale, is_mixed_precision
 from pipeplan.costmodels.recompute import weight_passes_added
 from pipeplan.hardware_profiles.profile import HardwareProfile
-from pipeplan.planner.walks import kept_send_counts, walks
+from pipeplan.planner.walks import keeps_sends, kept_send_counts, walks
 from pipeplan.schedules import facts
 
 if TYPE_CHECKING:
@@ -265,8 +265,8 @@ def memory_signature(config: Config) -> tuple[int, ...]:
 def range_memory(problem: Problem, config: Config, request: PlanRequest,
                  shared: Sequence[tuple[int, Sequence[int]]] = ()) -> RangeMemory:
     """The partitioner's memory of a layer range under `config` (costmodels.memory.RangeMemory), from the problem's
-    per-layer bytes: one place that says which of its numbers the memory model reads (and, for a device walked over its
-    order, the sends it keeps: planner/walks.py)."""
+    per-layer bytes: one place that says which of its numbers the memory model reads (and, where torch's multi-stage
+    runtime keeps the sends, how many: planner/walks.py)."""
     p, req = problem, request
     return RangeMemory(
         param_bytes=p.param_bytes, frozen_param_bytes=p.frozen_param_bytes, saved_bytes=p.saved_bytes,
@@ -278,4 +278,4 @@ def range_memory(problem: Problem, config: Config, request: PlanRequest,
         nonweight_saved_bytes=p.nonweight_saved_bytes, weight_passes=p.weight_passes,
         input_saved_bytes=p.input_saved_bytes, input_nonweight_saved_bytes=p.input_nonweight_saved_bytes,
         blocks=p.blocks if config.recompute_granularity == "block" else None,
-        kept_sends=kept_send_counts(config) if walks(config.schedule) else None)
+        kept_sends=kept_send_counts(config) if keeps_sends(config.schedule) else None, walked=walks(config.schedule))

@@ -12,15 +12,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-from pipeplan.costmodels.memory import Sends, left_live
+from pipeplan.costmodels.memory import Sends, kept_model_outputs, left_live
 from pipeplan.planner.configs import Config
 from pipeplan.planner.simulate import device_orders
 from pipeplan.schedules import facts, stage_device
 from pipeplan.v_orders import walk
 
-__all__ = ["walks", "walk_orders", "cut_sends", "kept_send_counts"]
+__all__ = ["keeps_sends", "walks", "walk_orders", "cut_sends", "kept_send_counts"]
 
 Order = list[tuple[str, int, int]]
+
+
+def keeps_sends(schedule: str) -> bool:
+    """Whether the schedule runs on torch's multi-stage runtime, which keeps every send to the step's end (the
+    schedules with a receive buffer per microbatch, `memory.receive_buffers`): interleaved, ZB-H1, ZB-V, DualPipeV."""
+    rule = facts(schedule)
+    return rule.torch_class is not None and not rule.receives_per_microbatch
 
 
 def walks(schedule: str) -> bool:
@@ -62,15 +69,23 @@ def cut_sends(schedule: str, P: int, in_bytes: Sequence[int], out_bytes: Sequenc
 
 
 def kept_send_counts(config: Config) -> list[tuple[int, int, int]]:
-    """Per device of a walked schedule (`walks`), the sends live at its fullest point: (outputs sent, input gradients
-    sent, model outputs kept), counted where its order holds the most (chunk-)microbatches, the last such op.
+    """Per device of a schedule that keeps its sends (`keeps_sends`), the sends live at its fullest point: (outputs
+    sent, input gradients sent, model outputs kept), counted where its order holds the most (chunk-)microbatches,
+    the last such op.
 
     What the partitioner's memory (costmodels/memory.py `RangeMemory`) adds for them, a device being made of copies
-    of the chunk it prices. Sends only grow through a step while the held microbatches peak in the steady state and
-    fall in the drain, each backward freeing a microbatch's saved bytes for one cut's gradient sent, so the walk's
-    peak is the last op where the most are held whenever a chunk saves more than it sends (every layered model; the
-    prediction walks the device exactly and has the last word)."""
-    return list(_kept_send_counts(config.schedule, config.stages, config.chunks, config.microbatches))
+    of the chunk it prices, and what the counts add for ZB-H1's devices (one stage each, not walked). Sends only grow
+    through a step while the held microbatches peak in the steady state and fall in the drain, each backward freeing
+    a microbatch's saved bytes for one cut's gradient sent, so the walk's peak is the last op where the most are
+    held whenever a chunk saves more than it sends (every layered model; a walked device's prediction walks it
+    exactly and has the last word). A device counted, not walked, keeps the counts' model outputs
+    (`kept_model_outputs`: see `walks` for what they stand in for)."""
+    counts = list(_kept_send_counts(config.schedule, config.stages, config.chunks, config.microbatches))
+    if walks(config.schedule):
+        return counts
+    model_outs = kept_model_outputs(config.schedule, config.stages, config.microbatches)
+    last = stage_device(config.schedule, config.virtual_stages - 1, config.stages)
+    return [(outs, grads, model_outs if p == last else 0) for p, (outs, grads, _) in enumerate(counts)]
 
 
 @lru_cache(maxsize=256)

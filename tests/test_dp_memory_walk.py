@@ -117,3 +117,32 @@ def test_a_dp_partition_the_prediction_finds_over_is_refit_under_less(monkeypatc
     refits = search_module.REFITS
     assert dp_fits(0) == []
     assert dp_fits(refits) == [True]
+
+
+def test_zb_h1_keeps_its_sends_to_the_steps_end_too():
+    """ZB-H1 runs on torch's multi-stage runtime (ScheduleInterleavedZeroBubble), which waits on its sends only at the
+    step's end, one stage a device. 2 devices, M = 4: device 0 holds 2 microbatches last during W0,2, when it has
+    sent all 4 outputs; device 1 last during W1,2, when it has sent all 4 input gradients; its model output is the
+    counts' one (`walks`: it stands in for what the last stage's B keeps for W)."""
+    cfg = Config(schedule="zb-h1", stages=2, data_parallel=1, microbatches=4, chunks=1)
+    assert walk_orders(cfg, 2)[0] == [("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("W", 0, 0), ("F", 0, 2), ("B", 0, 1),
+                                      ("W", 0, 1), ("F", 0, 3), ("B", 0, 2), ("W", 0, 2), ("B", 0, 3), ("W", 0, 3)]
+    assert kept_send_counts(cfg) == [(4, 0, 0), (0, 4, 1)]
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_zb_h1_memory_grows_with_m_by_its_sends_and_buffers(stage):
+    """From M = 4 to M = 8 (in flight 2 either way) a ZB-H1 device holds 4 more receive buffers and 4 more sends,
+    each one cut: 8 cuts more (the counts held a cut per microbatch in flight, whatever M); the partitioner's memory
+    of the split is the prediction's."""
+    graph, prof = gpt_like(blocks=8, batch=2), profile(80)
+    request = PlanRequest(devices=2, batch_size=16, dtype="fp32", optimizer="adam")
+    prob = build_problem(graph, prof, microbatch_size=2, dtype="fp32")
+    assignment = [0] * 5 + [1] * 5
+    cut = prob.cut_bytes[4]
+    peak = {}
+    for M in (4, 8):
+        cfg = Config(schedule="zb-h1", stages=2, data_parallel=1, microbatches=M, chunks=1)
+        peak[M] = predict(graph, prof, assignment, cfg, request, problem=prob).plan.stages[stage].predicted.memory_bytes
+        assert range_memory(prob, cfg, request)(stage, 5 * stage, 5 * stage + 5) == peak[M]
+    assert peak[8] - peak[4] == 8 * cut
