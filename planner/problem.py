@@ -253,8 +253,8 @@ def _autocast_bytes(graph: Graph, profile: HardwareProfile | None, dtype: str,
 
 def memory_signature(config: Config) -> tuple[int, ...]:
     """How M enters `range_memory`, for the caches of its results: the in-flight counts per device; M itself where
-    torch's multi-stage runtime keeps a receive buffer per microbatch and (walked devices) every send to the step's
-    end, which grow with M where the in-flight counts stop; whether a second microbatch adds its gradient into the
+    torch's multi-stage runtime keeps a receive buffer per microbatch and every send to the step's end, which grow
+    with M where the in-flight counts stop; whether a second microbatch adds its gradient into the
     first's."""
     rule = facts(config.schedule)
     M = config.microbatches

@@ -1,10 +1,11 @@
 """Which devices' memory is walked op by op, over which order, and what their sends leave live.
 
-torch 2.13's multi-stage runtime (`_PipelineScheduleRuntime`: interleaved 1F1B, ZB-V, DualPipeV) keeps every
+torch 2.13's multi-stage runtime (`_PipelineScheduleRuntime`: interleaved 1F1B, ZB-H1, ZB-V, DualPipeV) keeps every
 send's tensor until the step's end (costmodels/memory.py `Sends`), so a device's peak depends on where in its order
-it falls. The prediction walks each device over its order with each virtual stage's own bytes
-(planner/predict_inputs.py); the partitioner, which asks about thousands of layer ranges, prices the sends live at
-the device's fullest point of a walk with unit counts (`kept_send_counts`). Both read the orders and the cuts here.
+it falls. The prediction walks each device of several virtual stages over its order with each stage's own bytes
+(planner/predict_inputs.py); the partitioner, which asks about thousands of layer ranges, and the counts of ZB-H1's
+one-stage devices price the sends live at the device's fullest point of a walk with unit counts
+(`kept_send_counts`). All read the orders and the cuts here.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def walks(schedule: str) -> bool:
     """Whether a device's memory is walked over its order rather than counted: schedules that run several virtual
     stages a device on torch's multi-stage runtime (interleaved, ZB-V, DualPipeV).
 
-    ZB-H1 runs on the same runtime with one stage a device and stays with the counts: walked, its recomputed last
+    ZB-H1 runs on the same runtime with one stage a device and stays with the counts (its sends added,
+    `kept_send_counts`): walked, its recomputed last
     stage read -7.8% on the CPU runtime (its B keeps 110 MiB a microbatch for W where the trace's deferred gradients
     less the loss's saves give 46; the counts' model output, kept at every point, stands in for the rest and read
     -0.0%)."""
