@@ -259,7 +259,7 @@ def memory_signature(config: Config) -> tuple[int, ...]:
     rule = facts(config.schedule)
     M = config.microbatches
     return (*(rule.inflight(config.stages, p, M, config.chunks) for p in range(config.stages)),
-            M if rule.torch_class is not None and not rule.receives_per_microbatch else min(M, 2))
+            M if keeps_sends(config.schedule) else min(M, 2))
 
 
 def range_memory(problem: Problem, config: Config, request: PlanRequest,

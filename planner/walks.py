@@ -36,10 +36,9 @@ def walks(schedule: str) -> bool:
     stages a device on torch's multi-stage runtime (interleaved, ZB-V, DualPipeV).
 
     ZB-H1 runs on the same runtime with one stage a device and stays with the counts (its sends added,
-    `kept_send_counts`): walked, its recomputed last
-    stage read -7.8% on the CPU runtime (its B keeps 110 MiB a microbatch for W where the trace's deferred gradients
-    less the loss's saves give 46; the counts' model output, kept at every point, stands in for the rest and read
-    -0.0%)."""
+    `kept_send_counts`): walked, its recomputed last stage read -7.8% on the CPU runtime (its B keeps 110 MiB a
+    microbatch for W where the trace's deferred gradients less the loss's saves give 46; the counts' model output,
+    kept at every point, stands in for the rest and read -0.0%)."""
     rule = facts(schedule)
     return rule.torch_class is not None and rule.interleaves
 
