@@ -153,7 +153,8 @@ def _brief(value, limit: int = 160) -> str:
 @click.option("--name", default="local", show_default=True, help="Profile name to store in the file.")
 @click.option("--budget-s", default=45.0, show_default=True, type=click.FloatRange(5.0, 600.0),
               help="Wall-time cap for the compute and memory timing loops (they stop sooner once stable); on a "
-                   "CPU the link, collective and pipeline measurements take ~35 s more.")
+                   "CPU the link, collective and pipeline measurements take ~40-55 s more, ~25 s less with a "
+                   "budget under 30 s (one round of pipelines, noisier op overheads).")
 @click.option("--json", "as_json", is_flag=True, help="Also print the measured profile as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.option("--device", "device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from pipeplan.costmodels import hf_config
+from pipeplan.costmodels.meta_init import SkipInitOnMeta
 from pipeplan.errors import UserError
 
 
@@ -190,8 +191,9 @@ class ModelSpec:
         return model
 
     def build_on_meta(self) -> torch.nn.Module:
-        """build() under `torch.device("meta")`: parameters and buffers get shapes and dtypes, no memory."""
-        with torch.device("meta"):
+        """build() under `torch.device("meta")`: parameters and buffers get shapes and dtypes, no memory (and no
+        initialiser runs: costmodels/meta_init.py)."""
+        with torch.device("meta"), SkipInitOnMeta():
             return self.build()
 
     def example_inputs(self, batch_size: int) -> tuple[Any, ...]:

@@ -228,8 +228,9 @@ def _free_port() -> int:
         return port
 
 
-def _p2p_worker(rank: int, port: int, queue: Queue[tuple[str, Any]]) -> None:
-    """One of two ranks: ping-pong fixed counts (both ranks must agree on them), then a small pipeline."""
+def _p2p_worker(rank: int, port: int, queue: Queue[tuple[str, Any]], rounds: int = op_overhead.ROUNDS) -> None:
+    """One of two ranks: ping-pong fixed counts (both ranks must agree on them), then a small pipeline's
+    `rounds` (pipeline_ops.run_pipeline)."""
     if os.path.exists("/sys/class/net/lo"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import datetime
@@ -261,7 +262,7 @@ def _p2p_worker(rank: int, port: int, queue: Queue[tuple[str, Any]]) -> None:
         collective_times = collectives.time_collectives(dist, torch)
         slowdown = concurrency_probe(rank, 2)
         memory_slowdown = memory_concurrency_probe(rank, 2)
-        events = pipeline_ops.run_pipeline(rank)
+        events = pipeline_ops.run_pipeline(rank, rounds)
         gathered: list[Any] = [None, None]  # all_gather_object fills it with each rank's (probes, events)
         dist.all_gather_object(gathered, (slowdown, memory_slowdown, events))
         dist.destroy_process_group()
@@ -272,29 +273,27 @@ def _p2p_worker(rank: int, port: int, queue: Queue[tuple[str, Any]]) -> None:
         queue.put(("error", f"rank {rank}: {type(e).__name__}: {e}"))
 
 
-def measure_p2p(timeout_s: float = 240.0) -> P2PResult:
+def measure_p2p(rounds: int = op_overhead.ROUNDS, timeout_s: float = 240.0) -> P2PResult:
     """One-way seconds per message size between two spawned processes over gloo, both ranks'
-    op timings from `pipeline_ops.run_pipeline`, and each rank's `concurrency_probe` and `memory_concurrency_probe`
-    (alone, together).
+    op timings from `pipeline_ops.run_pipeline` (`rounds` of it), and each rank's `concurrency_probe` and
+    `memory_concurrency_probe` (alone, together).
 
-    `timeout_s` bounds a hang, not the work: the whole phase (spawn, link, collectives, probe and six
+    `timeout_s` bounds a hang, not the work: the whole phase (spawn, link, collectives, probes and six
     schedules' pipelines, two rounds of four shapes) ran ~38 s on this repo's 2-core VM with the host quiet
-    (interleaved at 4 stages a rank on one shape adds ~5 s);
-    one round of two shapes had run 20 s quiet and 41 s under its neighbours' load, so 240 s leaves ~3x."""
+    (interleaved at 4 stages a rank on one shape adds ~5 s; one round saves ~25 s);
+    one round of two shapes had run 20 s quiet and 41 s under its neighbours' load, so 240 s leaves ~3x.
+    A process that dies without an answer (killed, or its spawn failed) ends the wait at once."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # fork after OpenMP/MKL init can deadlock
     queue: Queue[tuple[str, Any]] = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_p2p_worker, args=(r, port, queue), daemon=True) for r in range(2)]
+    procs = [ctx.Process(target=_p2p_worker, args=(r, port, queue, rounds), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
     interrupted = True  # SIGTERM/Ctrl-C while waiting: kill the link processes at once, not after the joins
     try:
-        status, payload = queue.get(timeout=timeout_s)
-        interrupted = False
-    except Exception:
-        status, payload = "error", f"no answer within {timeout_s:.0f} s"
+        status, payload = _answer(queue, procs, timeout_s)
         interrupted = False
     finally:
         reap(procs, 0 if interrupted else 5)
@@ -305,6 +304,28 @@ def measure_p2p(timeout_s: float = 240.0) -> P2PResult:
         )
     result: P2PResult = payload  # what _p2p_worker's rank 0 put with "ok"
     return result
+
+
+def _answer(queue: Queue[tuple[str, Any]], procs: list[Any], timeout_s: float,
+            poll_s: float = 1.0) -> tuple[str, Any]:
+    """Rank 0's ("ok", result) or a rank's ("error", why); ("error", ...) too once a process has died without
+    one (it cannot come any more: its partner waits on it) or `timeout_s` has passed."""
+    import queue as queues
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return queue.get(timeout=poll_s)
+        except queues.Empty:
+            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead or all(p.exitcode is not None for p in procs):
+                try:  # an answer put just before the exit
+                    return queue.get(timeout=poll_s)
+                except queues.Empty:
+                    pass
+                why = ", ".join(f"rank {r} exited with code {code}" for r, code in dead) or "both ranks exited"
+                return "error", f"{why} without an answer"
+    return "error", f"no answer within {timeout_s:g} s"
 
 
 def link_from_p2p(one_way: dict[int, float]) -> tuple[float, float]:
@@ -367,8 +388,8 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
 
     `budget_s` caps the compute and memory timing loops, which stop sooner once their
     rounds agree (~5 s here at any budget); the link, collective and pipeline measurements
-    on two spawned processes take a fixed ~35 s on top (`measure_p2p`), so a calibration
-    takes ~40 s on this repo's 2-core VM whatever the budget.
+    on two spawned processes take ~40-55 s on top on this repo's 2-core VM (`measure_p2p`),
+    ~25 s less below op_overhead.TWO_ROUNDS_BUDGET_S, where the pipelines run one round.
     """
     import torch
 
@@ -404,7 +425,8 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
         torch.set_num_threads(prev_threads)
     share = cpu_share(wall0, cpu0)
     one_way, pipeline_events, slowdowns, memory_slowdowns, collective_times = step(
-        "link, collectives, pipeline ops and two busy cores (2 processes, gloo)", measure_p2p)
+        "link, collectives, pipeline ops and two busy cores (2 processes, gloo)",
+        lambda: measure_p2p(op_overhead.ROUNDS if budget_s >= op_overhead.TWO_ROUNDS_BUDGET_S else 1))
     link_bw, link_lat = link_from_p2p(one_way)
     def transfer_s(nbytes: int) -> float:  # the idle link's time for a message
         return link_lat + nbytes / link_bw

@@ -77,8 +77,10 @@ STEPS, WARMUP = 5, 2
 # second, and a passing burst of the host's other tenants moved one schedule's fitted terms 2-8x between
 # calibrations (1F1B per extra tensor 55 and 434 µs, GPipe fixed 332 and 102 µs, runtime_bench 2026-11-27). In 2
 # rounds of 3 timed steps, three calibrations in a row gave 290, 385 and 392 µs and 466, 396 and 438 µs; the
-# phase took ~30 s instead of ~20 (~38 s since the "wide" shape).
+# phase took ~30 s instead of ~20 (~38 s since the "wide" shape). A calibration asked for less than
+# TWO_ROUNDS_BUDGET_S (`--budget-s`) runs one round: ~25 s sooner, its op overheads the noisier for it.
 ROUNDS = 2
+TWO_ROUNDS_BUDGET_S = 30.0
 # The schedules measured here: GPipe, 1F1B and ZB-H1 (one stage a rank), interleaved 1F1B (two a rank: twice
 # the ops, each posting its own sends and receives; taking 1F1B's figure for it left examples/gpt.py's
 # interleaved plans 16-20% slower than predicted), ZB-V (two a rank in a V, the turn a hand-over on one rank,

@@ -52,8 +52,8 @@ def stolen_since(clocks: tuple[float, float]) -> float:
     return max(0.0, (proc - clocks[0]) - (thread - clocks[1]))
 
 
-def run_pipeline(rank: int) -> dict[str, list[list[Event]]]:
-    """Run every (shape, schedule) ROUNDS times on an initialised 2-rank gloo group; this rank's events per
+def run_pipeline(rank: int, rounds: int = ROUNDS) -> dict[str, list[list[Event]]]:
+    """Run every (shape, schedule) `rounds` times on an initialised 2-rank gloo group; this rank's events per
     measured step, keyed "shape/schedule" (the asynchronous loop has no steps: a list of its measured
     microbatches' ops per run)."""
     import torch
@@ -61,7 +61,7 @@ def run_pipeline(rank: int) -> dict[str, list[list[Event]]]:
 
     out: dict[str, list[list[Event]]] = {}
     alone_groups = [dist.new_group([r]) for r in range(2)]  # collective: every rank creates both, in order
-    for round_ in range(ROUNDS):
+    for round_ in range(rounds):
         for shape in ALONE_SHAPES:
             rows, layers = SHAPES[shape]
             for name in ALONE_SCHEDULES:

@@ -34,8 +34,9 @@ for _name in ("COLUMNS", "LINES"):
 def real_calibration(tmp_path_factory):
     """One real `pipeplan profiles calibrate` (budget 8 s): (CliRunner result, YAML path, seconds it took).
 
-    The slowest fixture of the suite (~35 s on 2 cores, link processes included), so every test that needs a
-    measured local profile shares this one (test_calibrate.py, test_calibrated_prediction.py).
+    The slowest fixture of the suite (~50 s on 2 cores, link processes and one round of their pipelines included),
+    so every test that needs a measured local profile shares this one (test_calibrate.py,
+    test_calibrated_prediction.py).
     """
     from click.testing import CliRunner
 
@@ -45,3 +46,13 @@ def real_calibration(tmp_path_factory):
     t0 = time.perf_counter()
     r = CliRunner().invoke(cli, ["profiles", "calibrate", "-o", str(out), "--budget-s", "8", "--json", "--quiet"])
     return r, out, time.perf_counter() - t0
+
+
+@pytest.fixture
+def no_side_by_side(monkeypatch):
+    """`analyze` on a local profile without its last step, the plan's stages timed side by side in processes of their
+    own (cli/device_like.measure_slowdown_like_device; tested in test_side_by_side.py): ~4-8 s a call, for tests that
+    read what comes before it (the trace, the re-timing in the plan's dtype)."""
+    from pipeplan.cli import device_like
+
+    monkeypatch.setattr(device_like, "measure_slowdown_like_device", lambda graph, profile, request, result: result)

@@ -152,9 +152,11 @@ def fake_measurements(monkeypatch):
     monkeypatch.setattr(calibrate_mod, "checkpoint_overhead_s", lambda: FAKE_CHECKPOINT_S)
     monkeypatch.setattr(calibrate_mod, "split_backward_overhead_s", lambda: FAKE_SPLIT_S)
     monkeypatch.setattr(calibrate_mod, "measure_memory", lambda cap: (20e9, [20e9, 10e9]))
-    monkeypatch.setattr(calibrate_mod, "measure_p2p",
-                        lambda: (dict(FAKE_P2P), fake_pipeline_events(), FAKE_PROBES, FAKE_MEMORY_PROBES,
-                                 fake_collective_times()))
+    def p2p(rounds):
+        fake_measurements.rounds = rounds
+        return dict(FAKE_P2P), fake_pipeline_events(), FAKE_PROBES, FAKE_MEMORY_PROBES, fake_collective_times()
+
+    monkeypatch.setattr(calibrate_mod, "measure_p2p", p2p)
     fake_measurements.bf16_speedup = 2.0
     return fake_measurements
 
@@ -243,7 +245,7 @@ def test_cli_rejects_a_bad_profile_name_before_measuring(tmp_path, monkeypatch):
 
 
 def test_failed_link_measurement_writes_nothing(fake_measurements, tmp_path, monkeypatch):
-    def broken():
+    def broken(rounds):
         raise UserError("could not measure process-to-process bandwidth over torch.distributed (gloo): refused")
 
     monkeypatch.setattr(calibrate_mod, "measure_p2p", broken)
@@ -251,6 +253,33 @@ def test_failed_link_measurement_writes_nothing(fake_measurements, tmp_path, mon
     r = CliRunner().invoke(cli, ["profiles", "calibrate", "-o", str(out), "--quiet"])
     assert r.exit_code == 2 and "gloo" in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("budget_s", "rounds"), [(5.0, 1), (29.9, 1), (30.0, 2), (45.0, 2)])
+def test_a_short_budget_runs_the_pipelines_one_round(fake_measurements, budget_s, rounds):
+    """--budget-s reaches the link phase: below op_overhead.TWO_ROUNDS_BUDGET_S its pipelines run once (~25 s
+    sooner), at the default 45 s twice (op_overhead.ROUNDS)."""
+    calibrate_mod.calibrate(budget_s=budget_s)
+    assert fake_measurements.rounds == rounds
+
+
+def test_a_link_process_that_dies_without_an_answer_ends_the_wait_at_once():
+    """A rank killed (or whose spawn failed) can never answer, and its partner waits on it: the wait ends within
+    about a second of the exit, not at the 240 s timeout (a failed spawn had held calibrate for 240 s)."""
+    import queue
+    import types
+
+    q = queue.Queue()
+    dead, alive = types.SimpleNamespace(exitcode=-9), types.SimpleNamespace(exitcode=None)
+    t0 = time.perf_counter()
+    status, why = calibrate_mod._answer(q, [alive, dead], timeout_s=60)  # its own poll, once a second
+    assert status == "error" and why == "rank 1 exited with code -9 without an answer"
+    assert time.perf_counter() - t0 < 5
+    both = [types.SimpleNamespace(exitcode=0), types.SimpleNamespace(exitcode=0)]
+    assert calibrate_mod._answer(q, both, timeout_s=60, poll_s=0.1) == ("error", "both ranks exited without an answer")
+    q.put(("ok", {"p2p": 1}))  # an answer put just before the exit is still read
+    assert calibrate_mod._answer(q, both, timeout_s=60, poll_s=0.1) == ("ok", {"p2p": 1})
+    assert calibrate_mod._answer(q, [alive, alive], timeout_s=0.5, poll_s=0.1) == ("error", "no answer within 0.5 s")
 
 
 # ---------------------------------------------------------------- one real calibration
@@ -264,10 +293,10 @@ def real_run(real_calibration):
 def test_real_calibration_writes_a_loadable_local_profile(real_run):
     r, out, elapsed = real_run
     assert r.exit_code == 0, r.stderr
-    # The budget caps only the compute loops (~5 s here); the pipelines on two processes are a fixed phase that
-    # scales with the host's speed: under 55 s in all on a quiet 2-core host (every CI run before), 67.6 s in CI
-    # on 2026-11-30 on a contended one (one thread's matmul 67 GFLOP/s, a copy 20.6 GB/s: ~1.6x slower). The
-    # bound catches a calibration that ignores its budget or hangs (minutes), not a busy host.
+    # The budget caps the compute loops (~5 s here) and, below 30 s, runs the pipelines on two processes one round
+    # (with two: under 55 s in all on a quiet 2-core host, 67-72 s in CI on contended ones, 2026-11-30 and 12-01;
+    # with one: 49 s here, 2026-12-01). The bound catches a calibration that ignores its budget or hangs
+    # (minutes), not a busy host.
     assert elapsed < 90
     doc = json.loads(r.stdout)  # --json: exactly one JSON document on stdout
     prof = load_profile(str(out))

@@ -92,3 +92,57 @@ def test_errors_inside_user_functions(tmp_path):
         load_model_file(str(p), "build_int").build()
     with pytest.raises(UserError, match=r"example_inputs\(2\) returned str"):
         load_model_file(str(p), "build_int").example_inputs(2)
+
+
+INITIALISED = """
+import torch, torch.nn as nn
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 8)
+        self.proj = nn.Linear(8, 50, bias=False)
+        self.proj.weight = self.emb.weight  # tied
+        self.norm = nn.LayerNorm(8)
+        self.conv = nn.Conv1d(8, 8, 3)
+        nn.init.trunc_normal_(self.conv.weight, std=0.02)
+        self.extra = nn.Parameter(torch.empty(3, 3, dtype=torch.float64))
+        self.extra.data.normal_()  # as Hugging Face's _init_weights does
+        self.register_buffer("steps", torch.zeros(2, dtype=torch.int64))
+def build_model():
+    return Net()
+def example_inputs(batch_size):
+    return (torch.zeros(batch_size, 4, dtype=torch.long),)
+"""
+
+
+def test_a_build_on_meta_runs_no_initialiser_and_keeps_every_shape_dtype_and_tie(tmp_path, monkeypatch):
+    """On meta an initialiser has no values to fill, yet torch's Python reference for a random fill imports
+    torch._dynamo (~2 s before every `pipeplan run`, which sizes the model on meta): build_on_meta skips them
+    (costmodels/meta_init.py), and the model is the real build's in everything but values."""
+    import subprocess
+    import sys
+
+    import torch.nn.init as init
+
+    path = write(tmp_path, INITIALISED)
+    spec = load_model_file(str(path))
+    real = spec.build()
+    calls = []
+    for name in ("_no_grad_normal_", "_no_grad_uniform_"):
+        original = getattr(init, name)
+        monkeypatch.setattr(init, name, lambda *a, _f=original, _n=name, **k: (calls.append(_n), _f(*a, **k))[1])
+    meta = spec.build_on_meta()
+    assert calls == []
+    assert meta.proj.weight is meta.emb.weight
+    shapes = {n: (t.shape, t.dtype, t.device.type) for n, t in [*meta.named_parameters(), *meta.named_buffers()]}
+    assert shapes == {n: (t.shape, t.dtype, "meta") for n, t in [*real.named_parameters(), *real.named_buffers()]}
+    with torch.device("meta"):  # without the skip the same initialisers do run (on nothing)
+        spec.build()
+    assert set(calls) == {"_no_grad_normal_", "_no_grad_uniform_"}  # the embedding's, the convolution's bias
+    monkeypatch.undo()
+    real_again = spec.build()  # and a real build still initialises
+    assert real_again.emb.weight.std() > 0.5 and real_again.extra.abs().sum() > 0
+    code = ("import sys; from pipeplan.costmodels.model_file import load_model_file; "
+            f"load_model_file({str(path)!r}).build_on_meta(); print('torch._dynamo' in sys.modules)")
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert fresh.stdout.strip() == "False", fresh.stderr[-2000:]

@@ -120,7 +120,7 @@ def test_the_split_is_timed_on_each_stage_but_the_first(graph):
     assert all(len(extra) == 2 and extra[0] == 0.0 for extra in extras)
 
 
-def test_analyze_on_a_local_profile_times_a_zero_bubble_plans_split(tmp_path):
+def test_analyze_on_a_local_profile_times_a_zero_bubble_plans_split(tmp_path, no_side_by_side):
     local = dataclasses.replace(load_profile("a100-80gb-sxm"), name="test-local", local=True)
     save_profile(local, tmp_path / "local.yaml")
     with DeviceLikeThreads(1):

@@ -263,7 +263,7 @@ MLP = EXAMPLES / "mlp.py"
     (["--profile", "LOCAL", "--dtype", "bf16"], True),  # re-timed in bf16 like a device (cli/device_like.py)
     (["--profile", "LOCAL", "--dtype", "bf16", "--times", "roofline"], False),
 ])
-def test_analyze_times_layers_only_when_the_plan_uses_them(local_profile, extra, timed):
+def test_analyze_times_layers_only_when_the_plan_uses_them(local_profile, extra, timed, no_side_by_side):
     extra = [str(local_profile) if a == "LOCAL" else a for a in extra]
     code, out, err = run(["analyze", MLP, "--gpus", "2", "--batch-size", "16", "--repeats", "1", "--json", *extra])
     assert code == 0, err
