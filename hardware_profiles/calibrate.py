@@ -424,9 +424,9 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
     finally:
         torch.set_num_threads(prev_threads)
     share = cpu_share(wall0, cpu0)
+    rounds = op_overhead.ROUNDS if budget_s >= op_overhead.TWO_ROUNDS_BUDGET_S else 1
     one_way, pipeline_events, slowdowns, memory_slowdowns, collective_times = step(
-        "link, collectives, pipeline ops and two busy cores (2 processes, gloo)",
-        lambda: measure_p2p(op_overhead.ROUNDS if budget_s >= op_overhead.TWO_ROUNDS_BUDGET_S else 1))
+        "link, collectives, pipeline ops and two busy cores (2 processes, gloo)", lambda: measure_p2p(rounds))
     link_bw, link_lat = link_from_p2p(one_way)
     def transfer_s(nbytes: int) -> float:  # the idle link's time for a message
         return link_lat + nbytes / link_bw
@@ -496,6 +496,7 @@ def calibrate(*, budget_s: float = 45.0, progress: Progress | None = None, name:
             "torch": str(torch.__version__),
             "threads_per_device": 1,
             "budget_s": float(budget_s),
+            "pipeline_rounds": rounds,
             "elapsed_s": round(time.perf_counter() - t_start, 2),
             "cpu_share": round(share, 3),
             "matmul_shapes_mkn": [list(s) for s in MATMUL_SHAPES],

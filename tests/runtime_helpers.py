@@ -112,6 +112,19 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subpro
                           env={**os.environ, **(env or {})}, timeout=timeout, cwd=str(REPO))
 
 
+def run_cli_here(*args: str) -> subprocess.CompletedProcess:
+    """`run_cli` in this process (click's CliRunner), for commands that start no process and time nothing (what
+    the CLI refuses before it starts any, `plan`, `analyze` on a catalogue profile): the same command line and
+    exit-code policy (cli/main.LazyGroup.main applies it under CliRunner too), without the ~3 s of a fresh Python
+    importing torch that a subprocess pays."""
+    from click.testing import CliRunner
+
+    from pipeplan.cli.main import cli
+
+    r = CliRunner().invoke(cli, list(args))
+    return subprocess.CompletedProcess(["pipeplan", *args], r.exit_code, r.stdout, r.stderr)
+
+
 def run_worker(plans: list, nproc: int, *args: str, timeout: float = 600,
                check: bool = True) -> subprocess.CompletedProcess:
     """The plans in turn under one torchrun of `nproc` ranks, `args` the worker's options (runtime/worker.py): with

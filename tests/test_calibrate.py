@@ -259,8 +259,8 @@ def test_failed_link_measurement_writes_nothing(fake_measurements, tmp_path, mon
 def test_a_short_budget_runs_the_pipelines_one_round(fake_measurements, budget_s, rounds):
     """--budget-s reaches the link phase: below op_overhead.TWO_ROUNDS_BUDGET_S its pipelines run once (~25 s
     sooner), at the default 45 s twice (op_overhead.ROUNDS)."""
-    calibrate_mod.calibrate(budget_s=budget_s)
-    assert fake_measurements.rounds == rounds
+    prof = calibrate_mod.calibrate(budget_s=budget_s)
+    assert fake_measurements.rounds == prof.calibration["pipeline_rounds"] == rounds
 
 
 def test_a_link_process_that_dies_without_an_answer_ends_the_wait_at_once():

@@ -19,7 +19,7 @@ import torch
 
 from pipeplan.costmodels.memory import kept_outputs, receive_buffers
 from pipeplan.lean_gpipe import deallocate_outputs
-from runtime_helpers import REPO, hand_plan, reference_steps, run_cli
+from runtime_helpers import REPO, hand_plan, reference_steps, run_cli, run_cli_here
 
 
 def _graph(seed: int = 0):
@@ -130,9 +130,9 @@ def test_three_stage_plans_hold_what_they_predict(tmp_path, schedule):
     plan's prediction (benchmarks/RESULTS.md, "Peak memory": GPipe +1.6%, +10.5%, +11.7%; 1F1B +1.3%, +9.3%,
     +4.0%). Torch's own loops held M receive buffers each way, and GPipe every output besides."""
     plan_path = tmp_path / "plan.json"
-    r = run_cli("analyze", "examples/resnet.py", "--profile", "a100-80gb-sxm", "--gpus", "3", "--dtype", "fp32",
-                "--recompute", "off", "--optimizer", "adam", "-b", "64", "-k", "3", "--schedule", schedule, "-m", "4",
-                "-o", str(plan_path), timeout=300)
+    r = run_cli_here("analyze", str(REPO / "examples" / "resnet.py"), "--profile", "a100-80gb-sxm", "--gpus", "3",
+                     "--dtype", "fp32", "--recompute", "off", "--optimizer", "adam", "-b", "64", "-k", "3",
+                     "--schedule", schedule, "-m", "4", "-o", str(plan_path))
     assert r.returncode == 0, r.stderr[-2000:]
     r = run_cli("run", str(plan_path), "--steps", "3", "--json", timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

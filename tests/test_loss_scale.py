@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipeplan.runtime.loss_scale import LossScaler, unscale_grads
-from runtime_helpers import REPO, hand_plan, reference_steps, run_cli, run_worker
+from runtime_helpers import REPO, hand_plan, reference_steps, run_cli, run_cli_here, run_worker
 
 MODEL = REPO / "examples" / "gpt.py"  # a batch-mean cross-entropy: fp16 overflows it from a scale of 2^24
 
@@ -156,11 +156,11 @@ def test_an_fp16_step_is_priced_with_its_unscaling_and_flag_instead_of_its_divis
 def test_the_initial_loss_scale_is_checked_before_anything_starts(tmp_path):
     plan = hand_plan(str(MODEL), stages=1, devices=1, schedule="1f1b", microbatches=1, batch_size=4, dtype="fp16")
     plan.save(tmp_path / "fp16.json")
-    r = run_cli("run", str(tmp_path / "fp16.json"), "--initial-loss-scale", "-1")
+    r = run_cli_here("run", str(tmp_path / "fp16.json"), "--initial-loss-scale", "-1")
     assert r.returncode == 2 and "--initial-loss-scale" in r.stderr and "Traceback" not in r.stderr
     fp32 = hand_plan(str(MODEL), stages=1, devices=1, schedule="1f1b", microbatches=1, batch_size=4)
     fp32.save(tmp_path / "fp32.json")
-    r = run_cli("run", str(tmp_path / "fp32.json"), "--initial-loss-scale", "1024")
+    r = run_cli_here("run", str(tmp_path / "fp32.json"), "--initial-loss-scale", "1024")
     assert r.returncode == 2 and "trains in fp32 without loss scaling" in r.stderr
 
 

@@ -24,7 +24,7 @@ from pipeplan.planner.simulate import simulate
 from pipeplan.runtime.pipedream import admitted, local_order
 from pipeplan.runtime.pipedream_2bw import window_version
 from pipeplan.schedules import SCHEDULES, microbatch_problem
-from runtime_helpers import EXAMPLES, hand_plan, reference_steps, run_cli
+from runtime_helpers import EXAMPLES, hand_plan, reference_steps, run_cli, run_cli_here
 from test_pipedream_runtime import CASES, LR, _available, torchrun
 
 STEPS = 4  # windows 2 and 3 use a shadow version one update behind the newest
@@ -180,8 +180,8 @@ def test_planner_2bw_plan_runs(tmp_path):
     graph, plan_path = tmp_path / "graph.json", tmp_path / "plan.json"
     r = run_cli("trace", str(EXAMPLES / "mlp.py"), "-o", str(graph), timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = run_cli("plan", str(graph), "-p", "t4", "--gpus", "4", "--batch-size", "16", "--schedule", "pipedream-2bw",
-                "--stages", "2", "-o", str(plan_path), timeout=300)
+    r = run_cli_here("plan", str(graph), "-p", "t4", "--gpus", "4", "--batch-size", "16", "--schedule", "pipedream-2bw",
+                     "--stages", "2", "-o", str(plan_path))
     assert r.returncode == 0, r.stderr[-2000:]
     plan = load_plan(plan_path)
     assert plan.schedule == "pipedream-2bw" and plan.microbatches >= len(plan.stages)
@@ -198,7 +198,7 @@ def test_vertical_sync_is_refused(tmp_path):
     """--vertical-sync is PipeDream's option; 2BW already gives a microbatch one version on every stage."""
     plan = two_bw_plan("mlp", 2, 1)
     plan.save(tmp_path / "p.json")
-    r = run_cli("run", str(tmp_path / "p.json"), "--steps", "2", "--vertical-sync")
+    r = run_cli_here("run", str(tmp_path / "p.json"), "--steps", "2", "--vertical-sync")
     assert r.returncode == 2 and "--vertical-sync applies to asynchronous PipeDream" in r.stderr, r.stderr
 
 

@@ -21,7 +21,7 @@ from pipedream_reference import assert_dumped_equal, pipedream_reference, versio
 from pipeplan.errors import UserError
 from pipeplan.planner.plan import Stage, load_plan
 from pipeplan.runtime.pipedream import admitted, local_order
-from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, run_cli, run_worker
+from runtime_helpers import EXAMPLES, REPO, hand_plan, load_dumped, run_cli, run_cli_here, run_worker
 
 TESTS = REPO / "tests"
 CASES = {  # name -> (model file, batch size, microbatches per step)
@@ -224,13 +224,13 @@ def test_refusals(tmp_path):
     plan = pipedream_plan("mlp", 2, [2, 1])
     plan.sharding = "zero1"
     plan.save(tmp_path / "zero.json")
-    r = run_cli("run", str(tmp_path / "zero.json"), "--steps", "2")
+    r = run_cli_here("run", str(tmp_path / "zero.json"), "--steps", "2")
     assert r.returncode == 2 and "ZeRO sharding" in r.stderr, r.stderr
     plan = pipedream_plan("mlp", 2, [1, 1])
     plan.stages[0].devices, plan.stages[0].replicas, plan.devices = [0, 2, 3], 3, 4
     plan.stages[1].devices = [1]
     plan.save(tmp_path / "odd.json")
-    r = run_cli("run", str(tmp_path / "odd.json"), "--steps", "2")  # 2 x 4 microbatches: rounds of 3 do not fit
+    r = run_cli_here("run", str(tmp_path / "odd.json"), "--steps", "2")  # 2 x 4 microbatches: rounds of 3 do not fit
     assert r.returncode == 2 and "not a multiple of 3" in r.stderr and "--steps a multiple of 3" in r.stderr, r.stderr
     plan = pipedream_plan("t-gpt-tied", 2, [2, 1])
     plan.save(tmp_path / "tied.json")
@@ -246,8 +246,8 @@ def test_planner_pipedream_plan_runs(tmp_path):
     graph, plan_path = tmp_path / "graph.json", tmp_path / "plan.json"
     r = run_cli("trace", str(EXAMPLES / "mlp.py"), "-o", str(graph), timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = run_cli("plan", str(graph), "-p", "t4", "--gpus", "3", "--batch-size", "8", "--schedule", "pipedream",
-                "-o", str(plan_path), timeout=300)
+    r = run_cli_here("plan", str(graph), "-p", "t4", "--gpus", "3", "--batch-size", "8", "--schedule", "pipedream",
+                     "-o", str(plan_path))
     assert r.returncode == 0, r.stderr[-2000:]
     plan = load_plan(plan_path)
     assert plan.schedule == "pipedream"
@@ -268,7 +268,7 @@ def test_vertical_sync_option_is_checked(tmp_path):
     """--vertical-sync on a flushing plan is a user error (every microbatch already sees one version)."""
     plan = hand_plan(str(CASES["mlp"][0]), stages=2, devices=2, schedule="1f1b", microbatches=2, batch_size=4)
     plan.save(tmp_path / "p.json")
-    r = run_cli("run", str(tmp_path / "p.json"), "--steps", "2", "--vertical-sync")
+    r = run_cli_here("run", str(tmp_path / "p.json"), "--steps", "2", "--vertical-sync")
     assert r.returncode == 2 and "--vertical-sync applies to asynchronous PipeDream" in r.stderr, r.stderr
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pipeplan.precision import precision_note, scales_loss, trained_dtype, training_precision
-from runtime_helpers import REPO, hand_plan, reference_steps, run_cli
+from runtime_helpers import REPO, hand_plan, reference_steps, run_cli, run_cli_here
 
 MODEL = REPO / "tests" / "runtime_model_gpt.py"  # a small GPT with tied embeddings: matmuls autocast casts
 UPCAST = REPO / "tests" / "data" / "autocast_upcast.py"
@@ -71,7 +71,7 @@ def test_an_asynchronous_fp16_plan_says_it_trains_in_fp32(tmp_path):
     r = run_cli("run", str(tmp_path / "plan.json"), "--steps", "2", "--warmup", "0", timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "warning: this plan is fp16 under pipedream; pipeplan run trains it in fp32" in r.stderr + r.stdout
-    r = run_cli("run", str(tmp_path / "plan.json"), "--steps", "2", "--initial-loss-scale", "1024")
+    r = run_cli_here("run", str(tmp_path / "plan.json"), "--steps", "2", "--initial-loss-scale", "1024")
     assert r.returncode == 2 and "--initial-loss-scale applies to fp16 plans that flush" in r.stderr
 
 
@@ -100,6 +100,6 @@ def test_a_cuda_trace_is_taken_in_the_dtype_it_was_timed_in_only():
 
 
 def test_trace_refuses_a_dtype_it_would_not_time(tmp_path):
-    r = run_cli("trace", str(MODEL), "-b", "2", "--no-times", "--dtype", "bf16", "-o", str(tmp_path / "g.json"))
+    r = run_cli_here("trace", str(MODEL), "-b", "2", "--no-times", "--dtype", "bf16", "-o", str(tmp_path / "g.json"))
     assert r.returncode == 2 and "--no-times times nothing" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "g.json").exists()

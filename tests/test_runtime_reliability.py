@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from runtime_helpers import REPO, hand_plan, reference_steps, run_cli
+from runtime_helpers import REPO, hand_plan, reference_steps, run_cli, run_cli_here
 
 MODEL = REPO / "tests" / "runtime_model_unet.py"
 FAULT_WORKER = REPO / "tests" / "runtime_fault_worker.py"  # the worker, with a step hook that kills a rank
@@ -89,7 +89,7 @@ def test_resume_reproduces_uninterrupted_losses(killed_run, plan_path, tmp_path)
 def test_too_many_devices_exits_2(tmp_path):
     plan = hand_plan(str(MODEL), stages=2, devices=2, schedule="gpipe", microbatches=2, batch_size=4)
     plan.save(tmp_path / "p.json")
-    r = run_cli("run", str(tmp_path / "p.json"), "--steps", "2", "--nproc-per-node", "1")
+    r = run_cli_here("run", str(tmp_path / "p.json"), "--steps", "2", "--nproc-per-node", "1")
     assert r.returncode == 2
     assert r.stderr.startswith("error: the plan uses 2 devices") and len(r.stderr.strip().splitlines()) == 1
 
@@ -97,8 +97,8 @@ def test_too_many_devices_exits_2(tmp_path):
 def test_async_pipedream_checkpoints_are_refused_plainly(tmp_path):
     plan = hand_plan(str(MODEL), stages=2, devices=2, schedule="pipedream", microbatches=2, batch_size=4)
     plan.save(tmp_path / "p.json")
-    r = run_cli("run", str(tmp_path / "p.json"), "--steps", "2", "--checkpoint-dir", str(tmp_path / "ck"),
-                "--checkpoint-every", "1")
+    r = run_cli_here("run", str(tmp_path / "p.json"), "--steps", "2", "--checkpoint-dir", str(tmp_path / "ck"),
+                     "--checkpoint-every", "1")
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "checkpoints of an asynchronous PipeDream run" in lines[0]
