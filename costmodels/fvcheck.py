@@ -49,8 +49,7 @@ def _fvcore_counts(spec: ModelSpec, model: torch.nn.Module | None) -> tuple[_Ana
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            with torch.device("meta"):
-                meta_model = spec.build()
+            meta_model = spec.build_on_meta()
             meta_model.train()
             x = tuple(t.to("meta") if isinstance(t, torch.Tensor) else t for t in spec.example_inputs(1))
             return analyse(meta_model, x), "meta"

@@ -233,7 +233,8 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.slow
 def test_sigterm_during_calibrate_stops_its_link_processes(tmp_path):
     out = tmp_path / "local.yaml"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeplan", "profiles", "calibrate", "-o", str(out), "--quiet"],
+    proc = subprocess.Popen([sys.executable, "-m", "pipeplan", "profiles", "calibrate", "-o", str(out), "--quiet",
+                             "--budget-s", "5"],  # the least: the compute loops before the link processes are short
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
