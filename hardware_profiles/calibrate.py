@@ -228,7 +228,7 @@ def _free_port() -> int:
         return port
 
 
-def _p2p_worker(rank: int, port: int, queue: Queue[tuple[str, Any]], rounds: int = op_overhead.ROUNDS) -> None:
+def _p2p_worker(rank: int, port: int, queue: Queue[tuple[str, Any]], rounds: int) -> None:
     """One of two ranks: ping-pong fixed counts (both ranks must agree on them), then a small pipeline's
     `rounds` (pipeline_ops.run_pipeline)."""
     if os.path.exists("/sys/class/net/lo"):

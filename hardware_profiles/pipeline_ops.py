@@ -21,7 +21,6 @@ from pipeplan.hardware_profiles.op_overhead import (
     MORE_CHUNKS,
     MORE_CHUNKS_SCHEDULES,
     MORE_CHUNKS_SHAPES,
-    ROUNDS,
     SHAPES,
     SOLO,
     STEP,
@@ -52,10 +51,10 @@ def stolen_since(clocks: tuple[float, float]) -> float:
     return max(0.0, (proc - clocks[0]) - (thread - clocks[1]))
 
 
-def run_pipeline(rank: int, rounds: int = ROUNDS) -> dict[str, list[list[Event]]]:
-    """Run every (shape, schedule) `rounds` times on an initialised 2-rank gloo group; this rank's events per
-    measured step, keyed "shape/schedule" (the asynchronous loop has no steps: a list of its measured
-    microbatches' ops per run)."""
+def run_pipeline(rank: int, rounds: int) -> dict[str, list[list[Event]]]:
+    """Run every (shape, schedule) `rounds` times (op_overhead.ROUNDS, or one under a short budget: calibrate.py) on
+    an initialised 2-rank gloo group; this rank's events per measured step, keyed "shape/schedule" (the
+    asynchronous loop has no steps: a list of its measured microbatches' ops per run)."""
     import torch
     import torch.distributed as dist
 
