@@ -111,7 +111,7 @@ def measure_links(backend: str = "nccl", *, p2p_sizes: tuple[int, ...] = P2P_SIZ
     """(one-way seconds by message size, seconds by collective and size) between two spawned ranks."""
     import torch.multiprocessing as mp
 
-    from pipeplan.hardware_profiles.calibrate import _free_port
+    from pipeplan.hardware_profiles.calibrate import _answer, _free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -120,10 +120,8 @@ def measure_links(backend: str = "nccl", *, p2p_sizes: tuple[int, ...] = P2P_SIZ
              for r in range(2)]
     for p in procs:
         p.start()
-    try:
-        status, payload = queue.get(timeout=timeout_s)
-    except Exception:
-        status, payload = "error", f"no answer within {timeout_s:.0f} s"
+    try:  # a rank that dies without answering ends the wait (calibrate._answer), not the timeout
+        status, payload = _answer(queue, procs, timeout_s)
     finally:
         reap(procs, 10)
     if status != "ok":
