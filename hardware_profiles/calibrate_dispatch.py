@@ -11,6 +11,12 @@ outputs. Host seconds at L = 1 and L = LONG give the slope per op, for the forwa
 the slope leaves out what a step pays once (the backward call's engine start, the final synchronize). The
 tensors are tiny, so the GPU finishes each kernel before the host issues the next and the host clock is the op's
 cost. On a CPU device the same loop times the ops' whole work (tests run it there).
+
+Why sweeps: one kind's points take a few milliseconds all told, so a single disturbance of the host (another
+process scheduled on the core for ~10 ms) covers every round of a point and the median of ROUNDS cannot see past
+it (a CI run on a busy host measured a ReLU's backward at 3x its figure, above a convolution's). SWEEPS passes over
+all kinds, each a few hundred ms apart, and each kind keeps the median of its sweeps' figures: one disturbance
+spoils at most one sweep of a kind.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 
 LONG = 32  # ops per timed batch at the long end of the slope
 ROUNDS = 7  # timed batches per point; the median is kept
+SWEEPS = 3  # passes over all kinds; each kind keeps the median of its passes' figures (module docstring)
 Timer = Callable[[], float]
 
 
@@ -79,8 +86,21 @@ def slope_s(at_one: float, at_long: float, long: int = LONG) -> float:
     return max(0.0, (at_long - at_one) / (long - 1))
 
 
+def _sweep(torch: Any, ops_by_kind: dict[str, list[tuple[Callable[[Any], Any], Any]]],
+           seeds: list[tuple[Callable[[Any], Any], Any]], sync: Callable[[], None],
+           clock: Timer) -> dict[str, tuple[float, float]]:
+    """One pass over every kind: kind -> (forward, backward) seconds per op (measure_dispatch_by_kind)."""
+    seed = slope_s(_host_s(torch, seeds[:1], False, sync, clock), _host_s(torch, seeds, False, sync, clock))
+    out = {}
+    for kind, ops in ops_by_kind.items():
+        fwd = slope_s(_host_s(torch, ops[:1], False, sync, clock), _host_s(torch, ops, False, sync, clock))
+        both = slope_s(_host_s(torch, ops[:1], True, sync, clock), _host_s(torch, ops, True, sync, clock))
+        out[kind] = (fwd, max(0.0, both - fwd - seed))
+    return out
+
+
 def measure_dispatch_by_kind(device: Any, clock: Timer = time.perf_counter) -> dict[str, tuple[float, float]]:
-    """kind -> (forward, backward) host seconds per op on `device` (module docstring).
+    """kind -> (forward, backward) host seconds per op on `device`, the median of SWEEPS sweeps (module docstring).
 
     The backward's figure excludes the ones_like seeds (one per output, the same count at both ends of the slope
     as the forward ops, so their cost is taken out with the forward's: forward + backward - forward - seeds).
@@ -90,12 +110,7 @@ def measure_dispatch_by_kind(device: Any, clock: Timer = time.perf_counter) -> d
     dev = torch.device(device)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     seeds = [(torch.ones_like, torch.zeros(4, 16, device=dev)) for _ in range(LONG)]
-    seed = slope_s(_host_s(torch, seeds[:1], False, sync, clock), _host_s(torch, seeds, False, sync, clock))
-    out = {}
-    for kind, build in _op_builders(torch, dev).items():
-        ops = [build() for _ in range(LONG)]
-        fwd = slope_s(_host_s(torch, ops[:1], False, sync, clock), _host_s(torch, ops, False, sync, clock))
-        both = slope_s(_host_s(torch, ops[:1], True, sync, clock), _host_s(torch, ops, True, sync, clock))
-        out[kind] = (fwd, max(0.0, both - fwd - seed))
-    return out
-
+    ops_by_kind = {kind: [build() for _ in range(LONG)] for kind, build in _op_builders(torch, dev).items()}
+    sweeps = [_sweep(torch, ops_by_kind, seeds, sync, clock) for _ in range(SWEEPS)]
+    return {kind: (float(statistics.median(s[kind][0] for s in sweeps)),
+                   float(statistics.median(s[kind][1] for s in sweeps))) for kind in ops_by_kind}
