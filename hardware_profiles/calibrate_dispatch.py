@@ -87,7 +87,7 @@ def slope_s(at_one: float, at_long: float, long: int = LONG) -> float:
 
 
 def _sweep(torch: Any, ops_by_kind: dict[str, list[tuple[Callable[[Any], Any], Any]]],
-           seeds: list[tuple[Callable[[Any], Any], Any]], sync: Callable[[], None],
+           seeds: Sequence[tuple[Callable[[Any], Any], Any]], sync: Callable[[], None],
            clock: Timer) -> dict[str, tuple[float, float]]:
     """One pass over every kind: kind -> (forward, backward) seconds per op (measure_dispatch_by_kind)."""
     seed = slope_s(_host_s(torch, seeds[:1], False, sync, clock), _host_s(torch, seeds, False, sync, clock))
