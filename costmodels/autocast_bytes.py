@@ -4,7 +4,8 @@ Why a second count: the tracer counts bytes in fp32, and half of them is what De
 hold (16-bit weights, so 16-bit activations throughout) but not what torch.autocast holds, which is how
 `pipeplan run` trains a bf16 or fp16 plan (costmodels/autocast_policy.py says what differs). The same fake step
 is counted again with autocast's casts replayed, once per device's lists (graph.AUTOCAST_DEVICES), so a plan for a GPU
-and one for this CPU each get their own. bf16 and fp16 take the same bytes, so one count serves both.
+and one for this CPU each get their own. bf16 and fp16 take the same bytes, so one count serves both. Saved bytes
+need the forward and the loss only (measure.count_saved); what is in flight needs the backward too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from pipeplan.costmodels.autocast_policy import Casts, cast_kind, op_name
 from pipeplan.costmodels.graph import AUTOCAST_DEVICES, Graph
-from pipeplan.costmodels.measure import count_pass
+from pipeplan.costmodels.measure import count_saved
 from pipeplan.costmodels.model_file import ModelSpec
 from pipeplan.costmodels.transient import transient_bytes
 
@@ -36,7 +37,7 @@ def count_autocast(ep: torch.export.ExportedProgram, model: torch.nn.Module, spe
             if same is not None:  # the two lists treat every op of this program alike: the same step, counted once
                 counted[device] = [dict(c) for c in counted[same]]
                 continue
-            counts = count_pass(ep, model, spec, inputs, target, layer_of, n, casts=Casts(device, torch.bfloat16))
+            counts = count_saved(ep, model, spec, inputs, target, layer_of, n, Casts(device, torch.bfloat16))
             flight = transient_bytes(ep, model, spec, inputs, target, layer_of, n, param_shapes,
                                      casts=Casts(device, torch.bfloat16))
             counted[device] = [

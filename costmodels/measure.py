@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
@@ -289,24 +289,20 @@ class Counts:
     node_flops: dict[str, int] = field(default_factory=dict)
     total_fwd_flops: int = 0  # whole program, as one FlopCounterMode sees it
     bwd_input_flops: list[int] = field(default_factory=list)  # of bwd_flops, the input-gradient part B
-    node_out_bytes: dict[str, int] = field(default_factory=dict)  # bytes of each node's output (with `casts`)
 
 
 def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: tuple[Any, ...],
-               target: Any, layer_of: dict[str, int], nlayers: int, *, fake_tensors: bool = True,
-               casts: Casts | None = None) -> Counts:
+               target: Any, layer_of: dict[str, int], nlayers: int, *, fake_tensors: bool = True) -> Counts:
     """One forward+backward, on fake tensors by default: FLOPs per layer (fwd and bwd) and bytes saved for backward.
 
     fake_tensors=False runs on the real tensors instead (a real step's compute), for
-    the rare model whose ops have no fake-tensor implementation. `casts`: the step as torch.autocast runs it
-    (costmodels/autocast_policy.py); the weights' 16-bit copies it saves are model state, left out of saved bytes.
+    the rare model whose ops have no fake-tensor implementation. The step under torch.autocast: count_saved.
     """
     fake_mode, args, fake_target, state_storages = step_args(ep, model, inputs, target, fake_tensors=fake_tensors)
 
     fwd = [0] * nlayers
     saved = [0] * nlayers
     node_flops: dict[str, int] = {}
-    seen_storage: set[int] = set()
     last_layer = nlayers - 1
     cur = {"layer": last_layer, "start": 0}
 
@@ -318,35 +314,19 @@ def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
 
     attribution = _BackwardAttribution(nlayers, Marks(counter.get_total_flops), last_layer)
 
-    out_bytes: dict[str, int] = {}
-
     def after(layer: int, node: torch.fx.Node, out: Any) -> None:
         f = counter.get_total_flops() - cur["start"]
         fwd[layer] += f
         node_flops[node.name] = f
-        if casts is not None:  # a node's bytes differ from the export's (fp32) only where autocast cast them
-            out_bytes[node.name] = sum(t.numel() * t.element_size() for t in pytree.tree_leaves(out)
-                                       if isinstance(t, torch.Tensor))
         attribution.claim(out, layer)
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        try:
-            st = t.untyped_storage()
-            key, nbytes = st._cdata, st.nbytes()
-        except Exception:  # tensors without a plain storage (nested, sparse): count their elements
-            key, nbytes = id(t), t.numel() * t.element_size()
-        if key not in state_storages and key not in seen_storage and (casts is None or key not in casts.storages):
-            seen_storage.add(key)
-            saved[cur["layer"]] += nbytes
-        return t
-
+    pack = _saved_counter(saved, cur, state_storages, None)
     mode = fake_mode if fake_mode is not None else contextlib.nullcontext()
     with mode, counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = _LayerInterpreter(ep.graph_module, layer_of, before, after, casts).run(*args)
+        out = _LayerInterpreter(ep.graph_module, layer_of, before, after).run(*args)
         total_fwd = counter.get_total_flops()
         cur["layer"] = last_layer
-        with casts.loss_context() if casts is not None else contextlib.nullcontext():
-            loss = spec.loss(user_output(ep, out), fake_target)
+        loss = spec.loss(user_output(ep, out), fake_target)
         bwd_input = attribution.input_grad(loss)
         attribution.backward(loss, spec)
     for h in attribution.handles:
@@ -356,7 +336,67 @@ def count_pass(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: M
             p.grad = None
     return Counts(fwd_flops=fwd, bwd_flops=[int(x) for x in attribution.totals()], saved_bytes=saved,
                   peak_saved_bytes=sum(saved), node_flops=node_flops, total_fwd_flops=total_fwd,
-                  bwd_input_flops=[int(x) for x in bwd_input], node_out_bytes=out_bytes)
+                  bwd_input_flops=[int(x) for x in bwd_input])
+
+
+def _saved_counter(saved: list[int], cur: dict[str, int], state_storages: set[int],
+                   casts: Casts | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A pack hook adding each storage autograd saves, once, to the layer `cur` names: never model state (parameters,
+    buffers, and under `casts` the weights' 16-bit copies)."""
+    seen: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        try:
+            st = t.untyped_storage()
+            key, nbytes = st._cdata, st.nbytes()
+        except Exception:  # tensors without a plain storage (nested, sparse): count their elements
+            key, nbytes = id(t), t.numel() * t.element_size()
+        if key not in state_storages and key not in seen and (casts is None or key not in casts.storages):
+            seen.add(key)
+            saved[cur["layer"]] += nbytes
+        return t
+
+    return pack
+
+
+def _out_bytes(out: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+
+
+class Saved(NamedTuple):
+    saved_bytes: list[int]  # per layer, as Counts.saved_bytes
+    node_out_bytes: dict[str, int]  # each node's output bytes
+
+
+def count_saved(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: ModelSpec, inputs: tuple[Any, ...],
+                target: Any, layer_of: dict[str, int], nlayers: int, casts: Casts) -> Saved:
+    """`count_pass`'s saved bytes and node outputs under `casts`, from the forward and the loss alone, on fake tensors.
+
+    Why no backward: autograd saves tensors as the forward records them (the pack hook runs then), so a step's saved
+    bytes are known when the loss is; the backward and the FLOP counter were two thirds of the replay's time, once
+    per device's autocast lists, for nothing the replay reports (costmodels/autocast_bytes.py).
+    """
+    fake_mode, args, fake_target, state_storages = step_args(ep, model, inputs, target)
+    saved = [0] * nlayers
+    cur = {"layer": nlayers - 1}
+    out_bytes: dict[str, int] = {}
+    held: list[Any] = []  # every output stays alive, as count_pass's claim keeps them: no saved storage's address
+    # is freed and taken by another's
+
+    def before(layer: int) -> None:
+        cur["layer"] = layer
+
+    def after(layer: int, node: torch.fx.Node, out: Any) -> None:
+        out_bytes[node.name] = _out_bytes(out)
+        held.append(out)
+
+    with fake_mode, torch.autograd.graph.saved_tensors_hooks(_saved_counter(saved, cur, state_storages, casts),
+                                                             lambda t: t):
+        out = _LayerInterpreter(ep.graph_module, layer_of, before, after, casts).run(*args)
+        cur["layer"] = nlayers - 1
+        with casts.loss_context():
+            spec.loss(user_output(ep, out), fake_target)
+    return Saved(saved, out_bytes)
 
 
 def step_args(ep: torch.export.ExportedProgram, model: torch.nn.Module, inputs: tuple[Any, ...], target: Any, *,

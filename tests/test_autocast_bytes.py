@@ -17,7 +17,7 @@ from pipeplan.costmodels import autocast_bytes
 from pipeplan.costmodels import trace as trace_module
 from pipeplan.costmodels.autocast_policy import Casts
 from pipeplan.costmodels.graph import Graph
-from pipeplan.costmodels.measure import count_pass
+from pipeplan.costmodels.measure import count_pass, count_saved
 from pipeplan.costmodels.memory import model_state_bytes
 from pipeplan.costmodels.model_file import load_model_file
 from pipeplan.errors import UserError
@@ -63,7 +63,7 @@ def test_cpu_replay_saves_what_torch_cpu_autocast_saves(path, batch):
         torch_saved = count_pass(ep, model, spec, inputs, target, layer_of, n).saved_bytes
     casts = Casts("cpu", torch.bfloat16)
     casts.storages = _CountEverything()
-    replayed = count_pass(ep, model, spec, inputs, target, layer_of, n, casts=casts).saved_bytes
+    replayed = count_saved(ep, model, spec, inputs, target, layer_of, n, casts).saved_bytes
     assert replayed == torch_saved
     fp32 = count_pass(ep, model, spec, inputs, target, layer_of, n).saved_bytes
     assert sum(torch_saved) != pytest.approx(sum(fp32) / 2, rel=0.05)  # autocast is not "half of fp32"
