@@ -373,15 +373,14 @@ def count_saved(ep: torch.export.ExportedProgram, model: torch.nn.Module, spec: 
     """`count_pass`'s saved bytes and node outputs under `casts`, from the forward and the loss alone, on fake tensors.
 
     Why no backward: autograd saves tensors as the forward records them (the pack hook runs then), so a step's saved
-    bytes are known when the loss is; the backward and the FLOP counter were two thirds of the replay's time, once
-    per device's autocast lists, for nothing the replay reports (costmodels/autocast_bytes.py).
+    bytes are known when the loss is. count_pass's backward, input-gradient pass and FLOP counter took 60-90% of its
+    time, once per device's autocast lists, for nothing the replay reports (costmodels/autocast_bytes.py).
     """
     fake_mode, args, fake_target, state_storages = step_args(ep, model, inputs, target)
     saved = [0] * nlayers
     cur = {"layer": nlayers - 1}
     out_bytes: dict[str, int] = {}
-    held: list[Any] = []  # every output stays alive, as count_pass's claim keeps them: no saved storage's address
-    # is freed and taken by another's
+    held: list[Any] = []  # every output kept alive, as count_pass's claim keeps them: no saved storage is freed
 
     def before(layer: int) -> None:
         cur["layer"] = layer

@@ -14,9 +14,9 @@ cost. On a CPU device the same loop times the ops' whole work (tests run it ther
 
 Why sweeps: one kind's points take a few milliseconds all told, so a single disturbance of the host (another
 process scheduled on the core for ~10 ms) covers every round of a point and the median of ROUNDS cannot see past
-it (a CI run on a busy host measured a ReLU's backward at 3x its figure, above a convolution's). SWEEPS passes over
-all kinds, each a few hundred ms apart, and each kind keeps the median of its sweeps' figures: one disturbance
-spoils at most one sweep of a kind.
+it (a CI run on a busy host measured a ReLU's backward at 3x its figure, above a convolution's). SWEEPS passes
+over all kinds (a sweep takes ~0.2 s on this repo's CPU), and each kind keeps the median of its sweeps' figures:
+one disturbance spoils at most one sweep of a kind.
 """
 
 from __future__ import annotations
