@@ -17,7 +17,7 @@ from pipeplan.costmodels.graph import Graph
 from pipeplan.costmodels.memory import RangeMemory, gathered_bytes, is_mixed_precision, model_state_bytes
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
-from pipeplan.planner.dp import partition_dp
+from pipeplan.planner.dp import overflow_bytes, partition_dp
 from pipeplan.planner.feasibility import greedy_fits, least_capacity
 from pipeplan.planner.partition import link_fn
 from pipeplan.planner.predict import predict
@@ -28,8 +28,9 @@ from pipeplan.units import GIB
 
 __all__ = ["Failure", "Shortfall", "infeasible_message"]
 
-Shortfall = Literal["state", "greedy", "exact"]
-"""How a failure's bytes are known: a model-state lower bound, the greedy packing (sized on demand), or exact."""
+Shortfall = Literal["state", "greedy", "dp", "exact"]
+"""How a failure's bytes are known: a model-state lower bound, the greedy packing or the DP's least overflow (both
+sized on demand), or exact (a prediction's peak)."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Failure:
     """A configuration rejected for memory."""
 
     need_bytes: int
-    """Bytes per device it would need (-1 for a greedy failure not yet sized)."""
+    """Bytes per device it would need (-1 for a greedy or DP failure not yet sized)."""
     how: Shortfall
     config: Config
 
@@ -63,24 +64,41 @@ def _closest(view: SearchView) -> Failure:
     packings). One whose packing does not fit at the least need found so far needs more (a packing that fits at
     some capacity fits at any larger one), so one packing rules it out and it is not sized: sizing all 2,554 of
     Llama-3-70B's at 8,192 tokens on 64 H100s took 30 s of a 48 s `analyze`. The answer is the one sizing all.
+    A DP failure (no partition fits, `partition_dp`) is sized and ruled out the same way, by the DP's own
+    feasibility (`overflow_bytes`). The search leaves its DPs' overflows unsized (`size_overflow=False`): ~15
+    passes of the DP's memory walk each, read only here. README's `analyze` of Llama-3-70B on 64 H100s met no DP
+    failure but sized the infeasible DPs of its refits all the same: it walked the DP's memory for 3.0 s of its
+    27 s, 1.1 s without that (one run each).
     """
     best: Failure | None = None
-    sized: dict[tuple[int, int], int] = {}
+    sized: dict[tuple[int, int, str], int] = {}
+    cap = int(view.profile.usable_memory_bytes)
     for f in view.failures:
         if f.how == "state":
             continue
-        if f.how == "greedy":
+        if f.how in ("greedy", "dp"):
             cfg = f.config
-            mem = view.memory(cfg, view.problem(cfg.microbatch_size(view.request.batch_size), cfg.recompute))
-            key = (id(mem), cfg.virtual_stages)  # memory models are cached by the search: ids are stable
+            prob = view.problem(cfg.microbatch_size(view.request.batch_size), cfg.recompute)
+            mem = view.memory(cfg, prob)
+            key = (id(mem), cfg.virtual_stages, f.how)  # memory models are cached by the search: ids are stable
             if key not in sized:
-                if best is not None and not greedy_fits(mem, cfg.virtual_stages, best.need_bytes):
+                if best is not None and _needs_more(view, f, prob, mem, best.need_bytes):
                     continue  # needs more than `best`
-                sized[key] = least_capacity(mem, cfg.virtual_stages, int(view.profile.usable_memory_bytes))
+                sized[key] = (least_capacity(mem, cfg.virtual_stages, cap) if f.how == "greedy" else
+                              cap + overflow_bytes(prob, cfg.virtual_stages, link=link_fn(view.profile, cfg),
+                                                   memory_bytes=mem, capacity_bytes=cap))
             f = replace(f, need_bytes=sized[key])
         if best is None or f.need_bytes < best.need_bytes:
             best = f
     return best if best is not None else min(view.failures, key=lambda x: x.need_bytes)
+
+
+def _needs_more(view: SearchView, f: Failure, prob: Problem, mem: RangeMemory, capacity: int) -> bool:
+    """Whether an unsized failure's packing (greedy) or partition (DP) does not fit `capacity`: one check."""
+    K = f.config.virtual_stages
+    if f.how == "greedy":
+        return not greedy_fits(mem, K, capacity)
+    return overflow_bytes(prob, K, link=link_fn(view.profile, f.config), memory_bytes=mem, capacity_bytes=capacity) > 0
 
 
 def _worst_stage(view: SearchView, f: Failure) -> tuple[int, str]:

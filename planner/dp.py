@@ -262,7 +262,7 @@ def _range_max(g: np.ndarray, L: np.ndarray, idx: np.ndarray) -> np.ndarray:
 
 
 def partition_dp(problem: Problem, stages: int, *, link: LinkArg, memory_bytes: MemoryFn | None = None,
-                 capacity_bytes: int | None = None, comm: str = "sum") -> Partition:
+                 capacity_bytes: int | None = None, comm: str = "sum", size_overflow: bool = True) -> Partition:
     """Optimal contiguous K-stage partition minimising the slowest stage (compute + boundary sends).
 
     comm="sum" (default, the agreed objective): a stage's time is its compute plus
@@ -270,8 +270,11 @@ def partition_dp(problem: Problem, stages: int, *, link: LinkArg, memory_bytes: 
     runtimes that overlap p2p with compute (the schedule simulator's model).
 
     Infeasible (memory, or fewer layers than stages) -> Partition with
-    solver["status"] == "infeasible"; for memory, solver["overflow_bytes"] is how
-    much more capacity the least-overflowing partition needs (within 0.1%).
+    solver["status"] == "infeasible"; for memory, solver["memory_cap"] is True and
+    solver["overflow_bytes"] is how much more capacity the least-overflowing partition
+    needs (within 0.1%; `overflow_bytes`). That takes ~15 more passes over the chain, so
+    `size_overflow=False` leaves it out for a caller that needs it only when nothing
+    fits (the search: planner/diagnose.py sizes it then).
     """
     t0 = time.perf_counter()
     n = problem.n
@@ -283,8 +286,9 @@ def partition_dp(problem: Problem, stages: int, *, link: LinkArg, memory_bytes: 
     hist = chain.reach(math.inf)
     bounds = chain.backtrack(hist, math.inf) if hist is not None else None
     if bounds is None:
-        overflow = _min_overflow(chain, capacity_bytes) if memory_bytes is not None and capacity_bytes is not None else None
-        return _infeasible(stages, t0, reason="no partition fits the memory cap", overflow_bytes=overflow)
+        overflow = (_min_overflow(chain, capacity_bytes) if size_overflow and memory_bytes is not None
+                    and capacity_bytes is not None else None)
+        return _infeasible(stages, t0, reason="no partition fits the memory cap", overflow=overflow, memory_cap=True)
     best = bounds
     hi = max(chain.costs(bounds))
     comp = np.asarray(problem.compute_s, dtype=np.float64)
@@ -323,6 +327,19 @@ def partition_dp(problem: Problem, stages: int, *, link: LinkArg, memory_bytes: 
     )
 
 
+def overflow_bytes(problem: Problem, stages: int, *, link: LinkArg, memory_bytes: MemoryFn,
+                   capacity_bytes: int) -> int:
+    """0 when some `stages`-stage partition fits `capacity_bytes`, else the least extra capacity for which one does
+    (within 0.1%): what `partition_dp` reports of a memory-infeasible chain, asked for on demand."""
+    if problem.n < stages:
+        raise ValueError(f"{problem.n} layers cannot fill {stages} stages")
+    chain = _Chain(problem, stages, link, memory_bytes, capacity_bytes)
+    hist = chain.reach(math.inf)
+    if hist is not None and chain.backtrack(hist, math.inf) is not None:
+        return 0
+    return _min_overflow(chain, capacity_bytes)
+
+
 def _min_overflow(chain: _Chain, capacity: int) -> int:
     """Smallest extra capacity (bytes, to within 0.1%) for which some partition fits."""
     lo, hi = 0, max(capacity, 1)
@@ -346,9 +363,10 @@ def _min_overflow(chain: _Chain, capacity: int) -> int:
     return int(hi)
 
 
-def _infeasible(stages: int, t0: float, *, reason: str, overflow_bytes: int | None = None) -> Partition:
+def _infeasible(stages: int, t0: float, *, reason: str, overflow: int | None = None,
+                memory_cap: bool = False) -> Partition:
     solver = {"name": "dp", "status": "infeasible", "objective": math.inf, "bound": math.inf, "gap": None,
-              "time_s": time.perf_counter() - t0, "reason": reason}
-    if overflow_bytes is not None:
-        solver["overflow_bytes"] = overflow_bytes
+              "time_s": time.perf_counter() - t0, "reason": reason, "memory_cap": memory_cap}
+    if overflow is not None:
+        solver["overflow_bytes"] = overflow
     return Partition(assignment=[], bottleneck_s=math.inf, stage_s=[], replicas=[1] * stages, solver=solver)

@@ -84,7 +84,7 @@ class Partitioner:
             k = (*key, tuple(links(b) for b in range(S - 1)), comm, capacity)
             if k not in self._cache:
                 self._cache[k] = partition_dp(prob, S, link=links, memory_bytes=mem, capacity_bytes=capacity,
-                                              comm=comm)
+                                              comm=comm, size_overflow=False)  # sized when nothing fits
             out.append(self._cache[k])
         return out
 

@@ -225,26 +225,25 @@ class _Search:
         over, fitted = 0, False
         for part in parts:
             if part.solver.get("status") == "infeasible":
-                excess = part.solver.get("overflow_bytes")
                 if capacity == self.cap:  # a refit's says nothing of the device's capacity
                     self.infeasible += 1
-                    if excess is not None:
-                        self.failures.append(Failure(self.cap + int(excess), "exact", cfg))
+                    if part.solver.get("memory_cap"):
+                        self.failures.append(Failure(-1, "dp", cfg))  # sized if nothing fits (diagnose.py)
                 continue
             if tuple(part.assignment) in seen:
                 continue
             seen[tuple(part.assignment)] = part
-            failed = len(self.failures)
-            plan = self.consider(cfg, part, mb)
+            got = self.consider(cfg, part, mb)
             if part.solver.get("name") != "dp":
                 continue
-            fitted = fitted or plan is not None
-            if plan is None and len(self.failures) > failed and self.failures[-1].how == "exact":
-                over = max(over, self.failures[-1].need_bytes - self.cap)
+            if isinstance(got, Failure):
+                over = max(over, got.need_bytes - self.cap)
+            fitted = fitted or isinstance(got, Plan)
         return 0 if fitted else over
 
-    def consider(self, cfg: Config, part: Partition, mb: int) -> Plan | None:
-        """Predict a partition (unless its busiest device already loses) and keep it if it fits and ranks."""
+    def consider(self, cfg: Config, part: Partition, mb: int) -> Plan | Failure | None:
+        """Predict a partition (unless its busiest device already loses) and keep it if it fits and ranks: the plan,
+        the Failure recorded when the prediction finds it over memory, or None when it was not predicted."""
         if facts(cfg.schedule).splits_backward:
             stage = split_backward_conflict(self.shared_users, part.assignment)
             if stage is not None:
@@ -270,7 +269,7 @@ class _Search:
         if not plan.predicted.fits:
             self.infeasible += 1
             self.failures.append(Failure(plan.predicted.peak_memory_bytes, "exact", cfg))
-            return None
+            return self.failures[-1]
         self.admit(Candidate(plan, cfg, part))
         return plan
 
@@ -337,7 +336,7 @@ def _refine_with_ilp(sr: _Search) -> None:
         plan.solver["ilp"] = ilp_info(got)
         return
     new = sr.consider(cfg, got, mb)  # admitted into the top list if it fits; best first
-    if new is not None:
+    if isinstance(new, Plan):
         new.solver["warm_start"] = "dp"
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pipeplan.costmodels.graph import Edge, Graph, Layer
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.planner.brute import brute_chain
-from pipeplan.planner.dp import boundary_links, partition_dp, stage_costs
+from pipeplan.planner.dp import boundary_links, overflow_bytes, partition_dp, stage_costs
 from pipeplan.planner.problem import build_problem, chain_problem
 
 FAST = Link("nvlink", 100e9, 1e-6)
@@ -60,9 +60,15 @@ def test_dp_memory_caps_match_brute_force(case, capacity):
             for bounds in _all_bounds(problem.n, k)
         )
         assert need * 0.999 - 1 <= got.solver["overflow_bytes"] <= need * 1.001 + 1
+        # asked for on demand (the search's way), the same figure; not sized, the same verdict
+        assert overflow_bytes(problem, k, link=SLOW, memory_bytes=memory, capacity_bytes=capacity) == \
+            got.solver["overflow_bytes"]
+        lazy = partition_dp(problem, k, link=SLOW, memory_bytes=memory, capacity_bytes=capacity, size_overflow=False)
+        assert lazy.solver["memory_cap"] and "overflow_bytes" not in lazy.solver
     else:
         assert got.bottleneck_s == pytest.approx(best, rel=1e-9)
         assert all(memory(s, a, b) <= capacity for s, (a, b) in enumerate(got.bounds()))
+        assert overflow_bytes(problem, k, link=SLOW, memory_bytes=memory, capacity_bytes=capacity) == 0
 
 
 def _all_bounds(n, k):
