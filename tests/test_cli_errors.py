@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
 from cli_fixtures import chain_graph, hand_plan
-from pipeplan.cli.main import cli
+from cli_invoke import invoke as run
+from cli_invoke import one_error_line
 
 
 @pytest.fixture()
@@ -16,18 +16,6 @@ def graph_file(tmp_path):
     path = tmp_path / "graph.json"
     chain_graph().save(path)
     return path
-
-
-def run(args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    return result.exit_code, result.stdout, result.stderr
-
-
-def one_error_line(stderr: str) -> str:
-    lines = [l for l in stderr.splitlines() if l.startswith("error:") or l.startswith("Error:")]
-    assert len(lines) == 1, stderr
-    assert "Traceback" not in stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize(

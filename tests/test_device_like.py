@@ -8,9 +8,8 @@ import os
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from pipeplan.cli.main import cli
+from cli_invoke import invoke as run
 from pipeplan.costmodels.compute import LOCAL_TIMES_NOTE_PREFIX
 from pipeplan.hardware_profiles import load_profile
 from pipeplan.hardware_profiles.loader import save_profile
@@ -18,11 +17,6 @@ from pipeplan.hardware_profiles.local_device import DeviceLikeThreads
 from pipeplan.planner.plan import load_plan
 
 MLP = os.path.join(os.path.dirname(__file__), "..", "examples", "mlp.py")
-
-
-def run(args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from pipeplan.cli.main import cli
+from cli_invoke import invoke as run
 from pipeplan.planner.predict import evaluate
 from test_export_fixtures import counts_assignment, llama_graph
-
-
-def run(args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    return result.exit_code, result.stdout, result.stderr
 
 
 def h100():

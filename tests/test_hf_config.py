@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from pipeplan.cli.main import cli
+from cli_invoke import invoke as run
+from cli_invoke import one_error_line
 from pipeplan.costmodels.model_file import load_model_file
 from pipeplan.errors import UserError
 
@@ -156,17 +156,6 @@ def test_tiny_mixtral_traces_and_counts_expert_flops():
         2 * tokens * k * h * 2 * i, 2 * tokens * k * i * h]
     router = graph.layer("model.layers.0.mlp.gate")
     assert router.param_bytes == 4 * h * e and router.fwd_flops == 2 * tokens * h * e
-
-
-def run(args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    return result.exit_code, result.stdout, result.stderr
-
-
-def one_error_line(stderr: str) -> str:
-    lines = [l for l in stderr.splitlines() if l.startswith("error:") or l.startswith("Error:")]  # not progress lines
-    assert len(lines) == 1 and "Traceback" not in stderr, stderr
-    return lines[0]
 
 
 def write(tmp_path, name, text):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from pipeplan.cli.main import cli
+from cli_invoke import invoke as run
 from pipeplan.hardware_profiles import load_profile
 from search_fixtures import gpt_like
 
@@ -19,11 +18,6 @@ def graph_file(tmp_path):
     path = tmp_path / "graph.json"
     gpt_like(blocks=4).save(path)
     return path
-
-
-def run(args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    return result.exit_code, result.stdout, result.stderr
 
 
 def test_plan_cluster_json_names_each_stage_device_type(graph_file, tmp_path):

@@ -9,19 +9,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from pipeplan.cli.main import cli
+from cli_invoke import invoke as run
 from pipeplan.planner.frameworks.split import parse_split, split_from_source
 from pipeplan.planner.predict import evaluate
 from test_export_fixtures import counts_assignment, llama_graph
 
 NAMES = [layer.name for layer in llama_graph(8).layers]  # embed, rotary, layers.0-7, norm, lm_head
-
-
-def run(args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    return result.exit_code, result.stdout, result.stderr
 
 
 def test_names_form_starts_stages_at_the_named_layers():

@@ -21,9 +21,8 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from click.testing import CliRunner
 
-from pipeplan.cli.main import cli
+from cli_invoke import invoke as run
 from pipeplan.costmodels import gpu_attention
 from pipeplan.costmodels.graph import Graph, load_graph
 from pipeplan.costmodels.model_file import OutOfMemory, load_model_file
@@ -237,11 +236,6 @@ def test_a_model_that_cannot_be_built_on_meta_falls_back_to_real_weights(tmp_pat
 
 
 # ---- the CLI: time layers only when the times are used ----------------------------------------------
-
-
-def run(args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.fixture(scope="module")
