@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from pipeplan.costmodels.graph import Edge, Graph, Layer
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.planner.brute import brute_chain
-from pipeplan.planner.dp import boundary_links, overflow_bytes, partition_dp, stage_costs
+from pipeplan.planner.dp import _WindowMax, boundary_links, overflow_bytes, partition_dp, stage_costs
 from pipeplan.planner.problem import build_problem, chain_problem
 
 FAST = Link("nvlink", 100e9, 1e-6)
@@ -164,3 +165,16 @@ def test_overlap_hand_value():
     # a 3 s send cannot hide: every boundary costs 3 s + latency
     p2 = chain_problem([1.0] * 8, cut_bytes=[3_000_000_000] * 7)
     assert partition_dp(p2, 4, link=SLOW, comm="overlap").bottleneck_s == pytest.approx(3.0 + 1e-5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=70), st.data())
+def test_window_max_is_the_max_over_each_window(values, data):
+    """dp._WindowMax against max() of each window, for nondecreasing starts (what the two-pointer walk makes; a start
+    past its end is an empty window, as set_capacity marks ends no start fits), called twice with different values as the bisection does."""
+    n1 = len(values)
+    L = np.array(sorted(data.draw(st.lists(st.integers(0, n1), min_size=n1, max_size=n1))), dtype=np.int64)
+    window_max = _WindowMax(L)
+    for g in (np.array(values), np.array(values[::-1])):
+        want = [max(g[L[b]:b]) if L[b] < b else -math.inf for b in range(n1)]
+        assert window_max(g).tolist() == want
