@@ -533,6 +533,32 @@ def expand_node_values(graph: Graph, repeat: Repeat, values: dict[str, Any],
     return out
 
 
+def expand_module_counts(counts: Mapping[str, Mapping[str, int]], repeat: Repeat) -> dict[str, dict[str, int]]:
+    """Per-module op counts of the model cut to its traced groups (`shortened`), as the whole model's: every
+    block of a cloned group gets its traced copy's counts under its own path (the first group the first copy's,
+    middle groups the second's, the last group the third's, as `expand` clones layers), and the list and the
+    modules holding it gain the middle groups' counts once per group not traced. `counts` maps a module path
+    ('' the root) to op -> count, as fvcore's by_module_and_operator does (costmodels/fvcheck.py)."""
+    head, p, n, k = repeat.module + ".", repeat.period, repeat.groups, repeat.traced
+    out: dict[str, dict[str, int]] = {}
+    middle: dict[str, int] = {}
+    for o in range(p):
+        for op, v in counts.get(f"{head}{p + o}", {}).items():
+            middle[op] = middle.get(op, 0) + v
+    for path, ops in counts.items():
+        child, _, tail = path[len(head):].partition(".") if path.startswith(head) else ("", "", "")
+        if child.isdigit() and int(child) < k * p:  # a traced block: to every block cloned from it
+            j, o = divmod(int(child), p)
+            targets = [0] if j == 0 else [n - 1] if j == k - 1 else range(1, n - 1)
+            for m in targets:
+                out[f"{head}{m * p + o}" + (f".{tail}" if tail else "")] = dict(ops)
+        elif path == repeat.module or path == "" or repeat.module.startswith(path + "."):
+            out[path] = {op: ops.get(op, 0) + (n - k) * middle.get(op, 0) for op in {*ops, *middle}}
+        else:  # outside the list, or a rest block (it keeps its own key in the shortened list)
+            out[path] = dict(ops)
+    return out
+
+
 class Measured(NamedTuple):
     """What the tracer measures on one program: the graph and the per-node data the fvcore check needs (and,
     for the traced copies of a block, the module each node ran under: `expand`)."""

@@ -211,6 +211,32 @@ def test_hf_gemma_matches_full_trace():
     assert_same_as_full(DATA / "blocks_hf_gemma.py", count=6)
 
 
+@pytest.mark.parametrize(("path", "entry"), [
+    (DATA / "blocks_models.py", "build_model"),
+    (DATA / "blocks_models.py", "build_alternating"),  # groups of 2
+    (DATA / "blocks_models.py", "build_grouped_rest"),  # groups of 3, then 2 blocks more
+    pytest.param(DATA / "blocks_llama.py", "build_model", marks=needs_hf),
+    pytest.param(DATA / "blocks_hf_gemma3.py", "build_model", marks=needs_hf),  # groups of 2, then 1 more
+])
+def test_fvcore_counts_of_the_traced_blocks_expand_to_the_whole_models(path, entry, monkeypatch):
+    """fvcore run on the model cut to its traced groups, its counts cloned (blocks.expand_module_counts), gives
+    every module's count that fvcore run on the whole model gives: the cross-check no longer jit-traces every
+    block of a large model (costmodels/fvcheck.py)."""
+    from pipeplan.costmodels import fvcheck
+
+    spec = load_model_file(str(path), entry)
+    repeat = blocks.find_repeated_blocks(spec.build_on_meta())
+    assert repeat is not None
+    (whole, _), _ = fvcheck._fvcore_counts(spec, None)
+    expanded = []  # what fvcore counted on the cut model (it falls back to the whole one where that fails)
+    monkeypatch.setattr(fvcheck, "expand_module_counts",
+                        lambda counts, r: expanded.append(counts) or blocks.expand_module_counts(counts, r))
+    (cut, _), _ = fvcheck._fvcore_counts(spec, None, repeat)
+    assert len(expanded) == 1 and len(expanded[0]) < len(whole)
+    assert len(whole) > 3 * repeat.count  # every block's modules, and the list's holders
+    assert cut == whole
+
+
 @pytest.mark.parametrize(("entry", "count", "period"), [("build_alternating", 8, 2), ("build_grouped_rest", 14, 3)])
 def test_blocks_that_repeat_in_groups_match_full_trace(entry, count, period):
     """Blocks that differ by a rule of their position: a group repeated (every second block, every third); the
