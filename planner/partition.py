@@ -21,7 +21,14 @@ from pipeplan.costmodels.memory import RangeMemory
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.planner.baselines import equal_layers, torchgpipe_balance_by_time
 from pipeplan.planner.configs import Config
-from pipeplan.planner.dp import COMM_MODES, Partition, assignment_bounds, boundary_links, partition_dp, stage_costs
+from pipeplan.planner.dp import (
+    COMM_MODES,
+    Partition,
+    assignment_bounds,
+    boundary_links,
+    partition_dp_modes,
+    stage_costs,
+)
 from pipeplan.planner.ilp import partition_ilp
 from pipeplan.planner.predict import place
 from pipeplan.planner.problem import Problem
@@ -79,14 +86,14 @@ class Partitioner:
         below the device's when the exact prediction finds the DP's partition over: search.py
         `_Search.partition_and_predict`)."""
         S = cfg.virtual_stages
-        out = []
-        for comm in COMM_MODES:
-            k = (*key, tuple(links(b) for b in range(S - 1)), comm, capacity)
-            if k not in self._cache:
-                self._cache[k] = partition_dp(prob, S, link=links, memory_bytes=mem, capacity_bytes=capacity,
-                                              comm=comm, size_overflow=False)  # sized when nothing fits
-            out.append(self._cache[k])
-        return out
+        keys = [(*key, tuple(links(b) for b in range(S - 1)), comm, capacity) for comm in COMM_MODES]
+        missing = tuple(comm for comm, k in zip(COMM_MODES, keys, strict=True) if k not in self._cache)
+        if missing:  # one memory walk for the models not cached yet; overflows sized only when nothing fits
+            got = partition_dp_modes(prob, S, link=links, memory_bytes=mem, capacity_bytes=capacity, comms=missing,
+                                     size_overflow=False)
+            for comm, part in zip(missing, got, strict=True):
+                self._cache[keys[COMM_MODES.index(comm)]] = part
+        return [self._cache[k] for k in keys]
 
 
 def _heuristic_partitions(prob: Problem, S: int, links: LinkFn) -> list[Partition]:

@@ -75,17 +75,17 @@ def test_a_search_that_finds_a_plan_sizes_no_dp_overflow(monkeypatch):
     """The DP's overflow is read only when nothing fits: a search whose refits meet infeasible DPs (the prediction
     found a partition over, the DP under less memory then finds none) runs no overflow bisection."""
     infeasible = []
-    real = partition_module.partition_dp
+    real = partition_module.partition_dp_modes
 
     def counted(*a, **kw):
-        part = real(*a, **kw)
-        infeasible.append(part.solver["status"] == "infeasible")
-        return part
+        parts = real(*a, **kw)
+        infeasible.extend(part.solver["status"] == "infeasible" for part in parts)
+        return parts
 
     def refuse(*a):
         raise AssertionError("the DP's overflow was sized though a plan fits")
 
-    monkeypatch.setattr(partition_module, "partition_dp", counted)
+    monkeypatch.setattr(partition_module, "partition_dp_modes", counted)
     monkeypatch.setattr(dp_module, "_min_overflow", refuse)
     got = search_module.search(gpt_like(blocks=8, hidden=1024, seq=1024, vocab=32000, batch=1), profile(1.5),
                                PlanRequest(devices=8, batch_size=64, dtype="fp32"))

@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 from pipeplan.costmodels.graph import Edge, Graph, Layer
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.planner.brute import brute_chain
-from pipeplan.planner.dp import _WindowMax, boundary_links, overflow_bytes, partition_dp, stage_costs
+from pipeplan.planner.dp import (
+    COMM_MODES,
+    _WindowMax,
+    boundary_links,
+    overflow_bytes,
+    partition_dp,
+    partition_dp_modes,
+    stage_costs,
+)
 from pipeplan.planner.problem import build_problem, chain_problem
 
 FAST = Link("nvlink", 100e9, 1e-6)
@@ -178,3 +186,22 @@ def test_window_max_is_the_max_over_each_window(values, data):
     for g in (np.array(values), np.array(values[::-1])):
         want = [max(g[L[b]:b]) if L[b] < b else -math.inf for b in range(n1)]
         assert window_max(g).tolist() == want
+
+
+@settings(max_examples=80, deadline=None)
+@given(chains(), st.integers(50, 400), st.booleans())
+def test_both_models_from_one_memory_walk_are_each_models_own(case, capacity, hetero):
+    """partition_dp_modes (one memory walk for both communication models, as the search asks) gives what
+    partition_dp gives under each model alone: partition, bottleneck, bound, status and overflow."""
+    problem, k = case
+    link = (lambda b: SLOW if b % 2 else FAST) if hetero else SLOW
+
+    def memory(stage, start, end):
+        return sum(problem.param_bytes[start:end]) * (k - stage)
+
+    both = partition_dp_modes(problem, k, link=link, memory_bytes=memory, capacity_bytes=capacity, comms=COMM_MODES)
+    for comm, got in zip(COMM_MODES, both, strict=True):
+        alone = partition_dp(problem, k, link=link, memory_bytes=memory, capacity_bytes=capacity, comm=comm)
+        assert got.assignment == alone.assignment and got.bottleneck_s == alone.bottleneck_s
+        assert {key: v for key, v in got.solver.items() if key != "time_s"} == \
+            {key: v for key, v in alone.solver.items() if key != "time_s"}
