@@ -124,13 +124,12 @@ def bounds_to_assignment(bounds: list[tuple[int, int]]) -> list[int]:
 
 
 class _Chain:
-    """Precomputed arrays for one (problem, K, link, memory) instance."""
+    """Precomputed arrays for one (problem, K, link, memory) instance; `overlap` (the communication model) is set
+    by each bisection (`_bisect`), the rest does not depend on it."""
 
     def __init__(self, problem: Problem, stages: int, link: LinkArg, memory_bytes: MemoryFn | None,
-                 capacity_bytes: int | None, comm: str = "sum"):
-        if comm not in COMM_MODES:
-            raise ValueError(f"comm must be one of {COMM_MODES}, got {comm!r}")
-        self.overlap = comm == "overlap"
+                 capacity_bytes: int | None):
+        self.overlap = False
         self.n, self.K = problem.n, stages
         self.C = np.concatenate([[0.0], np.cumsum(np.asarray(problem.compute_s, dtype=np.float64))])
         fn = link_fn(link)
