@@ -232,6 +232,12 @@ class _Chain:
         bounds.reverse()
         return bounds
 
+    def any_partition(self) -> list[tuple[int, int]] | None:
+        """A partition that fits the memory cap, with no bound on any stage's time (so under either communication
+        model), or None."""
+        hist = self.reach(math.inf)
+        return self.backtrack(hist, math.inf) if hist is not None else None
+
     def costs(self, bounds: list[tuple[int, int]]) -> list[float]:
         if self.overlap:
             return [float(max(self.C[b] - self.C[a], self.sendL[s][a], self.sendR[s][b])) for s, (a, b) in enumerate(bounds)]
@@ -308,8 +314,7 @@ def partition_dp_modes(problem: Problem, stages: int, *, link: LinkArg, memory_b
     if problem.n < stages:
         return [_infeasible(stages, t0, reason=f"{problem.n} layers cannot fill {stages} stages") for _ in comms]
     chain = _Chain(problem, stages, link, memory_bytes, capacity_bytes)
-    hist = chain.reach(math.inf)  # feasibility: the same under both models (no bound on any stage's time)
-    bounds = chain.backtrack(hist, math.inf) if hist is not None else None
+    bounds = chain.any_partition()
     if bounds is None:
         overflow = (_min_overflow(chain, capacity_bytes) if size_overflow and memory_bytes is not None
                     and capacity_bytes is not None else None)
@@ -370,10 +375,7 @@ def overflow_bytes(problem: Problem, stages: int, *, link: LinkArg, memory_bytes
     if problem.n < stages:
         raise ValueError(f"{problem.n} layers cannot fill {stages} stages")
     chain = _Chain(problem, stages, link, memory_bytes, capacity_bytes)
-    hist = chain.reach(math.inf)
-    if hist is not None and chain.backtrack(hist, math.inf) is not None:
-        return 0
-    return _min_overflow(chain, capacity_bytes)
+    return 0 if chain.any_partition() is not None else _min_overflow(chain, capacity_bytes)
 
 
 def _min_overflow(chain: _Chain, capacity: int) -> int:
@@ -381,8 +383,7 @@ def _min_overflow(chain: _Chain, capacity: int) -> int:
     lo, hi = 0, max(capacity, 1)
     while True:
         chain.set_capacity(capacity + hi)
-        hist = chain.reach(math.inf)
-        if hist is not None and chain.backtrack(hist, math.inf) is not None:
+        if chain.any_partition() is not None:
             break
         lo, hi = hi, hi * 4
         if hi > 1 << 62:
@@ -390,8 +391,7 @@ def _min_overflow(chain: _Chain, capacity: int) -> int:
     while hi - lo > max(1, hi // 1000):
         mid = (lo + hi) // 2
         chain.set_capacity(capacity + mid)
-        hist = chain.reach(math.inf)
-        if hist is not None and chain.backtrack(hist, math.inf) is not None:
+        if chain.any_partition() is not None:
             hi = mid
         else:
             lo = mid

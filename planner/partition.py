@@ -86,14 +86,14 @@ class Partitioner:
         below the device's when the exact prediction finds the DP's partition over: search.py
         `_Search.partition_and_predict`)."""
         S = cfg.virtual_stages
-        keys = [(*key, tuple(links(b) for b in range(S - 1)), comm, capacity) for comm in COMM_MODES]
-        missing = tuple(comm for comm, k in zip(COMM_MODES, keys, strict=True) if k not in self._cache)
+        boundaries = tuple(links(b) for b in range(S - 1))
+        keys = {comm: (*key, boundaries, comm, capacity) for comm in COMM_MODES}
+        missing = tuple(comm for comm in COMM_MODES if keys[comm] not in self._cache)
         if missing:  # one memory walk for the models not cached yet; overflows sized only when nothing fits
             got = partition_dp_modes(prob, S, link=links, memory_bytes=mem, capacity_bytes=capacity, comms=missing,
                                      size_overflow=False)
-            for comm, part in zip(missing, got, strict=True):
-                self._cache[keys[COMM_MODES.index(comm)]] = part
-        return [self._cache[k] for k in keys]
+            self._cache.update((keys[comm], part) for comm, part in zip(missing, got, strict=True))
+        return [self._cache[keys[comm]] for comm in COMM_MODES]
 
 
 def _heuristic_partitions(prob: Problem, S: int, links: LinkFn) -> list[Partition]:
