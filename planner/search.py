@@ -26,7 +26,7 @@ from pipeplan.costmodels.memory import RangeMemory
 from pipeplan.errors import InfeasibleError, UserError
 from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.planner.baselines import equal_layers
-from pipeplan.planner.bounds import min_bottleneck
+from pipeplan.planner.bounds import chain_ramp, iteration_lower_bound, split_within
 from pipeplan.planner.configs import Config, configurations, pipedream_microbatch_counts, shape_pairs, sharding_levels
 from pipeplan.planner.diagnose import Failure, SearchView, infeasible_message
 from pipeplan.planner.dp import Partition
@@ -94,7 +94,7 @@ class _Search:
         self.partitioner = Partitioner(self.cap, heuristics=request.heuristics)
         self._problems: dict[tuple[int, bool], Problem] = {}
         self._memory: dict[tuple[Any, ...], RangeMemory] = {}
-        self._bottlenecks: dict[tuple[int, bool, int], float] = {}
+        self._ramps: dict[tuple[int, bool], list[float]] = {}
 
     # -- cached inputs -------------------------------------------------------
     def problem(self, mb: int, recompute: bool = False) -> Problem:
@@ -111,11 +111,12 @@ class _Search:
                                                     mixed_precision=self.request.mixed_precision)
         return self._problems[key]
 
-    def min_bottleneck(self, mb: int, recompute: bool, stages: int) -> float:
-        key = (mb, recompute, stages)
-        if key not in self._bottlenecks:
-            self._bottlenecks[key] = min_bottleneck(self.problem(mb, recompute).compute_s, stages)
-        return self._bottlenecks[key]
+    def ramp(self, mb: int, tail: bool) -> list[float]:
+        key = (mb, tail)
+        if key not in self._ramps:
+            plain = self.problem(mb)
+            self._ramps[key] = chain_ramp(plain.fwd_s, plain.bwd_s, tail=tail)
+        return self._ramps[key]
 
     def memory_key(self, cfg: Config, prob: Problem) -> tuple[Any, ...]:
         """Everything of a configuration its `range_memory` reads (the problem, cached per microbatch size and
@@ -155,16 +156,11 @@ class _Search:
         mb = cfg.microbatch_size(self.B)
         if mb < 1:
             return
+        if self.config_beaten(cfg, mb):
+            return
         P, d = cfg.stages, cfg.data_parallel
         prob = self.problem(mb, cfg.recompute)
-        # Every device of a pipeline busy the whole iteration; without interleaving, no stage
-        # lighter than the best memory-blind split of the chain (partitions only get worse).
-        per_device = sum(prob.compute_s) / P
-        if cfg.chunks == 1:
-            per_device = max(per_device, self.min_bottleneck(mb, cfg.recompute, cfg.virtual_stages))
         replicated_stages = not facts(cfg.schedule).replicates_whole_pipeline
-        if self.beaten(cfg.microbatches * per_device / (d if replicated_stages else 1)):
-            return
         levels = sharding_levels(self.request, cfg.schedule, d, unsharded_too=self.profile.local)
         for i, level in enumerate(levels):  # the least sharding that fits (a failure recorded for the last only)
             if self.fits(replace(cfg, sharding=level), prob, record=i == len(levels) - 1):
@@ -183,6 +179,25 @@ class _Search:
             for level in more:
                 for part in parts:
                     self.consider(replace(lcfg, sharding=level), part, mb)
+
+    def config_beaten(self, cfg: Config, mb: int) -> bool:
+        """True (and counted) when no partition of the configuration can beat the best plan so far, decided
+        before partitioning: every device of a pipeline busy the whole iteration; without interleaving, no split
+        whose stages all stay under the iteration to beat, counting on a flushing schedule each device's ramp and
+        drain (`iteration_bound` of every split at once; partitions under memory caps only do worse)."""
+        if not self.top:
+            return False
+        limit = self.B / self.threshold()  # the iteration a plan must beat, in seconds
+        P, M = cfg.stages, cfg.microbatches
+        rule = facts(cfg.schedule)
+        shared = 1 if rule.replicates_whole_pipeline else cfg.data_parallel  # replicas of a stage share its work
+        compute = self.problem(mb, cfg.recompute).compute_s
+        ramp = self.ramp(mb, not rule.splits_backward) if rule.flushes else None
+        if M * sum(compute) / P / shared >= limit or (
+                cfg.chunks == 1 and not split_within(compute, P, limit * shared, microbatches=M, ramp_s=ramp)):
+            self.pruned += 1
+            return True
+        return False
 
     def fits(self, cfg: Config, prob: Problem, *, record: bool = True) -> bool:
         """Model state and a greedy packing: a configuration that fails either cannot fit (recorded)."""
@@ -249,17 +264,7 @@ class _Search:
             if stage is not None:
                 self.unrunnable.append((cfg, stage))
                 return None
-        P = cfg.stages
-        prob = self.problem(mb, cfg.recompute)
-        busy = [0.0] * P
-        device_of = [stage_device(cfg.schedule, s, P) for s in range(max(part.assignment) + 1)]
-        for i, s in enumerate(part.assignment):
-            busy[device_of[s]] += prob.compute_s[i]
-        if cfg.stage_replicas:
-            busy = [busy[s] / cfg.stage_replicas[s] for s in range(P)]
-        replicated_stages = not facts(cfg.schedule).replicates_whole_pipeline
-        if self.beaten(cfg.microbatches * max(busy) / (cfg.data_parallel if replicated_stages and not
-                                                        cfg.stage_replicas else 1)):
+        if self.beaten(self.iteration_bound(cfg, part.assignment, mb)):
             return None
         solver = dict(part.solver)
         solver["layout"] = cfg.layout
@@ -272,6 +277,25 @@ class _Search:
             return self.failures[-1]
         self.admit(Candidate(plan, cfg, part))
         return plan
+
+    def iteration_bound(self, cfg: Config, assignment: list[int], mb: int) -> float:
+        """Seconds the partition's iteration takes at the least (planner/bounds.py): its busiest device's compute
+        for every microbatch, and on a flushing schedule each device's ramp and drain around it."""
+        P = cfg.stages
+        prob = self.problem(mb, cfg.recompute)
+        busy = [0.0] * P
+        device_of = [stage_device(cfg.schedule, s, P) for s in range(max(assignment) + 1)]
+        for i, s in enumerate(assignment):
+            busy[device_of[s]] += prob.compute_s[i]
+        if cfg.stage_replicas:
+            busy = [busy[s] / cfg.stage_replicas[s] for s in range(P)]
+        rule = facts(cfg.schedule)
+        if rule.flushes:  # every replica runs the whole pipeline and its microbatches
+            plain = self.problem(mb)
+            return iteration_lower_bound(plain.fwd_s, plain.bwd_s, busy, assignment, device_of, cfg.microbatches,
+                                         tail=not rule.splits_backward)
+        shared = not (rule.replicates_whole_pipeline or cfg.stage_replicas)  # d replicas of each stage share them
+        return cfg.microbatches * max(busy) / (cfg.data_parallel if shared else 1)
 
     def admit(self, new: Candidate) -> None:
         """Keep the `top` fastest configurations, one partition each: several partitions of one configuration

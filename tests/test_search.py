@@ -4,7 +4,6 @@ answer, infeasible requests say by how much, and fixed options restrict the enum
 from __future__ import annotations
 
 import itertools
-import random
 import re
 
 import pytest
@@ -14,7 +13,6 @@ from pipeplan.costmodels.graph import Edge, Graph, Layer
 from pipeplan.costmodels.memory import RangeMemory, model_state_bytes, stage_memory
 from pipeplan.errors import InfeasibleError, UserError
 from pipeplan.planner.baselines import equal_layers
-from pipeplan.planner.bounds import min_bottleneck
 from pipeplan.planner.configs import Config
 from pipeplan.planner.dp import partition_dp
 from pipeplan.planner.partition import link_fn
@@ -243,20 +241,6 @@ def test_stage_memory_model_equals_costmodel(schedule, chunks, dtype, optimizer,
     assert_range_memory_is_stage_memory(prob, model, stages=P, chunks=chunks, microbatches=M, ranges=40,
                                         schedule=schedule, optimizer=optimizer, dtype=dtype, recompute=recompute,
                                         sharding=sharding, shards=3, mixed_precision=mixed_precision)
-
-
-def test_min_bottleneck_brute_force():
-    rng = random.Random(3)
-    for _ in range(30):
-        n = rng.randint(1, 9)
-        comp = [rng.uniform(0.1, 5) for _ in range(n)]
-        K = rng.randint(1, n)
-        best = min(
-            max(sum(comp[a:b]) for a, b in zip((0, *cuts), (*cuts, n), strict=True))
-            for cuts in itertools.combinations(range(1, n), K - 1)
-        )
-        got = min_bottleneck(comp, K)
-        assert got <= best + 1e-12 and got >= best * (1 - 1e-8)
 
 
 # ---------------------------------------------------------------------------- search
