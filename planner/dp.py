@@ -124,12 +124,11 @@ def bounds_to_assignment(bounds: list[tuple[int, int]]) -> list[int]:
 
 
 class _Chain:
-    """Precomputed arrays for one (problem, K, link, memory) instance; `overlap` (the communication model) is set
-    by each bisection (`_bisect`), the rest does not depend on it."""
+    """Precomputed arrays for one (problem, K, link, memory) instance, shared by both communication models: `reach`,
+    `backtrack` and `costs` take the model (`overlap`) as their caller's bisection asks."""
 
     def __init__(self, problem: Problem, stages: int, link: LinkArg, memory_bytes: MemoryFn | None,
                  capacity_bytes: int | None):
-        self.overlap = False
         self.n, self.K = problem.n, stages
         self.C = np.concatenate([[0.0], np.cumsum(np.asarray(problem.compute_s, dtype=np.float64))])
         fn = link_fn(link)
@@ -177,14 +176,14 @@ class _Chain:
             self.L[s] = None if (L[lo_b:hi_b + 1] <= s).all() else L
             self.window_max[s] = None if self.L[s] is None else _WindowMax(L)
 
-    def reach(self, T: float) -> list[np.ndarray] | None:
+    def reach(self, T: float, overlap: bool = False) -> list[np.ndarray] | None:
         """Reachable prefix ends after each number of stages, or None if K stages cannot cover all layers."""
         n, K, C = self.n, self.K, self.C
         reach = np.zeros(n + 1, dtype=bool)
         reach[0] = True
         history = [reach]
         for s in range(K):
-            if self.overlap:  # max(compute, sends) <= T: sends are admissibility masks
+            if overlap:  # max(compute, sends) <= T: sends are admissibility masks
                 g = np.where(reach & (self.sendL[s] <= T), C, -np.inf)
             else:
                 g = np.where(reach, C - self.sendL[s], -np.inf)
@@ -194,7 +193,7 @@ class _Chain:
                 best[1:] = np.maximum.accumulate(g)[:-1]
             else:
                 best = window_max(g)
-            if self.overlap:
+            if overlap:
                 new = (best > -np.inf) & (best >= C - T) & (self.sendR[s] <= T)
             else:
                 new = (best > -np.inf) & (best >= C + self.sendR[s] - T)
@@ -206,7 +205,7 @@ class _Chain:
             history.append(reach)
         return history if reach[n] else None
 
-    def backtrack(self, history: list[np.ndarray], T: float) -> list[tuple[int, int]] | None:
+    def backtrack(self, history: list[np.ndarray], T: float, overlap: bool = False) -> list[tuple[int, int]] | None:
         n, C = self.n, self.C
         b = n
         bounds = []
@@ -216,7 +215,7 @@ class _Chain:
             a_range = np.arange(lo, b)
             if T == math.inf:
                 ok = history[s][lo:b].copy()
-            elif self.overlap:
+            elif overlap:
                 ok = history[s][lo:b] & (C[lo:b] >= C[b] - T) & (self.sendL[s][lo:b] <= T) & (self.sendR[s][b] <= T)
             else:
                 ok = history[s][lo:b] & ((C[lo:b] - self.sendL[s][lo:b]) >= C[b] + self.sendR[s][b] - T)
@@ -238,8 +237,8 @@ class _Chain:
         hist = self.reach(math.inf)
         return self.backtrack(hist, math.inf) if hist is not None else None
 
-    def costs(self, bounds: list[tuple[int, int]]) -> list[float]:
-        if self.overlap:
+    def costs(self, bounds: list[tuple[int, int]], overlap: bool) -> list[float]:
+        if overlap:
             return [float(max(self.C[b] - self.C[a], self.sendL[s][a], self.sendR[s][b])) for s, (a, b) in enumerate(bounds)]
         return [float(self.C[b] - self.C[a] + self.sendL[s][a] + self.sendR[s][b]) for s, (a, b) in enumerate(bounds)]
 
@@ -328,10 +327,10 @@ def _bisect(chain: _Chain, problem: Problem, link: LinkArg, comm: str, feasible:
             shared_s: float) -> Partition:
     """The optimum under `comm`, by bisection on the bottleneck from a `feasible` partition's."""
     t0 = time.perf_counter()
-    chain.overlap = comm == "overlap"
+    overlap = comm == "overlap"
     stages, n = chain.K, chain.n
     best = feasible
-    hi = max(chain.costs(feasible))
+    hi = max(chain.costs(feasible, overlap))
     comp = np.asarray(problem.compute_s, dtype=np.float64)
     lo = max(float(comp.max()), float(chain.C[-1]) / stages) if n else 0.0
     lo = min(lo, hi)
@@ -341,13 +340,13 @@ def _bisect(chain: _Chain, problem: Problem, link: LinkArg, comm: str, feasible:
         if not lo < mid < hi:
             break
         iterations += 1
-        hist = chain.reach(mid)
-        got = chain.backtrack(hist, mid) if hist is not None else None
+        hist = chain.reach(mid, overlap)
+        got = chain.backtrack(hist, mid, overlap) if hist is not None else None
         if got is None:
             lo = mid
         else:
             best = got
-            hi = min(mid, max(chain.costs(got)))
+            hi = min(mid, max(chain.costs(got, overlap)))
     stage_s = stage_costs(problem, best, link, comm)
     bottleneck = max(stage_s)
     return Partition(
