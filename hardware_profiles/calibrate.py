@@ -247,18 +247,7 @@ def _p2p_worker(rank: int, port: int, queue: Queue[tuple[str, Any]], rounds: int
         one_way: dict[int, float] = {}
         for nbytes, reps in zip(P2P_SIZES, P2P_REPS, strict=True):
             buf = torch.zeros(max(1, nbytes // 4))
-            times = []
-            for i in range(reps + 2):  # 2 warm-up round trips
-                t0 = time.perf_counter()
-                if rank == 0:
-                    dist.send(buf, 1)
-                    dist.recv(buf, 1)
-                else:
-                    dist.recv(buf, 0)
-                    dist.send(buf, 0)
-                if i >= 2:
-                    times.append(time.perf_counter() - t0)
-            one_way[nbytes] = min(times) / 2
+            one_way[nbytes] = min(collectives.round_trips_s(dist, rank, buf, reps, warmup=2)) / 2
         collective_times = collectives.time_collectives(dist, torch)
         slowdown = concurrency_probe(rank, 2)
         memory_slowdown = memory_concurrency_probe(rank, 2)

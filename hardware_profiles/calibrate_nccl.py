@@ -76,16 +76,7 @@ def _timed(torch: Any, fn: Any, device: str) -> float:
 
 def _ping_pong(dist: Any, torch: Any, rank: int, nbytes: int, device: str) -> float:
     buf = torch.zeros(max(1, nbytes // 4), device=device)
-
-    def trip() -> None:
-        if rank == 0:
-            dist.send(buf, 1)
-            dist.recv(buf, 1)
-        else:
-            dist.recv(buf, 0)
-            dist.send(buf, 0)
-
-    times = [_timed(torch, trip, device) for _ in range(REPS + WARMUP)][WARMUP:]
+    times = collectives.round_trips_s(dist, rank, buf, REPS, WARMUP, lambda trip: _timed(torch, trip, device))
     return float(statistics.median(times)) / 2
 
 

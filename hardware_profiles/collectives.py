@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pipeplan.hardware_profiles.profile import Link
@@ -56,6 +57,29 @@ def reduce_scatter_op(dist: Any) -> Any:
 def all_gather_op(dist: Any) -> Any:
     """The same for all-gather into one tensor: `all_gather_single`, formerly `all_gather_into_tensor`."""
     return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _clock_s(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def round_trips_s(dist: Any, rank: int, buf: Any, reps: int, warmup: int,
+                  timed: Callable[[Callable[[], None]], float] = _clock_s) -> list[float]:
+    """Seconds of each of `reps` round trips of `buf` between ranks 0 and 1 (after `warmup` untimed ones), rank 0
+    sending first; `timed` runs one trip and says how long it took (the clock, or CUDA events on a GPU). The send
+    link's calibrations (gloo: `calibrate`, NCCL: `calibrate_nccl`) take half a trip as one message's time."""
+
+    def trip() -> None:
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        else:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+
+    return [timed(trip) for _ in range(reps + warmup)][warmup:]
 
 
 def time_collectives(dist: Any, torch: Any) -> dict[str, dict[int, float]]:
