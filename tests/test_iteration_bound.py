@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -51,7 +52,8 @@ def bound_and_prediction(graph, prof, request, cfg, assignment):
 
 def check_every_configuration(graph, prof, rng, *, devices, batch, partitions):
     """Bound <= prediction for every configuration the search enumerates (all schedules, chunks, recomputation,
-    replicas), each on `partitions` random splits; returns how many were checked."""
+    replicas; over several replicas ZeRO-3 too, whose gathers and reduce-scatters run beside or in series with each
+    op), each on `partitions` random splits; returns how many were checked."""
     request = PlanRequest(devices=devices, batch_size=batch, schedule="all", recompute="auto",
                           recompute_granularity="auto", sharding="none").for_profile(prof)
     n, checked = len(graph.layers), 0
@@ -62,9 +64,11 @@ def check_every_configuration(graph, prof, rng, *, devices, batch, partitions):
                     continue
                 for _ in range(partitions):
                     assignment = random_assignment(rng, n, cfg.virtual_stages)
-                    bound, iteration = bound_and_prediction(graph, prof, request, cfg, assignment)
-                    assert 0 < bound <= iteration * (1 + 1e-9), (cfg, assignment, bound, iteration)
-                    checked += 1
+                    for sharding in ("none", "zero3") if d > 1 and facts(cfg.schedule).flushes else ("none",):
+                        sharded = replace(cfg, sharding=sharding)
+                        bound, iteration = bound_and_prediction(graph, prof, request, sharded, assignment)
+                        assert 0 < bound <= iteration * (1 + 1e-9), (sharded, assignment, bound, iteration)
+                        checked += 1
     return checked
 
 
