@@ -10,8 +10,8 @@ microbatches x schedule x recomputation x ZeRO level, `planner/configs.py`;
 synchronous non-interleaved schedules, stage-major) the chain DP of
 `planner/mixed_dp.py` partitions with per-type costs and capacities, and
 `planner/mixed_predict.py` predicts the partition; the best by samples/s wins.
-A configuration whose busiest stage alone would lose to the best so far is not
-simulated (its iteration is at least M x that stage's compute): this changes the
+A partition that would lose to the best so far by its devices' work, ramp and drain
+alone is not simulated (`planner/bounds.iteration_lower_bound`): this changes the
 work, not the answer.
 """
 
@@ -28,6 +28,7 @@ from pipeplan.costmodels.graph import Graph
 from pipeplan.costmodels.memory import RangeMemory
 from pipeplan.errors import InfeasibleError, UserError
 from pipeplan.planner.baselines import equal_layers
+from pipeplan.planner.bounds import iteration_lower_bound
 from pipeplan.planner.cluster import Cluster
 from pipeplan.planner.configs import Config, configurations, shape_pairs, sharding_levels
 from pipeplan.planner.mixed_dp import StageCosts, mixed_chain_dp
@@ -158,15 +159,29 @@ class _MixedSearch:
             else:
                 self.infeasible += 1
 
+    def iteration_bound(self, cfg: Config, types: Sequence[int], assignment: Sequence[int], mb: int) -> float:
+        """Seconds the partition's iteration takes at the least: planner/bounds.iteration_lower_bound (each device's
+        ramp, work and drain; its busiest work alone without a flush) with each layer priced on its stage's type."""
+        probs = [self.problem(types[s], mb) for s in assignment]
+        fwd = [p.fwd_s[i] for i, p in enumerate(probs)]
+        bwd = [p.bwd_s[i] for i, p in enumerate(probs)]
+        busy = [0.0] * len(types)
+        for i, s in enumerate(assignment):
+            busy[s] += fwd[i] * (2 if cfg.recompute else 1) + bwd[i]
+        rule = facts(cfg.schedule)
+        if not rule.flushes:
+            return cfg.microbatches * max(busy)
+        return iteration_lower_bound(fwd, bwd, busy, assignment, range(len(types)), cfg.microbatches,
+                                     tail=not rule.splits_backward)
+
     def consider(self, cfg: Config, types: Sequence[int], assignment: Sequence[int], mb: int,
                  solver: str = "mixed-dp") -> None:
         # a split torch's split backward cannot run (planner/runnable.py)
         if facts(cfg.schedule).splits_backward and split_backward_conflict(self.shared_users, assignment) is not None:
             self.infeasible += 1
             return
-        busiest = max(sum(self.problem(g, mb).compute_s[i] for i, s2 in enumerate(assignment) if s2 == s)
-                      for s, g in enumerate(types))
-        if busiest > 0 and self.B / (cfg.microbatches * busiest) <= self.best_rate():
+        bound = self.iteration_bound(cfg, types, assignment, mb)
+        if bound > 0 and self.B / bound <= self.best_rate():
             self.pruned += 1
             return
         problems = {g: self.problem(g, mb) for g in set(types)}

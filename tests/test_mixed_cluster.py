@@ -225,3 +225,24 @@ def test_run_refuses_a_mixed_plan():
     plan = mixed_predict(g, cluster(), [0, 0, 0, 1, 1, 1], (0, 1), cfg, request()).plan
     with pytest.raises(UserError, match="mixed cluster .*cannot emulate"):
         check_plan(plan, LaunchOptions(steps=2))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_the_bound_a_mixed_partition_is_skipped_by_never_exceeds_its_prediction(schedule, recompute):
+    """Every placement x partition of a 7-layer chain on 2 fast + 2 slow devices: the lower bound the mixed search
+    skips a partition by (each device's ramp, work and drain, layers priced on their stage's type) is never above
+    the simulated iteration."""
+    g = gpt_like(blocks=5)
+    c = cluster()
+    req = cluster_request(request(schedule=schedule, recompute="on" if recompute else "off"), c)
+    sr = _MixedSearch(g, c, req)
+    checked = 0
+    for stages, M in itertools.product((2, 3), (1, 4)):
+        cfg = Config(schedule=schedule, stages=stages, data_parallel=1, microbatches=M, recompute=recompute)
+        for types in placements(c, stages, 1):
+            for assign in partitions(len(g.layers), stages):
+                iteration = mixed_predict(g, c, assign, types, cfg, req).plan.predicted.iteration_s
+                assert 0 < sr.iteration_bound(cfg, types, assign, 8 // M) <= iteration * (1 + 1e-9), (types, assign)
+                checked += 1
+    assert checked == 2 * 84  # placements x partitions: 4 x 6 on two stages, 4 x 15 on three
