@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Final, Literal, get_args
 
 from pipeplan.errors import UserError
@@ -104,6 +105,7 @@ def _zb_h1_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> 
     return min(stages, microbatches)
 
 
+@lru_cache(maxsize=65536)  # the search asks again for every configuration it prices (a walk of the whole order)
 def _zb_v_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> int:
     """(chunk, microbatch) pairs rank `stage` holds at its peak under ZB-V, counted on torch's own order
     (pipeplan/v_orders.py): 2K once M >= K, each half a stage's layers, so K stages' worth, the paper's
@@ -111,6 +113,7 @@ def _zb_v_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> i
     return peak_pairs(zbv_order(stage, stages, microbatches))
 
 
+@lru_cache(maxsize=65536)
 def _dualpipev_inflight(stages: int, stage: int, microbatches: int, chunks: int) -> int:
     """(chunk, microbatch) pairs rank `stage` holds at its peak under DualPipeV, counted on torch's order
     (pipeplan/v_orders.py): 2K + 1, one more than ZB-V (its warm-up runs K + 1 forwards of chunk 0's
@@ -131,8 +134,9 @@ def _zb_h1_points(stages: int, stage: int, microbatches: int, chunks: int) -> tu
 
 def _v_points(order: Callable[[int, int, int], list[tuple[str, int, int]]]) -> Callable[
         [int, int, int, int], tuple[Point, ...]]:
-    """A V schedule's peaks, read off torch's order (pipeplan/v_orders.py)."""
-    return lambda stages, stage, microbatches, chunks: held_points(order(stage, stages, microbatches))
+    """A V schedule's peaks, read off torch's order (pipeplan/v_orders.py), once per order."""
+    return lru_cache(maxsize=65536)(lambda stages, stage, microbatches, chunks: held_points(order(stage, stages,
+                                                                                                  microbatches)))
 
 
 @dataclass(frozen=True, kw_only=True)

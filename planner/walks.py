@@ -89,7 +89,7 @@ def kept_send_counts(config: Config) -> list[tuple[int, int, int]]:
     return [(outs, grads, model_outs if p == last else 0) for p, (outs, grads, _) in enumerate(counts)]
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=4096)  # one search prices hundreds of (schedule, P, chunks, M), its block hint the same again
 def _kept_send_counts(schedule: str, P: int, chunks: int, microbatches: int) -> tuple[tuple[int, int, int], ...]:
     S = P * chunks
     ones = cut_sends(schedule, P, [1] * S, [1] * S, 0)
