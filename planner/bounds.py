@@ -70,4 +70,3 @@ def iteration_lower_bound(fwd_s: Sequence[float], bwd_s: Sequence[float], busy_s
     for s in range(stages):
         lowest.setdefault(device_of[s], s)
     return max(before_f[s] + microbatches * busy_s[k] + (before_b[s] if tail else 0.0) for k, s in lowest.items())
-
