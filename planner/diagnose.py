@@ -17,7 +17,7 @@ from pipeplan.costmodels.graph import Graph
 from pipeplan.costmodels.memory import RangeMemory, gathered_bytes, is_mixed_precision, model_state_bytes
 from pipeplan.hardware_profiles.profile import HardwareProfile
 from pipeplan.planner.configs import Config
-from pipeplan.planner.dp import overflow_bytes, partition_dp
+from pipeplan.planner.dp import overflow_bytes, partition_dp, partition_fits
 from pipeplan.planner.feasibility import greedy_fits, least_capacity
 from pipeplan.planner.partition import link_fn
 from pipeplan.planner.predict import predict
@@ -64,9 +64,9 @@ def _closest(view: SearchView) -> Failure:
     packings). One whose packing does not fit at the least need found so far needs more (a packing that fits at
     some capacity fits at any larger one), so one packing rules it out and it is not sized: sizing all 2,554 of
     Llama-3-70B's at 8,192 tokens on 64 H100s took 30 s of a 48 s `analyze`. The answer is the one sizing all.
-    A DP failure (no partition fits, `partition_dp`) is sized and ruled out the same way, by the DP's own
-    feasibility (`overflow_bytes`). The search leaves its DPs' overflows unsized (`size_overflow=False`): ~15
-    passes of the DP's memory walk each, read only here. README's `analyze` of Llama-3-70B on 64 H100s met no DP
+    A DP failure (no partition fits, `partition_dp`) is ruled out the same way by the DP's own feasibility
+    (`partition_fits`, one memory walk) and sized by `overflow_bytes`. The search leaves its DPs' overflows unsized
+    (`size_overflow=False`): ~15 passes of the DP's memory walk each, read only here. README's `analyze` of Llama-3-70B on 64 H100s met no DP
     failure but sized the infeasible DPs of its refits all the same: it walked the DP's memory for 3.0 s of its
     27 s, 1.1 s without that (one run each).
     """
@@ -98,7 +98,7 @@ def _needs_more(view: SearchView, f: Failure, prob: Problem, mem: RangeMemory, c
     K = f.config.virtual_stages
     if f.how == "greedy":
         return not greedy_fits(mem, K, capacity)
-    return overflow_bytes(prob, K, link=link_fn(view.profile, f.config), memory_bytes=mem, capacity_bytes=capacity) > 0
+    return not partition_fits(prob, K, link=link_fn(view.profile, f.config), memory_bytes=mem, capacity_bytes=capacity)
 
 
 def _worst_stage(view: SearchView, f: Failure) -> tuple[int, str]:

@@ -367,14 +367,26 @@ def _bisect(chain: _Chain, problem: Problem, link: LinkArg, comm: str, feasible:
     )
 
 
+def partition_fits(problem: Problem, stages: int, *, link: LinkArg, memory_bytes: MemoryFn,
+                   capacity_bytes: int) -> bool:
+    """Whether some `stages`-stage partition fits `capacity_bytes`: one memory walk, no sizing."""
+    return _fitting_chain(problem, stages, link, memory_bytes, capacity_bytes)[1]
+
+
 def overflow_bytes(problem: Problem, stages: int, *, link: LinkArg, memory_bytes: MemoryFn,
                    capacity_bytes: int) -> int:
     """0 when some `stages`-stage partition fits `capacity_bytes`, else the least extra capacity for which one does
     (within 0.1%): what `partition_dp` reports of a memory-infeasible chain, asked for on demand."""
+    chain, fits = _fitting_chain(problem, stages, link, memory_bytes, capacity_bytes)
+    return 0 if fits else _min_overflow(chain, capacity_bytes)
+
+
+def _fitting_chain(problem: Problem, stages: int, link: LinkArg, memory_bytes: MemoryFn,
+                   capacity_bytes: int) -> tuple[_Chain, bool]:
     if problem.n < stages:
         raise ValueError(f"{problem.n} layers cannot fill {stages} stages")
     chain = _Chain(problem, stages, link, memory_bytes, capacity_bytes)
-    return 0 if chain.any_partition() is not None else _min_overflow(chain, capacity_bytes)
+    return chain, chain.any_partition() is not None
 
 
 def _min_overflow(chain: _Chain, capacity: int) -> int:

@@ -142,10 +142,10 @@ class _Search:
         exact and makes the runners-up the best of what was evaluated."""
         return self.top[0].plan.predicted.samples_per_s if self.top else 0.0
 
-    def beaten(self, busiest_s: float) -> bool:
-        """True (and counted) when a configuration whose busiest device works `busiest_s` per iteration
+    def beaten(self, iteration_s: float) -> bool:
+        """True (and counted) when a partition whose iteration takes at least `iteration_s` (`iteration_bound`)
         cannot beat the best plan so far."""
-        if busiest_s > 0 and self.B / busiest_s <= self.threshold():
+        if iteration_s > 0 and self.B / iteration_s <= self.threshold():
             self.pruned += 1
             return True
         return False

@@ -19,6 +19,7 @@ from pipeplan.planner.dp import (
     overflow_bytes,
     partition_dp,
     partition_dp_modes,
+    partition_fits,
     stage_costs,
 )
 from pipeplan.planner.problem import build_problem, chain_problem
@@ -74,10 +75,12 @@ def test_dp_memory_caps_match_brute_force(case, capacity):
             got.solver["overflow_bytes"]
         lazy = partition_dp(problem, k, link=SLOW, memory_bytes=memory, capacity_bytes=capacity, size_overflow=False)
         assert lazy.solver["memory_cap"] and "overflow_bytes" not in lazy.solver
+        assert not partition_fits(problem, k, link=SLOW, memory_bytes=memory, capacity_bytes=capacity)
     else:
         assert got.bottleneck_s == pytest.approx(best, rel=1e-9)
         assert all(memory(s, a, b) <= capacity for s, (a, b) in enumerate(got.bounds()))
         assert overflow_bytes(problem, k, link=SLOW, memory_bytes=memory, capacity_bytes=capacity) == 0
+        assert partition_fits(problem, k, link=SLOW, memory_bytes=memory, capacity_bytes=capacity)
 
 
 def _all_bounds(n, k):
