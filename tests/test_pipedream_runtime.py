@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -320,8 +321,11 @@ def test_replicas_taking_turns_by_step(tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     doc = summarize(result, load_plan(path))
     ranks = [x for x in result["ranks"] if x is not None]
-    elapsed = max(sum(x["step_s"]) for x in ranks) / (steps - warmup)
-    assert doc["measured"]["iteration_s"] == pytest.approx(elapsed, rel=0.3)
+    # Each round of 2 steps: the slower replica's elapsed time over the round, per step; the median of the rounds
+    # (a mean over all steps, compared within 30%, failed CI once on this noisy host: one slow round moves a mean).
+    rounds = [max(x["step_s"][i] + x["step_s"][i + 1] for x in ranks) / 2 for i in range(0, steps - warmup - 1, 2)]
+    assert len(rounds) == (steps - warmup) // 2
+    assert doc["measured"]["iteration_s"] == pytest.approx(statistics.median(rounds), rel=1e-12)
     slowest_step = sorted(max(x["step_s"][i] for x in ranks) for i in range(steps - warmup))[(steps - warmup) // 2]
     assert slowest_step > 1.5 * doc["measured"]["iteration_s"]  # what the report read before
     peaks = [s["device_peak_bytes"] for s in doc["measured"]["stages"]]
