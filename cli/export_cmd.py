@@ -105,7 +105,7 @@ def export(plan_file, framework, nearest, graph_file, as_json):
 
         try:
             near, changes = nearest_plan(plan, framework, _graph_for(plan, plan_file, graph_file),
-                                         load_profile(plan.profile))
+                                         load_profile(plan.device_profile))
             exp = export_plan(near, framework)
         except Inexpressible as e2:
             raise UserError(f"{plan_file}: {framework} cannot express this plan ({e}) and has no nearest plan: {e2}",

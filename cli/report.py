@@ -81,8 +81,8 @@ def plan_header(plan, profile=None) -> Text:
     text = Text()
     available = (plan.solver or {}).get("search", {}).get("devices_available")
     of = f" (of {available} available)" if available and available != plan.devices else ""
-    text.append(f"{_mixed_devices(plan) if plan.mixed else f'{plan.devices} × {shown_path(plan.profile)}'}{device}{of}",
-                style="bold")
+    devices = _mixed_devices(plan) if plan.mixed else f"{plan.devices} × {shown_path(plan.device_profile)}"
+    text.append(f"{devices}{device}{of}", style="bold")
     text.append(
         f": {plan.schedule}, {shape}, {plan.microbatches} microbatch{'es' if plan.microbatches != 1 else ''} of "
         f"{plan.microbatch_size} (batch {plan.batch_size}), {plan.dtype}{_recipe(plan)}, {plan.optimizer}"

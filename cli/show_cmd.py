@@ -78,10 +78,10 @@ def show(plan_file, graph_file, as_json, plot, chrome_trace):
         profile, type_capacity = None, _type_capacities(plan, plan_file, load_profile, notes)
     else:
         try:
-            profile = _plan_profile(plan.profile, plan_file, load_profile)
+            profile = _plan_profile(plan.device_profile, plan_file, load_profile)
         except UserError as e:  # a user profile that moved: the report just loses the capacity column
             profile = None
-            notes.append(f"profile {plan.profile!r} not found ({e}); memory capacity not shown")
+            notes.append(f"profile {plan.device_profile!r} not found ({e}); memory capacity not shown")
     write_outputs(plan, graph if profile is not None else None, profile, output=None, plot=plot, chrome_trace=chrome_trace)
     summary = graph_summary(graph) if graph is not None else plan_graph_summary(plan)
     if as_json:

@@ -159,7 +159,7 @@ def write_outputs(plan, graph, profile, *, output: str | None, plot: str | None,
         if chrome_trace:
             from pipeplan.planner.timeline import chrome_trace as to_chrome
 
-            atomic_write_json(chrome_trace, to_chrome(sim.events, title=f"pipeplan: {plan.graph.get('name', '')} on {shown_path(plan.profile)}"))
+            atomic_write_json(chrome_trace, to_chrome(sim.events, title=f"pipeplan: {plan.graph.get('name', '')} on {shown_path(plan.device_profile)}"))
     return sim
 
 
@@ -186,6 +186,6 @@ def plot_title(plan, graph=None) -> str:
     if d > 1:
         shape += f" × {d} data-parallel replicas (one replica drawn)"
     return (
-        f"{name} on {plan.devices}× {shown_path(plan.profile)}: {plan.schedule}, {shape}, "
+        f"{name} on {plan.devices}× {shown_path(plan.device_profile)}: {plan.schedule}, {shape}, "
         f"{plan.microbatches} microbatch{'es' if plan.microbatches != 1 else ''}"
     )

@@ -29,6 +29,7 @@ __all__ = [
     "SEARCH_SCHEDULE_CHOICES",
     "facts",
     "runs_block_checkpoints",
+    "schedules_where",
     "inflight_microbatches",
     "interleaved_warmup_forwards",
     "replicated_inflight",
@@ -309,6 +310,13 @@ def runs_block_checkpoints(schedule: str) -> bool:
     loops re-run a stage through its stashed weight version as one function; both checkpoint whole stages."""
     rule = facts(schedule)
     return rule.flushes and not rule.splits_backward
+
+
+def schedules_where(holds: Callable[[str], bool]) -> str:
+    """"gpipe, 1f1b or interleaved": the schedules `holds` is true of, for a refusal's hint, read off the facts so
+    that a schedule added later is offered wherever it qualifies (a hand-written list missed three)."""
+    names = [name for name in SCHEDULE_NAMES if holds(name)]
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
 
 
 def microbatch_problem(schedule: str, stages: int, microbatches: int) -> str | None:

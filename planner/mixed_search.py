@@ -38,7 +38,7 @@ from pipeplan.planner.problem import Problem, build_problem, memory_signature, r
 from pipeplan.planner.request import PlanRequest, default_dtype
 from pipeplan.planner.runnable import split_backward_conflict
 from pipeplan.planner.search import SearchResult, alternative_summary
-from pipeplan.schedules import facts
+from pipeplan.schedules import SCHEDULE_NAMES, facts, schedules_where
 
 __all__ = ["mixed_search", "placements", "cluster_request", "MixedCandidate"]
 
@@ -231,20 +231,26 @@ def _summary_mixed(plan: Plan) -> dict[str, Any]:
     return {**alternative_summary(plan), "device_types": [s.device_type for s in plan.stages]}
 
 
+def _plans_on_clusters(schedule: str) -> bool:
+    """Whether the mixed search plans `schedule`: synchronous, whole pipelines replicated, one stage a device (the
+    chain DP places one stage per device type run; several chunks a device would interleave types)."""
+    rule = facts(schedule)
+    return rule.flushes and rule.replicates_whole_pipeline and not rule.interleaves
+
+
 def mixed_search(graph: Graph, cluster: Cluster, request: PlanRequest) -> SearchResult:
     """Best feasible plan on `cluster` (module docstring); InfeasibleError when nothing fits."""
     t0 = time.perf_counter()
     request = cluster_request(request, cluster)
     n = len(graph.layers)
     request.check_graph(n, grouped=graph.source.get("depth") is not None)
-    if request.schedule in ("pipedream", "pipedream-2bw", "interleaved") or request.chunks is not None:
-        raise UserError(f"--cluster plans synchronous pipelines without interleaving; --schedule {request.schedule} "
-                        "is not one", "pick --schedule gpipe or 1f1b, or auto")
+    if request.schedule in SCHEDULE_NAMES and not _plans_on_clusters(request.schedule) or request.chunks is not None:
+        raise UserError(f"--cluster plans synchronous pipelines of one stage a device; --schedule {request.schedule} "
+                        "is not one", f"pick --schedule {schedules_where(_plans_on_clusters)}, or auto")
     sr = _MixedSearch(graph, cluster, request)
     for K, d in shape_pairs(request, n):
         for cfg in configurations(request, K, d, n):
-            rule = facts(cfg.schedule)
-            if rule.flushes and rule.replicates_whole_pipeline and not rule.interleaves and cfg.chunks == 1:
+            if _plans_on_clusters(cfg.schedule) and cfg.chunks == 1:
                 sr.try_config(cfg)
     if not sr.top:
         raise InfeasibleError(f"no plan fits on --cluster {cluster.spec}",

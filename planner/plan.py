@@ -163,6 +163,14 @@ class Plan:
         return len({s.device_type for s in self.stages}) > 1
 
     @property
+    def device_profile(self) -> str:
+        """The profile the plan's devices are of, where they are of one: the stages' device type when a --cluster
+        plan uses one of its types (its `profile` is then the cluster's spec, which names no profile), else
+        `profile`. A mixed plan has one per stage (`Stage.device_type`)."""
+        types = {s.device_type for s in self.stages}
+        return str(types.pop()) if len(types) == 1 and None not in types else self.profile
+
+    @property
     def microbatch_size(self) -> int:
         """Samples in one microbatch on one pipeline replica: batch / (data_parallel * microbatches)."""
         return self.batch_size // (self.microbatches * self.data_parallel)

@@ -44,8 +44,10 @@ from pipeplan.schedules import (
     SEARCH_SCHEDULE_CHOICES,
     ScheduleName,
     ScheduleRequest,
+    facts,
     microbatch_problem,
     runs_block_checkpoints,
+    schedules_where,
 )
 
 if TYPE_CHECKING:
@@ -149,11 +151,12 @@ class PlanRequest:
             raise UserError(f"--data-parallel {d} does not fit on {N} devices")
         if self.recompute_granularity == "block" and self.recomputes_whole_stages:
             raise UserError(f"--recompute-granularity block does not run under --schedule {self.schedule}: it "
-                            "checkpoints whole stages", "use --recompute-granularity stage or pick gpipe, 1f1b or "
-                            "interleaved")
-        if self.schedule in ("pipedream", "pipedream-2bw") and self.sharding not in ("auto", "none"):
+                            "checkpoints whole stages", "use --recompute-granularity stage or pick "
+                            + schedules_where(runs_block_checkpoints))
+        asynchronous = self.schedule in SCHEDULE_NAMES and not facts(self.schedule).flushes
+        if asynchronous and self.sharding not in ("auto", "none"):
             raise UserError(f"--sharding {self.sharding} needs a schedule that flushes; {self.schedule} never does",
-                            "drop --sharding or pick gpipe, 1f1b or interleaved")
+                            "drop --sharding or pick " + schedules_where(lambda name: facts(name).flushes))
 
     def check_graph(self, n_layers: int, *, grouped: bool = False) -> None:
         """The checks that need the graph: a stage needs a layer. A finer trace can only help when the graph

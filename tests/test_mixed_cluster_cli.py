@@ -64,7 +64,11 @@ def test_cluster_link_flag_is_used(graph_file):
     (["--cluster", "nope:2,v100-32gb-sxm2:2"], "unknown hardware profile 'nope'"),
     (["--cluster", CLUSTER, "--cluster-link", "fast"], "--cluster-link fast"),
     (["--cluster-link", "10", "--profile", "a100-80gb-sxm", "--gpus", "2"], "--cluster-link needs --cluster"),
-    (["--cluster", CLUSTER, "--schedule", "interleaved"], "synchronous pipelines without interleaving"),
+    (["--cluster", CLUSTER, "--schedule", "interleaved"], "one stage a device; --schedule interleaved is not one"),
+    # the V schedules hold two stages a device too: refused up front, not searched into "no plan fits"
+    (["--cluster", CLUSTER, "--schedule", "zb-v"], "(pick --schedule gpipe, 1f1b or zb-h1, or auto)"),
+    (["--cluster", CLUSTER, "--schedule", "dualpipev"], "--schedule dualpipev is not one"),
+    (["--cluster", CLUSTER, "--schedule", "pipedream-2bw"], "--schedule pipedream-2bw is not one"),
     (["--cluster", CLUSTER, "--plot", "x.png"], "--plot is not available with --cluster"),
     (["--gpus", "4"], "missing --profile"),
     (["--profile", "a100-80gb-sxm"], "missing --gpus"),
@@ -93,6 +97,24 @@ def test_analyze_takes_cluster_too(graph_file):
     assert code == 0, err
     stages = json.loads(out)["plan"]["stages"]
     assert sorted(s["device_type"] for s in stages) == ["a100-80gb-sxm", "v100-32gb-sxm2"]  # one device of each
+
+
+def test_a_cluster_plan_on_one_of_its_types_names_that_type(graph_file, tmp_path):
+    """A one-stage plan runs on one device type of the cluster: its header names that type, not the --cluster spec
+    as if it were one profile ("1 × a100-80gb-sxm:1,v100-32gb-sxm2:1 (of 2 available)"), and `show` reads it
+    against that type (it noted the spec as a profile not found)."""
+    plan_file = tmp_path / "plan.json"
+    code, out, err = run(["plan", graph_file, "--cluster", "a100-80gb-sxm:1,v100-32gb-sxm2:1", "-b", "8",
+                          "--stages", "1", "-o", plan_file])
+    assert code == 0, err
+    (stage,) = json.loads(plan_file.read_text())["stages"]
+    header = f"{stage['replicas']} × {stage['device_type']} (of 2 available): "
+    assert any(line.startswith(header) for line in out.splitlines()), out
+    # `show` loads that type's profile (the plan's `profile` is the cluster spec): its memory against the capacity
+    code, out, err = run(["show", plan_file])
+    assert code == 0, err
+    share = stage["predicted"]["memory_bytes"] / load_profile(stage["device_type"]).usable_memory_bytes
+    assert "not found" not in out and f"({share:.0%})" in out, out
 
 
 def test_show_reports_a_saved_mixed_plan_with_each_types_capacity(graph_file, tmp_path):

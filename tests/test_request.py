@@ -43,6 +43,24 @@ def test_request_rejects_what_no_search_could_satisfy(kwargs, message):
         PlanRequest(**{"devices": 8, "batch_size": 64, **kwargs})
 
 
+@pytest.mark.parametrize("option, offered", [
+    (dict(sharding="zero1"), {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev"}),
+    (dict(recompute="on", recompute_granularity="block"), {"gpipe", "1f1b", "interleaved"}),
+])
+def test_a_refused_schedule_offers_every_schedule_that_accepts_the_option(option, offered):
+    """Each schedule the option is refused under names, in its hint, the schedules to pick instead, read off their
+    facts (the --sharding refusal named three of the six flushing schedules): exactly those that accept it."""
+    hints = {}
+    for name in SCHEDULE_NAMES:
+        try:
+            PlanRequest(devices=8, batch_size=64, schedule=name, **option)
+        except UserError as e:
+            hints[name] = e.hint
+    assert set(SCHEDULE_NAMES) - set(hints) == offered
+    for hint in hints.values():
+        assert set(hint.split(" pick ")[1].replace(" or ", ", ").split(", ")) == offered, hint
+
+
 def test_dtype_auto_is_resolved_per_profile():
     r = PlanRequest(devices=8, batch_size=64, dtype="auto")
     with pytest.raises(ValueError, match="for_profile"):
