@@ -93,3 +93,27 @@ def test_nearest_replans_when_no_small_change_expresses_the_plan(tmp_path):
     assert near["samples_per_s"] == pytest.approx(best.predicted.samples_per_s, rel=1e-9)
     code, out, err = run(["export", tmp_path / "plan.json", "--to", "deepspeed"])
     assert code == 2 and "no interleaved schedule" in err and "--nearest" in err
+
+
+def test_nearest_megatron_plan_of_zero_bubble_runs_1f1b(tmp_path):
+    """Megatron has no zero-bubble schedule: ZB-H1 (1F1B's order with each W split off) becomes 1F1B on the same
+    split, re-predicted; a V schedule (two stages a device, V-placed) is re-planned within 1F1B and interleaved.
+    Either way the nearest plan is one Megatron's exporter takes (the ZB-H1 plan came back unchanged, and
+    `export --nearest` failed on it)."""
+    g = llama_graph(4)
+    g.save(tmp_path / "graph.json")
+    predict_split(g, [4, 4], schedule="zb-h1").save(tmp_path / "zb.json")
+    code, out, err = run(["export", tmp_path / "zb.json", "--to", "megatron", "--nearest", "--graph",
+                          tmp_path / "graph.json", "--json"])
+    assert code == 0, err
+    near = json.loads(out)["nearest"]
+    assert near["changes"] == ["schedule zb-h1 -> 1f1b (Megatron has no zero-bubble schedule)"]
+    assert near["schedule"] == "1f1b" and near["layer_counts"] == [4, 4]
+    assert near["samples_per_s"] == pytest.approx(predict_split(g, [4, 4]).predicted.samples_per_s, rel=1e-9)
+    predict_split(g, [2, 2, 2, 2], schedule="zb-v", chunks=2).save(tmp_path / "v.json")
+    code, out, err = run(["export", tmp_path / "v.json", "--to", "megatron", "--nearest", "--graph",
+                          tmp_path / "graph.json", "--json"])
+    assert code == 0, err
+    near = json.loads(out)["nearest"]
+    assert near["changes"][0].startswith("re-planned within what megatron runs") and "zb-v" in near["changes"][0]
+    assert near["schedule"] in ("1f1b", "interleaved") and near["fits"]

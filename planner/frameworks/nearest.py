@@ -3,13 +3,14 @@
 Nearest means the fewest changes, each one named: every cut inside a unit (a
 decoder block) moves to the closer unit boundary (`names.nearest_unit_split`);
 for Megatron the final norm and output layer join the last stage and GPipe
-becomes 1F1B (Megatron has no GPipe); a ZeRO level the framework lacks becomes
+and ZB-H1 become 1F1B (Megatron has neither); a ZeRO level the framework lacks becomes
 the closest it has (torchtitan: ZeRO-1 -> FSDP2 without resharding, i.e. ZeRO-2;
 Megatron and DeepSpeed: ZeRO-2/3 -> ZeRO-1). The changed plan goes through
 `predict`, like every other plan.
 
 When those changes cannot make the plan expressible (DeepSpeed has no
-interleaving, no framework runs PipeDream) or the changed plan no longer fits
+interleaving, Megatron no V schedule, no framework runs PipeDream: the
+framework's exporter is the judge) or the changed plan no longer fits
 in memory (ZeRO-3 -> ZeRO-1 on a 70B model), the nearest plan is a new one:
 the search re-run within what the framework can run (`FRAMEWORK_SPACE`), its
 best plan then moved to block boundaries as above.
@@ -28,7 +29,7 @@ from pipeplan.planner.frameworks.names import Inexpressible, assignment_from_uni
 from pipeplan.planner.plan import Plan
 from pipeplan.planner.predict import predict
 from pipeplan.planner.replay import config_of, request_of
-from pipeplan.schedules import ScheduleRequest
+from pipeplan.schedules import ScheduleRequest, facts
 
 __all__ = ["nearest_plan"]
 
@@ -58,7 +59,7 @@ def nearest_plan(plan: Plan, framework: str, graph: Graph, profile: HardwareProf
     """
     why = ""
     try:
-        near, changes = _adjusted(plan, framework, graph, profile)
+        near, changes = _expressible(plan, framework, graph, profile)
         if near.predicted.fits or not plan.predicted.fits:
             return near, changes
         why = f"{'; '.join(changes)} does not fit in memory"
@@ -66,7 +67,7 @@ def nearest_plan(plan: Plan, framework: str, graph: Graph, profile: HardwareProf
         why = str(e)
     for best in _replanned(plan, framework, graph, profile):
         try:
-            near, changes = _adjusted(best, framework, graph, profile)
+            near, changes = _expressible(best, framework, graph, profile)
         except Inexpressible:
             continue
         if near.predicted.fits:
@@ -88,6 +89,16 @@ def _replanned(plan: Plan, framework: str, graph: Graph, profile: HardwareProfil
             continue
         found += [result.best, *result.alternatives]
     return sorted((p for p in found if p.predicted.fits), key=lambda p: -p.predicted.samples_per_s)
+
+
+def _expressible(plan: Plan, framework: str, graph: Graph, profile: HardwareProfile) -> tuple[Plan, list[str]]:
+    """`_adjusted`, held to the framework's own exporter: a plan the changes leave inexpressible (a schedule they
+    do not map) is not a nearest plan (it was returned, and `export --nearest` failed on it)."""
+    from pipeplan.planner.frameworks import export_plan
+
+    near, changes = _adjusted(plan, framework, graph, profile)
+    export_plan(near, framework)
+    return near, changes
 
 
 def _adjusted(plan: Plan, framework: str, graph: Graph, profile: HardwareProfile) -> tuple[Plan, list[str]]:
@@ -113,6 +124,9 @@ def _adjusted(plan: Plan, framework: str, graph: Graph, profile: HardwareProfile
         if cfg.schedule == "gpipe":
             cfg = replace(cfg, schedule="1f1b")
             changes.append("schedule gpipe -> 1f1b (Megatron has no GPipe)")
+        elif facts(cfg.schedule).splits_backward and cfg.chunks == 1:  # ZB-H1: 1F1B's order with W split off
+            changes.append(f"schedule {cfg.schedule} -> 1f1b (Megatron has no zero-bubble schedule)")
+            cfg = replace(cfg, schedule="1f1b")
     level = _SHARDING[framework].get(cfg.sharding)
     if level:
         changes.append(f"sharding {cfg.sharding} -> {level} (the closest {framework} has)")
