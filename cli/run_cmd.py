@@ -100,8 +100,32 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
         for note in plan.notes or []:  # why a local plan's prediction may miss (costmodels.compute.local_times_note)
             if note.startswith(LOCAL_TIMES_NOTE_PREFIX):
                 out.print(f"[yellow]note (from the plan): {note}[/yellow]")
+        elsewhere = _planned_for_another_machine(plan, plan_file)
+        if elsewhere:
+            out.print(f"[yellow]note: {elsewhere}[/yellow]", highlight=False)
         if chrome_trace:
             out.print(f"chrome trace: {chrome_trace}")
+
+
+def _planned_for_another_machine(plan, plan_file: str) -> str | None:
+    """Why measured and predicted differ by orders of magnitude when a plan priced on a GPU's catalogue profile
+    runs here on CPU processes (the runtime falls back to gloo on the CPU): the table compares two machines."""
+    import torch
+
+    from pipeplan.cli.workflow import plan_profile
+    from pipeplan.errors import UserError
+
+    if torch.cuda.is_available():
+        return None  # on a GPU: the catalogue profile may well be this one's
+    try:
+        profile = plan_profile(plan.device_profile, plan_file)
+    except UserError:
+        return None  # a mixed plan's cluster, or a profile file that moved: nothing to say which
+    if profile.local:
+        return None
+    return (f"the plan was predicted for {profile.name} ({profile.device}); this run trained on this machine's CPU "
+            "cores, so the prediction is not for them. To predict this machine, plan against its own profile: "
+            "`pipeplan profiles calibrate -o local.yaml`, then `--profile local.yaml`")
 
 
 def _whole_rounds(plan, steps: int, warmup: int) -> int:

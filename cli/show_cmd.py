@@ -16,33 +16,15 @@ import click
 from pipeplan.cli.options import check_output_paths
 
 
-def _plan_profile(recorded: str, plan_file: str, load):
-    """The plan's profile: a name, or the YAML path it was made with; failing that, a YAML of that name beside
-    the plan file (a plan and its profile copied together to another folder or machine)."""
-    from pathlib import Path
-
-    from pipeplan.errors import UserError
-
-    try:
-        return load(recorded)
-    except UserError:
-        if not recorded.endswith((".yaml", ".yml")):
-            raise
-        folder = Path(plan_file).parent
-        for candidate in (folder / recorded, folder / Path(recorded).name):  # a relative path, then the name
-            if candidate.is_file() and candidate.resolve() != Path(recorded).resolve():
-                return load(str(candidate))
-        raise
-
-
 def _type_capacities(plan, plan_file: str, load, notes: list[str]) -> dict[str, int]:
     """Usable bytes per device type of a mixed plan's stages; a type whose profile is gone gets a note."""
+    from pipeplan.cli.workflow import plan_profile
     from pipeplan.errors import UserError
 
     capacity = {}
     for name in dict.fromkeys(str(s.device_type) for s in plan.stages):
         try:
-            capacity[name] = int(_plan_profile(name, plan_file, load).usable_memory_bytes)
+            capacity[name] = int(plan_profile(name, plan_file, load).usable_memory_bytes)
         except UserError as e:
             notes.append(f"profile {name!r} not found ({e}); its stages' memory capacity not shown")
     return capacity
@@ -57,7 +39,7 @@ def _type_capacities(plan, plan_file: str, load, notes: list[str]) -> dict[str, 
 def show(plan_file, graph_file, as_json, plot, chrome_trace):
     """Report a saved PLAN.json (from `pipeplan analyze -o` or `pipeplan plan -o`)."""
     from pipeplan.cli.summary import graph_summary, plan_graph_summary, profile_summary
-    from pipeplan.cli.workflow import load_profile, load_saved_graph, write_outputs
+    from pipeplan.cli.workflow import load_profile, load_saved_graph, plan_profile, write_outputs
     from pipeplan.errors import UserError
     from pipeplan.planner.plan import load_plan, planned_from
 
@@ -78,7 +60,7 @@ def show(plan_file, graph_file, as_json, plot, chrome_trace):
         profile, type_capacity = None, _type_capacities(plan, plan_file, load_profile, notes)
     else:
         try:
-            profile = _plan_profile(plan.device_profile, plan_file, load_profile)
+            profile = plan_profile(plan.device_profile, plan_file, load_profile)
         except UserError as e:  # a user profile that moved: the report just loses the capacity column
             profile = None
             notes.append(f"profile {plan.device_profile!r} not found ({e}); memory capacity not shown")

@@ -108,6 +108,26 @@ def load_profile(name: str):
     return _load(name)
 
 
+def plan_profile(recorded: str, plan_file: str, load=None):
+    """The plan's profile: a name, or the YAML path it was made with; failing that, a YAML of that name beside
+    the plan file (a plan and its profile copied together to another folder or machine)."""
+    from pathlib import Path
+
+    from pipeplan.errors import UserError
+
+    load = load or load_profile
+    try:
+        return load(recorded)
+    except UserError:
+        if not recorded.endswith((".yaml", ".yml")):
+            raise
+        folder = Path(plan_file).parent
+        for candidate in (folder / recorded, folder / Path(recorded).name):  # a relative path, then the name
+            if candidate.is_file() and candidate.resolve() != Path(recorded).resolve():
+                return load(str(candidate))
+        raise
+
+
 def layer_times_wanted(profiles, request) -> bool:
     """Whether planning `request` on any of `profiles` uses measured layer times, so a model.py is timed.
 
