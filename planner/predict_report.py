@@ -117,12 +117,28 @@ def _notes(graph: Graph, profile: HardwareProfile, request: PlanRequest, problem
         notes.append(f"shared parameter {sp.name} ({sp.bytes / MIB:.1f} MiB) is used by stages "
                      f"{', '.join(map(str, used))}: each keeps a copy (counted in its memory) and their "
                      f"gradients are all-reduced at the end of the iteration (charged to stage {used[0]})")
+    slow = dtype_fallback_note(profile, request.training_dtype)
+    if slow:
+        notes.append(slow)
     local_note = local_times_note(graph, profile, dtype=request.training_dtype, times=request.times, samples=mb)
     if local_note:
         notes.append(local_note)
     if profile.local and devices > profile.devices_per_node:
         notes.append(local_machines_note(profile, devices))
     return notes
+
+
+def dtype_fallback_note(profile: HardwareProfile, dtype: str) -> str | None:
+    """A 16-bit or tf32 dtype the device has no fast path for runs at its fp32 rate (`HardwareProfile.flops_for`):
+    say so, and which dtype is fast there (bf16 on a V100 is priced at 15.7 TFLOP/s, fp16 at 125)."""
+    if dtype == "fp32" or profile.peak_flops.get(dtype):
+        return None
+    rate = profile.flops_for(dtype)
+    peaks = {d: float(v) for d, v in profile.peak_flops.items() if v}
+    fastest = max(peaks, key=lambda d: peaks[d])
+    better = f"; --dtype {fastest} runs at {peaks[fastest] / 1e12:.3g}" if fastest != "fp32" else ""
+    return (f"{profile.name} has no {dtype} fast path: {dtype} is priced at its fp32 rate, "
+            f"{rate / 1e12:.3g} TFLOP/s{better}")
 
 
 def local_machines_note(profile: HardwareProfile, devices: int) -> str:
