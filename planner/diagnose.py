@@ -26,7 +26,7 @@ from pipeplan.planner.request import PlanRequest
 from pipeplan.schedules import stage_device
 from pipeplan.units import GIB
 
-__all__ = ["Failure", "Shortfall", "infeasible_message"]
+__all__ = ["Failure", "Shortfall", "closest_failure", "infeasible_message"]
 
 Shortfall = Literal["state", "greedy", "dp", "exact"]
 """How a failure's bytes are known: a model-state lower bound, the greedy packing or the DP's least overflow (both
@@ -56,7 +56,7 @@ class SearchView:
     memory: Callable[[Config, Problem], RangeMemory]
 
 
-def _closest(view: SearchView) -> Failure:
+def closest_failure(view: SearchView) -> Failure:
     """The rejected configuration that needs the least memory per device, the first of equals in search order;
     those whose partition was tried come first (a model-state bound may understate).
 
@@ -182,7 +182,7 @@ def infeasible_message(view: SearchView, lead: str | None = None) -> tuple[str, 
     if not view.failures:
         return (f"no pipeline configuration of {req.devices} devices and batch {req.batch_size} could be built",
                 "check --stages/--microbatches against the batch size and the graph's layer count")
-    f = _closest(view)
+    f = closest_failure(view)
     need, stage_txt = (f.need_bytes, " (model state alone)") if f.how == "state" else _worst_stage(view, f)
     over = need - cap
     msg = (f"nothing fits: the smallest plan ({f.config.describe()}) needs {need / GIB:.1f} GiB{stage_txt} but "

@@ -28,7 +28,7 @@ from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.planner.baselines import equal_layers
 from pipeplan.planner.bounds import chain_ramp, iteration_lower_bound, split_within
 from pipeplan.planner.configs import Config, configurations, pipedream_microbatch_counts, shape_pairs, sharding_levels
-from pipeplan.planner.diagnose import Failure, SearchView, infeasible_message
+from pipeplan.planner.diagnose import Failure, SearchView, closest_failure, infeasible_message
 from pipeplan.planner.dp import Partition
 from pipeplan.planner.feasibility import greedy_fits, state_lower_bound
 from pipeplan.planner.partition import Partitioner, ilp_info, ilp_partition, link_fn
@@ -46,6 +46,8 @@ __all__ = ["search", "SearchResult", "Candidate", "Progress", "pipedream_levels"
 REFITS = 3
 """How many times the DP is asked again under a lower capacity when the exact prediction finds its partitions over
 memory (`_Search.partition_and_predict`); each round is one DP run per communication model and its predictions."""
+RESCUE_STEPS = 3
+"""Capacities the DP tries for the closest configuration when nothing fitted (`_Search.rescue_closest`)."""
 
 Progress = Callable[[str, int, int], None]
 """(what is being searched, step, steps) -> None."""
@@ -255,6 +257,36 @@ class _Search:
                 over = max(over, got.need_bytes - self.cap)
             fitted = fitted or isinstance(got, Plan)
         return 0 if fitted else over
+
+    def rescue_closest(self) -> None:
+        """Nothing fitted: partition the configuration the diagnosis would name again, where it holds several
+        chunks a device, and let the prediction judge.
+
+        The greedy packing and the DP price a device of several chunks as that many copies of each chunk
+        (costmodels/memory.py `RangeMemory`), which overstates a device whose chunks differ: a V schedule's device 0
+        holds a convolutional net's first chunk, heavy with activations, beside its light last one. ResNet-101
+        (PipeDream's profile) under zb-v on 8 V100s was refused as "needs 14.7 GiB" of 15.0 (the DP's split at the
+        copies' 39.7 GiB, predicted): the partitions the DP finds from the copies' least capacity up are predicted,
+        each device's chunks walked as they run. Only the closest configuration: the copies' overstatement has no
+        bound that would rule others out cheaply (more configurations: a search as long again when nothing fits)."""
+        f = closest_failure(self.view())
+        cfg = f.config
+        if f.how not in ("greedy", "dp") or cfg.chunks == 1:
+            return
+        mb = cfg.microbatch_size(self.B)
+        prob = self.problem(mb, cfg.recompute)
+        mem = self.memory(cfg, prob)
+        links = link_fn(self.profile, cfg)
+        key = (mb, cfg.virtual_stages, *self.memory_key(cfg, prob))
+        seen: dict[tuple[int, ...], Partition] = {}
+        failures, infeasible = len(self.failures), self.infeasible
+        for step in range(RESCUE_STEPS):  # the diagnosis's own split first (diagnose._worst_stage), then looser
+            capacity = f.need_bytes + max(1, f.need_bytes // 500) + f.need_bytes * step // 8
+            self.predict_new(cfg, self.partitioner.dp_optima(cfg, prob, mem, links, key, capacity), mb, seen,
+                             capacity)
+        if not self.top:  # the diagnosis reads the search's own failures, as without the rescue
+            del self.failures[failures:]
+            self.infeasible = infeasible
 
     def consider(self, cfg: Config, part: Partition, mb: int) -> Plan | Failure | None:
         """Predict a partition (unless its busiest device already loses) and keep it if it fits and ranks: the plan,
@@ -472,6 +504,8 @@ def search(graph: Graph, profile: HardwareProfile, request: PlanRequest, *,
         raise UserError(f"{cfg.schedule}: the balanced splits put two uses of a shared parameter in one stage past the "
                         f"first (stage {stage} of {cfg.describe()}), which torch's split backward cannot run "
                         "(docs/schedules.md)", "choose a schedule without split backwards, such as --schedule 1f1b")
+    if not sr.top:
+        sr.rescue_closest()
     if not sr.top:
         raise InfeasibleError(*infeasible_message(sr.view(), _block_hint(graph, profile, request)))
     if _wants_ilp(sr):

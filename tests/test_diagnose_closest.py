@@ -67,7 +67,7 @@ def test_the_closest_failure_is_the_one_sizing_every_failure_finds(monkeypatch, 
     view = views[0]
     assert sum(f.how == ("greedy" if greedy_check else "dp") for f in view.failures) > 1  # something to rule out
     assert all(f.need_bytes == -1 for f in view.failures if f.how == "dp")  # left unsized by the search
-    want, got = closest_by_sizing_all(view), diagnose._closest(view)
+    want, got = closest_by_sizing_all(view), diagnose.closest_failure(view)
     assert (got.config, got.need_bytes, got.how) == (want.config, want.need_bytes, want.how)
 
 
