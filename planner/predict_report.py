@@ -105,8 +105,8 @@ def _prediction(graph: Graph, profile: HardwareProfile, request: PlanRequest, me
 
 def _notes(graph: Graph, profile: HardwareProfile, request: PlanRequest, problem: Problem,
            assignment: Sequence[int], memory: Sequence[MemoryBreakdown], mb: int, devices: int) -> list[str]:
-    """Memory overflows, tied parameters' copies, whether local stage times are the device's own, and a local plan
-    that needs more devices than this machine has."""
+    """Memory overflows, tied parameters' copies, a dtype priced at the fp32 rate, whether local stage times are the
+    device's own, and a local plan that needs more devices than this machine has."""
     cap = int(profile.usable_memory_bytes)
     notes = []
     for p, m in enumerate(memory):
