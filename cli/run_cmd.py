@@ -90,6 +90,8 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
         err.print("done (results are reported on node 0)")
         return
     doc = summarize(result, plan)
+    elsewhere = _planned_for_another_machine(plan, plan_file)
+    doc["notes"] = [elsewhere] if elsewhere else []
     if chrome_trace:
         write_trace(chrome_trace, result, plan)
     if as_json:
@@ -100,9 +102,8 @@ def run(plan_file, steps, warmup, lr, optimizer, nnodes, node_rank, master_addr,
         for note in plan.notes or []:  # why a local plan's prediction may miss (costmodels.compute.local_times_note)
             if note.startswith(LOCAL_TIMES_NOTE_PREFIX):
                 out.print(f"[yellow]note (from the plan): {note}[/yellow]")
-        elsewhere = _planned_for_another_machine(plan, plan_file)
-        if elsewhere:
-            out.print(f"[yellow]note: {elsewhere}[/yellow]", highlight=False)
+        for note in doc["notes"]:
+            out.print(f"[yellow]note: {note}[/yellow]", highlight=False)
         if chrome_trace:
             out.print(f"chrome trace: {chrome_trace}")
 

@@ -96,6 +96,7 @@ def test_cli_run_json_matches_reference(tmp_path):
     """The same through `pipeplan run --json` (launcher, torchrun, summary): one small case."""
     model_file, batch, m = CASES["t-gpt-tied"]
     plan = hand_plan(str(model_file), stages=2, devices=2, schedule="1f1b", microbatches=m, batch_size=batch)
+    plan.profile = "h100-sxm"  # priced for a GPU, run on this machine's cores: the document says so
     plan.save(tmp_path / "plan.json")
     r = run_cli("run", str(tmp_path / "plan.json"), "--steps", "2", "--warmup", "0", "--optimizer", "sgd", "--lr", "0.01",
                 "--json", timeout=180)
@@ -104,6 +105,8 @@ def test_cli_run_json_matches_reference(tmp_path):
     ref_losses, _, _ = reference_steps(str(model_file), batch, 2, microbatches=m)
     torch.testing.assert_close(torch.tensor(doc["losses"]), torch.tensor(ref_losses), rtol=1e-4, atol=1e-6)
     assert set(doc) >= {"measured", "predicted", "losses"}
+    if not torch.cuda.is_available():
+        assert len(doc["notes"]) == 1 and "predicted for h100-sxm (NVIDIA H100 SXM5 80GB)" in doc["notes"][0]
 
 
 @pytest.mark.slow
