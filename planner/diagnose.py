@@ -26,7 +26,7 @@ from pipeplan.planner.request import PlanRequest
 from pipeplan.schedules import stage_device
 from pipeplan.units import GIB
 
-__all__ = ["Failure", "Shortfall", "closest_failure", "infeasible_message"]
+__all__ = ["Failure", "Shortfall", "closest_failure", "infeasible_message", "just_enough"]
 
 Shortfall = Literal["state", "greedy", "dp", "exact"]
 """How a failure's bytes are known: a model-state lower bound, the greedy packing or the DP's least overflow (both
@@ -101,13 +101,18 @@ def _needs_more(view: SearchView, f: Failure, prob: Problem, mem: RangeMemory, c
     return not partition_fits(prob, K, link=link_fn(view.profile, f.config), memory_bytes=mem, capacity_bytes=capacity)
 
 
+def just_enough(need_bytes: int) -> int:
+    """The capacity a sized failure is partitioned at: its need and the sizing's 0.1% precision, with a margin."""
+    return need_bytes + max(1, need_bytes // 500)
+
+
 def _worst_stage(view: SearchView, f: Failure) -> tuple[int, str]:
     """Partition the closest configuration with just enough memory and name its fullest device."""
     cfg, need = f.config, f.need_bytes
     mb = cfg.microbatch_size(view.request.batch_size)
     prob = view.problem(mb, cfg.recompute)
     part = None
-    for capacity in (need + max(1, need // 500), 2 * need):
+    for capacity in (just_enough(need), 2 * need):
         part = partition_dp(prob, cfg.virtual_stages, link=link_fn(view.profile, cfg),
                             memory_bytes=view.memory(cfg, prob), capacity_bytes=capacity)
         if part.assignment:
@@ -175,14 +180,15 @@ def _layer_too_big(view: SearchView, one_mb: Problem, i: int, state_bytes: int) 
             "it gathers to compute")
 
 
-def infeasible_message(view: SearchView, lead: str | None = None) -> tuple[str, str]:
+def infeasible_message(view: SearchView, lead: str | None = None, closest: Failure | None = None) -> tuple[str, str]:
     """One line saying by how much the least-overflowing configuration misses, and what would fit it (`lead`, where
-    given, first: a change the caller found a fitting plan for)."""
+    given, first: a change the caller found a fitting plan for; `closest`: `closest_failure(view)`, where the
+    caller has it)."""
     req, cap, profile = view.request, int(view.profile.usable_memory_bytes), view.profile
     if not view.failures:
         return (f"no pipeline configuration of {req.devices} devices and batch {req.batch_size} could be built",
                 "check --stages/--microbatches against the batch size and the graph's layer count")
-    f = closest_failure(view)
+    f = closest or closest_failure(view)
     need, stage_txt = (f.need_bytes, " (model state alone)") if f.how == "state" else _worst_stage(view, f)
     over = need - cap
     msg = (f"nothing fits: the smallest plan ({f.config.describe()}) needs {need / GIB:.1f} GiB{stage_txt} but "

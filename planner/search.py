@@ -28,7 +28,7 @@ from pipeplan.hardware_profiles.profile import HardwareProfile, Link
 from pipeplan.planner.baselines import equal_layers
 from pipeplan.planner.bounds import chain_ramp, iteration_lower_bound, split_within
 from pipeplan.planner.configs import Config, configurations, pipedream_microbatch_counts, shape_pairs, sharding_levels
-from pipeplan.planner.diagnose import Failure, SearchView, closest_failure, infeasible_message
+from pipeplan.planner.diagnose import Failure, SearchView, closest_failure, infeasible_message, just_enough
 from pipeplan.planner.dp import Partition
 from pipeplan.planner.feasibility import greedy_fits, state_lower_bound
 from pipeplan.planner.partition import Partitioner, ilp_info, ilp_partition, link_fn
@@ -258,7 +258,7 @@ class _Search:
             fitted = fitted or isinstance(got, Plan)
         return 0 if fitted else over
 
-    def rescue_closest(self) -> None:
+    def rescue_closest(self) -> Failure | None:
         """Nothing fitted: partition the configuration the diagnosis would name again, where it holds several
         chunks a device, and let the prediction judge.
 
@@ -268,11 +268,15 @@ class _Search:
         (PipeDream's profile) under zb-v on 8 V100s was refused as "needs 14.7 GiB" of 15.0 (the DP's split at the
         copies' 39.7 GiB, predicted): the partitions the DP finds from the copies' least capacity up are predicted,
         each device's chunks walked as they run. Only the closest configuration: the copies' overstatement has no
-        bound that would rule others out cheaply (more configurations: a search as long again when nothing fits)."""
+        bound that would rule others out cheaply (more configurations: a search as long again when nothing fits).
+        Returns that configuration's failure (None: no configuration failed), for the diagnosis where nothing
+        fits still: the failures are then as they were."""
+        if not self.failures:
+            return None
         f = closest_failure(self.view())
         cfg = f.config
         if f.how not in ("greedy", "dp") or cfg.chunks == 1:
-            return
+            return f
         mb = cfg.microbatch_size(self.B)
         prob = self.problem(mb, cfg.recompute)
         mem = self.memory(cfg, prob)
@@ -281,12 +285,13 @@ class _Search:
         seen: dict[tuple[int, ...], Partition] = {}
         failures, infeasible = len(self.failures), self.infeasible
         for step in range(RESCUE_STEPS):  # the diagnosis's own split first (diagnose._worst_stage), then looser
-            capacity = f.need_bytes + max(1, f.need_bytes // 500) + f.need_bytes * step // 8
+            capacity = just_enough(f.need_bytes) + f.need_bytes * step // 8
             self.predict_new(cfg, self.partitioner.dp_optima(cfg, prob, mem, links, key, capacity), mb, seen,
                              capacity)
         if not self.top:  # the diagnosis reads the search's own failures, as without the rescue
             del self.failures[failures:]
             self.infeasible = infeasible
+        return f
 
     def consider(self, cfg: Config, part: Partition, mb: int) -> Plan | Failure | None:
         """Predict a partition (unless its busiest device already loses) and keep it if it fits and ranks: the plan,
@@ -504,10 +509,9 @@ def search(graph: Graph, profile: HardwareProfile, request: PlanRequest, *,
         raise UserError(f"{cfg.schedule}: the balanced splits put two uses of a shared parameter in one stage past the "
                         f"first (stage {stage} of {cfg.describe()}), which torch's split backward cannot run "
                         "(docs/schedules.md)", "choose a schedule without split backwards, such as --schedule 1f1b")
+    closest = sr.rescue_closest() if not sr.top else None
     if not sr.top:
-        sr.rescue_closest()
-    if not sr.top:
-        raise InfeasibleError(*infeasible_message(sr.view(), _block_hint(graph, profile, request)))
+        raise InfeasibleError(*infeasible_message(sr.view(), _block_hint(graph, profile, request), closest))
     if _wants_ilp(sr):
         _refine_with_ilp(sr)
     return _result(sr, t0)

@@ -56,9 +56,9 @@ def test_the_closest_failure_is_the_one_sizing_every_failure_finds(monkeypatch, 
     if not greedy_check:
         monkeypatch.setattr(search_module, "greedy_fits", lambda *a: True)
 
-    def keep(view, lead=None):
+    def keep(view, lead=None, closest=None):
         views.append(view)
-        return diagnose.infeasible_message(view, lead)
+        return diagnose.infeasible_message(view, lead, closest)
 
     monkeypatch.setattr(search_module, "infeasible_message", keep)
     with pytest.raises(InfeasibleError):

@@ -62,3 +62,12 @@ def test_nothing_fits_only_above_the_capacity(model):
     else:
         assert plan.predicted.peak_memory_bytes <= prof.usable_memory_bytes
         assert plan.predicted.peak_memory_bytes / GIB < 15.0
+
+
+def test_no_configuration_built_is_still_said_so():
+    """Where no configuration could be built at all (1F1B on 4 stages needs 4 microbatches of a batch of 2), there is
+    nothing to rescue: the refusal says so (the rescue asked for the closest of no failures: an internal error)."""
+    from search_fixtures import gpt_like, profile
+
+    with pytest.raises(InfeasibleError, match="no pipeline configuration of 4 devices and batch 2 could be built"):
+        search(gpt_like(blocks=4), profile(80), PlanRequest(devices=4, batch_size=2, schedule="1f1b", stages=4))
